@@ -1,0 +1,7 @@
+"""The `gdn` custom ops, their golden references and the backend registry."""
+
+from gdn_export.ops.backends import use_backend
+from gdn_export.ops.causal_conv1d import causal_conv1d
+from gdn_export.ops.gated_delta_rule import gated_delta_rule
+
+__all__ = ["causal_conv1d", "gated_delta_rule", "use_backend"]

@@ -1,0 +1,92 @@
+"""Backend registry for the `gdn` custom ops.
+
+Every backend implements the same two functions with the same argument order as the
+`torch.ops.gdn.*` ops (see `gdn_export.ops.gated_delta_rule` and `gdn_export.ops.causal_conv1d`):
+
+    gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
+        -> (o, final_state)
+    causal_conv1d(x, weight, bias, conv_state, silu) -> (y, new_conv_state)
+
+Backends:
+    reference  fp32 PyTorch (`naive.py` beside each op); runs anywhere
+    triton     `gdn_kernels` (kernels/); CUDA tensors, or CPU under TRITON_INTERPRET=1
+    cuda       our CUDA kernels (plugins/) built as a PyTorch extension; CUDA tensors
+
+The active backend is, in order: the innermost `use_backend(...)` block, the environment variable
+GDN_EXPORT_BACKEND, then "reference".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from gdn_export.errors import GdnExportError
+
+ENV_VAR = "GDN_EXPORT_BACKEND"
+DEFAULT = "reference"
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    gated_delta_rule: Callable
+    causal_conv1d: Callable
+
+
+# name -> module that defines `gated_delta_rule` and `causal_conv1d`; imported on first use so
+# that a machine without Triton or a CUDA compiler can still use the reference backend.
+_MODULES = {
+    "reference": "gdn_export.ops.reference_backend",
+    "triton": "gdn_kernels.backend",
+    "cuda": "gdn_export.cuda.backend",
+}
+_LOADED: dict[str, Backend] = {}
+_ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_backend", default=None)
+
+
+def names() -> list[str]:
+    """The backend names that can be asked for."""
+    return list(_MODULES)
+
+
+def register(name: str, module: str) -> None:
+    """Register (or replace) a backend implemented by `module`."""
+    _MODULES[name] = module
+    _LOADED.pop(name, None)
+
+
+def current_name() -> str:
+    name = _ACTIVE.get() or os.environ.get(ENV_VAR) or DEFAULT
+    if name not in _MODULES:
+        raise GdnExportError(f"unknown gdn backend {name!r}; choose one of {', '.join(_MODULES)}")
+    return name
+
+
+def get(name: str | None = None) -> Backend:
+    """The backend called `name` (default: the active one), imported on first use."""
+    name = name or current_name()
+    if name not in _MODULES:
+        raise GdnExportError(f"unknown gdn backend {name!r}; choose one of {', '.join(_MODULES)}")
+    if name not in _LOADED:
+        try:
+            module = importlib.import_module(_MODULES[name])
+        except ImportError as exc:
+            raise GdnExportError(f"gdn backend {name!r} is not available here: {exc}") from exc
+        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d)
+    return _LOADED[name]
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[Backend]:
+    """Run the `gdn` ops through backend `name` inside the block."""
+    backend = get(name)
+    token = _ACTIVE.set(name)
+    try:
+        yield backend
+    finally:
+        _ACTIVE.reset(token)

@@ -1,0 +1,112 @@
+"""`gdn::gated_delta_rule`: the whole contract of the gated delta rule op.
+
+One op serves decode (T = 1) and prefill (T > 1). The same argument order is used by the fp32
+reference (`naive.py`), the Triton kernels (`gdn_kernels`), the CUDA kernels (`plugins/`), the
+ONNX node (`onnx.py`) and the TensorRT plugin fields.
+
+    inputs                                   outputs
+    0 q              [B, T, Hk, Dk]  T       0 o            [B, T, Hv, Dv]  T
+    1 k              [B, T, Hk, Dk]  T       1 final_state  [N, Hv, Dk, Dv] fp32
+    2 v              [B, T, Hv, Dv]  T
+    3 g              [B, T, Hv]      fp32    (log decay, <= 0)
+    4 beta           [B, T, Hv]      T       (write strength, in (0, 1))
+    5 initial_state  [N, Hv, Dk, Dv] fp32    (optional in torch; always present in ONNX)
+
+    T is fp32, fp16 or bf16. Hv is a multiple of Hk: value head h reads key head h // (Hv // Hk).
+    N = B, or the number of packed sequences when cu_seqlens [N + 1] is given (then B = 1).
+    attributes: scale (float), use_qk_l2norm (int 0/1)
+
+TensorRT plugin twin: plugins/gatedDeltaRulePlugin (kGDR_PLUGIN_NAME / VERSION / NAMESPACE).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_export.ops import backends
+
+OP_NAME = "gdn::gated_delta_rule"
+# ONNX node and TensorRT plugin identity; must match plugins/gatedDeltaRulePlugin.
+ONNX_DOMAIN = "gdn"
+PLUGIN_NAME = "GatedDeltaRule"
+PLUGIN_VERSION = "1"
+PLUGIN_NAMESPACE = "gdn"
+INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+OUTPUT_NAMES = ("o", "final_state")
+FIELD_SCALE = "scale"  # float32
+FIELD_USE_QK_L2NORM = "use_qk_l2norm"  # int32 0/1
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens) -> None:
+    """Raise ValueError naming the tensor whose shape or dtype breaks the contract."""
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [B, T, Hk, Dk], got q {tuple(q.shape)} k {tuple(k.shape)}")
+    B, T, Hk, Dk = q.shape
+    if v.dim() != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B={B}, T={T}, Hv, Dv], got {tuple(v.shape)}")
+    Hv, Dv = v.shape[2], v.shape[3]
+    if Hv % Hk:
+        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
+    for name, t in (("g", g), ("beta", beta)):
+        if tuple(t.shape) != (B, T, Hv):
+            raise ValueError(f"{name} must be [B, T, Hv] = {(B, T, Hv)}, got {tuple(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if t.dtype not in _FLOATS:
+            raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+    N = B
+    if cu_seqlens is not None:
+        if B != 1 or cu_seqlens.dim() != 1:
+            raise ValueError(f"cu_seqlens needs B = 1 and shape [N + 1], got B={B}, {tuple(cu_seqlens.shape)}")
+        N = cu_seqlens.shape[0] - 1
+    if initial_state is not None and tuple(initial_state.shape) != (N, Hv, Dk, Dv):
+        raise ValueError(f"initial_state must be [N, Hv, Dk, Dv] = {(N, Hv, Dk, Dv)}, got {tuple(initial_state.shape)}")
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def _gated_delta_rule_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    o, state = backends.get().gated_delta_rule(
+        q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens
+    )
+    return o, state
+
+
+@_gated_delta_rule_op.register_fake
+def _(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return v.new_empty(B, T, Hv, Dv), v.new_empty(N, Hv, Dk, Dv, dtype=torch.float32)
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta rule through the active backend (see module docstring for shapes).
+
+    Returns o [B, T, Hv, Dv] in v's dtype and final_state [N, Hv, Dk, Dv] fp32.
+    """
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.gdn.gated_delta_rule(
+        q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm), cu_seqlens
+    )

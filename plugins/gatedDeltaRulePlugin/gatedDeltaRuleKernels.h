@@ -1,0 +1,62 @@
+/*
+ * Gated delta rule CUDA kernels: the launcher API shared by the TensorRT plugin
+ * (gatedDeltaRulePlugin.cpp) and the PyTorch extension (gdn_export/cuda). No TensorRT types here.
+ *
+ * Contract (same argument order as gdn::gated_delta_rule, see gdn_export/ops/gated_delta_rule):
+ *   q, k          [B, T, Hk, Dk]   dtype           (contiguous)
+ *   v             [B, T, Hv, Dv]   dtype           Hv % Hk == 0; value head h reads key head h / (Hv / Hk)
+ *   g             [B, T, Hv]       fp32            log decay (<= 0)
+ *   beta          [B, T, Hv]       dtype
+ *   initialState  [N, Hv, Dk, Dv]  fp32            nullptr = zeros; may alias finalState (in-place)
+ *   o             [B, T, Hv, Dv]   dtype
+ *   finalState    [N, Hv, Dk, Dv]  fp32
+ *   N = B, or numSeqs when cuSeqlens [numSeqs + 1] (int32, device) packs sequences (then B == 1).
+ *   Per token: S = exp(g) S; u = beta (v - S^T k); S += k u^T; o = scale S^T q.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace gdn
+{
+
+enum class DataType : int32_t
+{
+    kFLOAT32 = 0,
+    kFLOAT16 = 1,
+    kBFLOAT16 = 2,
+};
+
+struct GatedDeltaRuleParams
+{
+    DataType dtype{DataType::kFLOAT32}; // of q, k, v, beta and o
+    int32_t batch{0};
+    int32_t seqLen{0};
+    int32_t numKeyHeads{0};
+    int32_t numValueHeads{0};
+    int32_t keyDim{0};
+    int32_t valueDim{0};
+    int32_t numSeqs{0};                  // N when cuSeqlens != nullptr
+    int32_t const* cuSeqlens{nullptr};   // device, [numSeqs + 1]
+    float scale{1.F};
+    bool useQkL2norm{false};
+    void const* q{nullptr};
+    void const* k{nullptr};
+    void const* v{nullptr};
+    float const* g{nullptr};
+    void const* beta{nullptr};
+    float const* initialState{nullptr};
+    void* o{nullptr};
+    float* finalState{nullptr};
+};
+
+//! Bytes of scratch memory launchGatedDeltaRule needs for these shapes (0 allowed).
+size_t gatedDeltaRuleWorkspaceSize(GatedDeltaRuleParams const& params);
+
+//! Checks the parameters, then runs the recurrent kernel (T == 1 and short T) or the chunked WY
+//! kernels (prefill). Returns cudaErrorInvalidValue for an unsupported shape, else the launch error.
+cudaError_t launchGatedDeltaRule(GatedDeltaRuleParams const& params, void* workspace, cudaStream_t stream);
+
+} // namespace gdn
