@@ -1,0 +1,11 @@
+"""Triton kernels of the gdn ops; `gdn_kernels.backend` is the `triton` backend.
+
+    wy.py               chunk-local cumsum, (I + A)^-1, w, u, causal q.k   (prefill, part 1)
+    chunk.py            sequential state walk + output; chunk_gated_delta_rule  (part 2)
+    fused_recurrent.py  decode / short T, optionally in place
+    gates.py            the same from the raw gate projections (a, b, A_log, dt_bias)
+    causal_conv1d.py    depthwise causal conv1d with state, SiLU fused
+
+On a machine without a GPU, set TRITON_INTERPRET=1 before importing this package to run the
+kernels on CPU tensors (slowly).
+"""

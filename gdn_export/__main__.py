@@ -1,0 +1,5 @@
+import sys
+
+from gdn_export.cli.main import main
+
+sys.exit(main())

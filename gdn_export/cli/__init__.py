@@ -1,0 +1,1 @@
+"""The `gdn-export` command line; one module per subcommand."""

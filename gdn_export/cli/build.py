@@ -1,0 +1,38 @@
+"""`gdn-export build model.onnx -o model.engine`: a TensorRT engine with the gdn plugins."""
+
+from __future__ import annotations
+
+from gdn_export.cli.common import Progress, add_quiet, parse_shape_specs
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("build", help="build a TensorRT engine from an exported ONNX model",
+                       description="Build a strongly typed TensorRT engine (tensorrt 10/11 if it "
+                       "imports, else tensorrt_rtx) with the gdn custom nodes mapped to the plugins "
+                       "of libgdn_plugins.so.")
+    p.add_argument("onnx", help="the exported .onnx file")
+    p.add_argument("-o", "--output", "--save-engine", dest="output", required=True,
+                   help="path of the engine file to write")
+    p.add_argument("--plugins", help="libgdn_plugins.so (default: $GDN_EXPORT_PLUGINS, then "
+                   "plugins/build/libgdn_plugins.so)")
+    for which in ("min", "opt", "max"):
+        p.add_argument(f"--trt-{which}-shapes", nargs="+", default=[], metavar="NAME:[d0,...]",
+                       help=f"{which} shapes of the optimisation profile, e.g. input_ids:[1,1]")
+    p.add_argument("--workspace", type=int, metavar="MiB", help="workspace memory pool limit")
+    add_quiet(p)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from gdn_export.trt.build import build_engine
+
+    progress = Progress("build", args.quiet)
+    shapes = {w: parse_shape_specs(getattr(args, f"trt_{w}_shapes"), f"--trt-{w}-shapes")
+              for w in ("min", "opt", "max")}
+    path = build_engine(args.onnx, args.output, plugins=args.plugins,
+                        min_shapes=shapes["min"] or None, opt_shapes=shapes["opt"] or None,
+                        max_shapes=shapes["max"] or None,
+                        workspace=None if args.workspace is None else args.workspace << 20,
+                        progress=progress)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,51 @@
+"""`gdn-export demo`: make a tiny checkpoint, export it, validate PyTorch against ONNX Runtime."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from gdn_export.cli.common import Progress, add_quiet
+from gdn_export.cli.make_tiny import FAMILIES
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="the whole flow on a built-in tiny model (no download)",
+                       description="Write a tiny random checkpoint into a temporary folder, export "
+                       "it to ONNX, run PyTorch and ONNX Runtime on the same prompts and print the "
+                       "parity table. Exit status 1 if parity fails.")
+    p.add_argument("--family", choices=FAMILIES, default="qwen3_5")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", metavar="DIR", help="keep the checkpoint and ONNX file in DIR")
+    add_quiet(p)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from gdn_export.onnx.export import export_onnx
+    from gdn_export.runtime.ort_runner import OrtRunner
+    from gdn_export.runtime.torch_runner import TorchRunner
+    from gdn_export.validate import DEFAULT_TOLERANCES, Tolerances, format_table, run_parity
+    from gdn_export.weights import load_checkpoint
+    from gdn_export.weights.tiny import make_tiny_checkpoint
+
+    progress = Progress("demo", args.quiet)
+    with tempfile.TemporaryDirectory(prefix="gdn-export-demo-") as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        ckpt = root / f"tiny-{args.family}"
+        progress(f"writing a tiny random {args.family} checkpoint to {ckpt}")
+        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed)
+        model = load_checkpoint(ckpt)
+        onnx_path = root / f"tiny-{args.family}.onnx"
+        export_onnx(model, onnx_path, progress=progress)
+        progress("running PyTorch and ONNX Runtime on the same prompts")
+        report = run_parity(TorchRunner(model), [OrtRunner(onnx_path)],
+                            vocab_size=model.config.vocab_size,
+                            tolerances=Tolerances(*DEFAULT_TOLERANCES["float32"]),
+                            batch=2, prompt_len=37, decode_steps=4, seed=args.seed,
+                            progress=progress)
+        print(format_table(report))
+        if args.keep:
+            print(f"kept {ckpt} and {onnx_path}")
+    return 0 if report.passed else 1

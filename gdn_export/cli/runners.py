@@ -1,0 +1,47 @@
+"""Open a runner (torch / ort / trt) from a path, picking the backend from the path if not given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gdn_export.cli.common import torch_dtype
+from gdn_export.errors import InputError
+
+BACKENDS = ("torch", "ort", "trt")
+
+
+def guess_backend(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():
+        return "torch"
+    if p.suffix == ".onnx":
+        return "ort"
+    if p.suffix in (".engine", ".plan", ".trt"):
+        return "trt"
+    raise InputError(f"cannot tell the backend of {path!r}: give a checkpoint folder, a .onnx or an "
+                     f".engine file, or --backend")
+
+
+def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", device: str = "cpu",
+                plugins: str | None = None, op_backend: str | None = None):
+    """A `gdn_export.runtime.base.Runner` for `path`."""
+    backend = backend or guess_backend(path)
+    if not Path(path).exists():
+        raise InputError(f"{path}: no such file or folder")
+    if backend == "torch":
+        from gdn_export.runtime.torch_runner import TorchRunner
+        from gdn_export.weights import load_checkpoint
+
+        if not Path(path).is_dir():
+            raise InputError(f"--backend torch needs a checkpoint folder, got {path}")
+        model = load_checkpoint(path, dtype=torch_dtype(dtype))
+        return TorchRunner(model, device=device, op_backend=op_backend)
+    if backend == "ort":
+        from gdn_export.runtime.ort_runner import OrtRunner
+
+        return OrtRunner(path)
+    if backend == "trt":
+        from gdn_export.trt.runtime import TrtRunner
+
+        return TrtRunner(path, plugins=plugins)
+    raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,178 @@
+"""The `cuda` backend: gdn ops through our CUDA kernels (see gdn_export.ops.backends).
+
+Shapes (same argument order as the reference backend):
+    gated_delta_rule(q [B, T, Hk, Dk], k [B, T, Hk, Dk], v [B, T, Hv, Dv], g [B, T, Hv],
+                     beta [B, T, Hv], initial_state [N, Hv, Dk, Dv] fp32 | None, scale,
+                     use_qk_l2norm, cu_seqlens [N + 1] | None) -> (o [B, T, Hv, Dv], final_state fp32)
+    causal_conv1d(x [B, T, C], weight [C, K], bias [C] | None, conv_state [B, C, K-1] | None, silu)
+        -> (y [B, T, C], new_conv_state [B, C, K-1])
+
+Activations are fp32, fp16 or bf16 (q, k, beta are cast to v's dtype, g to fp32; float64 runs in
+fp32 and is cast back). Tensors must be on a CUDA device. The `*_inplace` variants update the
+given state tensor instead of returning a new one (decode without a copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from gdn_export.errors import GdnExportError
+
+PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+SOURCES = (
+    Path(__file__).resolve().parent / "extension.cpp",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu",
+    PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.cu",
+)
+# Headers the build depends on: a change to any of them must rebuild the extension.
+_HEADERS = (
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.h",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernelsDetail.h",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleCommon.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleRecurrent.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
+    PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
+)
+BUILD_DIR_ENV = "GDN_EXPORT_CUDA_BUILD_DIR"
+_ACTIVATIONS = (torch.float32, torch.float16, torch.bfloat16)
+# Kernel path selector of the extension (tests and benchmarks pin one).
+PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED = 0, 1, 2
+
+_lock = threading.Lock()
+_module = None
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def _build_dir(arch: str) -> Path:
+    digest = hashlib.sha256()
+    for path in SOURCES + _HEADERS:
+        digest.update(path.read_bytes())
+    tag = f"sm{arch.replace('.', '')}-torch{torch.__version__}-{digest.hexdigest()[:12]}"
+    root = Path(os.environ.get(BUILD_DIR_ENV, Path.home() / ".cache" / "gdn_export" / "cuda_ext"))
+    path = root / tag
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load():
+    """The compiled extension, built on first call for the current GPU (minutes the first time)."""
+    global _module
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is not None:
+            return _module
+        try:
+            if not torch.cuda.is_available():
+                raise RuntimeError("no CUDA device is visible to PyTorch")
+            from torch.utils import cpp_extension
+
+            arch = _arch()
+            os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
+            flags = ["-O3", "-std=c++17"]
+            _module = cpp_extension.load(
+                name="gdn_export_cuda_ext",
+                sources=[str(s) for s in SOURCES],
+                extra_include_paths=[str(PLUGINS_DIR)],
+                extra_cflags=flags,
+                extra_cuda_cflags=flags + ["--expt-relaxed-constexpr", "-lineinfo"],
+                build_directory=str(_build_dir(arch)),
+                verbose=bool(os.environ.get("GDN_EXPORT_CUDA_VERBOSE")),
+            )
+        except Exception as exc:  # a failed build or import: one clear line for the user
+            raise GdnExportError(f"cuda backend unavailable: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    return _module
+
+
+def _require_cuda(**tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device.type != "cuda":
+            raise GdnExportError(f"cuda backend needs CUDA tensors, got {name} on {t.device}")
+
+
+def _compute_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
+    if dtype == torch.float64:
+        return torch.float32
+    if dtype not in _ACTIVATIONS:
+        raise GdnExportError(f"cuda backend: {name} must be a floating tensor, got {dtype}")
+    return dtype
+
+
+def _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens):
+    _require_cuda(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    dt = _compute_dtype(v.dtype, "v")
+    q, k, v, beta = (x.to(dt).contiguous() for x in (q, k, v, beta))
+    g = g.to(torch.float32).contiguous()
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    return q, k, v, g, beta, cu_seqlens
+
+
+def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, path=PATH_AUTO):
+    """Returns fresh o [B, T, Hv, Dv] (v's dtype) and final_state [N, Hv, Dk, Dv] fp32."""
+    out_dtype = v.dtype
+    q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    o, state = load().gated_delta_rule(
+        q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens, None, None, path
+    )
+    return o.to(out_dtype), state
+
+
+def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, o, final_state,
+                         path=PATH_AUTO):
+    """Writes into the given o and final_state (final_state may be initial_state: in place)."""
+    q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
+    load().gated_delta_rule(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
+                            o, final_state, path)
+    return o, final_state
+
+
+def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_seqlens=None):
+    """Decode step that updates `state` [N, Hv, Dk, Dv] (fp32, contiguous, CUDA) in place; returns o."""
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise GdnExportError(f"in-place state must be contiguous float32, got {state.dtype}")
+    o = torch.empty(v.shape, dtype=_compute_dtype(v.dtype, "v"), device=v.device)
+    gated_delta_rule_out(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_seqlens, o, state)
+    return o.to(v.dtype)
+
+
+def _conv_args(x, weight, bias, conv_state):
+    _require_cuda(x=x, weight=weight, bias=bias, conv_state=conv_state)
+    dt = _compute_dtype(x.dtype, "x")
+    cast = lambda t: None if t is None else t.to(dt).contiguous()  # noqa: E731
+    return cast(x), cast(weight), cast(bias), cast(conv_state)
+
+
+def causal_conv1d(x, weight, bias, conv_state, silu):
+    """Returns fresh y [B, T, C] and new_conv_state [B, C, K-1], both in x's dtype."""
+    out_dtype = x.dtype
+    x, weight, bias, conv_state = _conv_args(x, weight, bias, conv_state)
+    y, state = load().causal_conv1d(x, weight, bias, conv_state, bool(silu), None, None)
+    return y.to(out_dtype), state.to(out_dtype)
+
+
+def causal_conv1d_out(x, weight, bias, conv_state, silu, y, new_conv_state):
+    """Writes into y and new_conv_state (which may be conv_state itself)."""
+    x, weight, bias, _ = _conv_args(x, weight, bias, None)
+    load().causal_conv1d(x, weight, bias, conv_state, bool(silu), y, new_conv_state)
+    return y, new_conv_state
+
+
+def causal_conv1d_inplace(x, weight, bias, conv_state, silu):
+    """Convolution step that updates `conv_state` [B, C, K-1] (x's dtype, contiguous) in place; returns y."""
+    if conv_state.dtype != x.dtype or not conv_state.is_contiguous():
+        raise GdnExportError(f"in-place conv_state must be contiguous {x.dtype}, got {conv_state.dtype}")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    causal_conv1d_out(x, weight, bias, conv_state, silu, y, conv_state)
+    return y

@@ -1,0 +1,216 @@
+// PyTorch binding of the gdn CUDA kernels (plugins/*/…Kernels.cu). Validation happens here so that a
+// bad tensor fails with a message naming it instead of a kernel fault; gdn_export/cuda/backend.py
+// casts and lays out the tensors first.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "causalConv1dPlugin/causalConv1dKernels.h"
+#include "gatedDeltaRulePlugin/gatedDeltaRuleKernels.h"
+#include "gatedDeltaRulePlugin/gatedDeltaRuleKernelsDetail.h"
+
+#include <optional>
+#include <vector>
+
+namespace
+{
+
+gdn::DataType toDataType(at::ScalarType t, char const* name)
+{
+    switch (t)
+    {
+    case at::kFloat: return gdn::DataType::kFLOAT32;
+    case at::kHalf: return gdn::DataType::kFLOAT16;
+    case at::kBFloat16: return gdn::DataType::kBFLOAT16;
+    default: TORCH_CHECK(false, name, " must be float32, float16 or bfloat16, got ", t);
+    }
+    return gdn::DataType::kFLOAT32;
+}
+
+void checkTensor(at::Tensor const& t, char const* name, at::Device device, at::ScalarType dtype)
+{
+    TORCH_CHECK(t.device() == device, name, " must be on ", device, ", got ", t.device());
+    TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void checkShape(at::Tensor const& t, char const* name, std::vector<int64_t> const& shape)
+{
+    TORCH_CHECK(t.sizes().vec() == shape, name, " must have shape ", at::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+void checkInt32(int64_t x, char const* what)
+{
+    TORCH_CHECK(x >= 0 && x <= INT32_MAX, what, " = ", x, " does not fit in int32");
+}
+
+// (o, final_state). o_out / final_state_out, when given, receive the results (final_state_out may
+// be initial_state itself: in-place decode). path: 0 auto, 1 recurrent, 2 chunked.
+std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
+    at::Tensor const& g, at::Tensor const& beta, std::optional<at::Tensor> const& initialState, double scale,
+    bool useQkL2norm, std::optional<at::Tensor> const& cuSeqlens, std::optional<at::Tensor> const& oOut,
+    std::optional<at::Tensor> const& finalStateOut, int64_t path)
+{
+    TORCH_CHECK(q.dim() == 4, "q must be [B, T, Hk, Dk], got ", q.sizes());
+    TORCH_CHECK(v.dim() == 4, "v must be [B, T, Hv, Dv], got ", v.sizes());
+    TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got ", q.device());
+    at::Device const device = q.device();
+    at::ScalarType const dtype = v.scalar_type();
+    gdn::DataType const dt = toDataType(dtype, "v");
+    int64_t const B = q.size(0), T = q.size(1), Hk = q.size(2), Dk = q.size(3);
+    int64_t const Hv = v.size(2), Dv = v.size(3);
+    checkShape(k, "k", {B, T, Hk, Dk});
+    checkShape(v, "v", {B, T, Hv, Dv});
+    checkShape(g, "g", {B, T, Hv});
+    checkShape(beta, "beta", {B, T, Hv});
+    TORCH_CHECK(Hk > 0 && Hv % Hk == 0, "value heads (", Hv, ") must be a multiple of key heads (", Hk, ")");
+    checkTensor(q, "q", device, dtype);
+    checkTensor(k, "k", device, dtype);
+    checkTensor(v, "v", device, dtype);
+    checkTensor(g, "g", device, at::kFloat);
+    checkTensor(beta, "beta", device, dtype);
+    int64_t N = B;
+    if (cuSeqlens.has_value())
+    {
+        TORCH_CHECK(B == 1, "cu_seqlens needs B = 1, got B = ", B);
+        TORCH_CHECK(cuSeqlens->dim() == 1 && cuSeqlens->size(0) >= 2, "cu_seqlens must be [N + 1] with N >= 1, got ",
+            cuSeqlens->sizes());
+        checkTensor(*cuSeqlens, "cu_seqlens", device, at::kInt);
+        N = cuSeqlens->size(0) - 1;
+    }
+    for (int64_t x : {B, T, Hk, Dk, Hv, Dv, N, B * T * Hv * Dv})
+    {
+        checkInt32(x, "a dimension of gated_delta_rule");
+    }
+    if (initialState.has_value())
+    {
+        checkShape(*initialState, "initial_state", {N, Hv, Dk, Dv});
+        checkTensor(*initialState, "initial_state", device, at::kFloat);
+    }
+    at::Tensor o;
+    if (oOut.has_value())
+    {
+        checkShape(*oOut, "o", {B, T, Hv, Dv});
+        checkTensor(*oOut, "o", device, dtype);
+        o = *oOut;
+    }
+    else
+    {
+        o = at::empty({B, T, Hv, Dv}, v.options());
+    }
+    at::Tensor finalState;
+    if (finalStateOut.has_value())
+    {
+        checkShape(*finalStateOut, "final_state", {N, Hv, Dk, Dv});
+        checkTensor(*finalStateOut, "final_state", device, at::kFloat);
+        finalState = *finalStateOut;
+    }
+    else
+    {
+        finalState = at::empty({N, Hv, Dk, Dv}, v.options().dtype(at::kFloat));
+    }
+    TORCH_CHECK(path >= 0 && path <= 2, "path must be 0 (auto), 1 (recurrent) or 2 (chunked), got ", path);
+
+    gdn::GatedDeltaRuleParams p;
+    p.dtype = dt;
+    p.batch = static_cast<int32_t>(B);
+    p.seqLen = static_cast<int32_t>(T);
+    p.numKeyHeads = static_cast<int32_t>(Hk);
+    p.numValueHeads = static_cast<int32_t>(Hv);
+    p.keyDim = static_cast<int32_t>(Dk);
+    p.valueDim = static_cast<int32_t>(Dv);
+    p.numSeqs = cuSeqlens.has_value() ? static_cast<int32_t>(N) : 0;
+    p.cuSeqlens = cuSeqlens.has_value() ? cuSeqlens->data_ptr<int32_t>() : nullptr;
+    p.scale = static_cast<float>(scale);
+    p.useQkL2norm = useQkL2norm;
+    p.q = q.data_ptr();
+    p.k = k.data_ptr();
+    p.v = v.data_ptr();
+    p.g = g.data_ptr<float>();
+    p.beta = beta.data_ptr();
+    p.initialState = initialState.has_value() ? initialState->data_ptr<float>() : nullptr;
+    p.o = o.data_ptr();
+    p.finalState = finalState.data_ptr<float>();
+
+    auto const which = static_cast<gdn::GatedDeltaRulePath>(path);
+    size_t const bytes = which == gdn::GatedDeltaRulePath::kCHUNKED ? gdn::gatedDeltaRuleChunkedWorkspaceSize(p)
+        : which == gdn::GatedDeltaRulePath::kAUTO                  ? gdn::gatedDeltaRuleWorkspaceSize(p)
+                                                                   : 0;
+    c10::cuda::CUDAGuard const guard(device);
+    at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, v.options().dtype(at::kByte));
+    cudaError_t const err = gdn::launchGatedDeltaRuleWithPath(
+        p, bytes > 0 ? workspace.data_ptr() : nullptr, which, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, "gated_delta_rule CUDA kernels failed: ", cudaGetErrorString(err), " (B=", B,
+        " T=", T, " Hk=", Hk, " Hv=", Hv, " Dk=", Dk, " Dv=", Dv, " path=", path, ")");
+    return {o, finalState};
+}
+
+// (y, new_conv_state). new_conv_state_out may be conv_state itself (in-place decode).
+std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weight,
+    std::optional<at::Tensor> const& bias, std::optional<at::Tensor> const& convState, bool silu,
+    std::optional<at::Tensor> const& yOut, std::optional<at::Tensor> const& newConvStateOut)
+{
+    TORCH_CHECK(x.dim() == 3, "x must be [B, T, C], got ", x.sizes());
+    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+    TORCH_CHECK(weight.dim() == 2, "weight must be [C, K], got ", weight.sizes());
+    at::Device const device = x.device();
+    at::ScalarType const dtype = x.scalar_type();
+    gdn::DataType const dt = toDataType(dtype, "x");
+    int64_t const B = x.size(0), T = x.size(1), C = x.size(2), K = weight.size(1);
+    checkShape(weight, "weight", {C, K});
+    TORCH_CHECK(K >= 1 && K <= 8, "weight's kernel size must be 1..8, got ", K);
+    for (int64_t d : {B, T, C, B * T * C})
+    {
+        checkInt32(d, "a dimension of causal_conv1d");
+    }
+    checkTensor(x, "x", device, dtype);
+    checkTensor(weight, "weight", device, dtype);
+    if (bias.has_value())
+    {
+        checkShape(*bias, "bias", {C});
+        checkTensor(*bias, "bias", device, dtype);
+    }
+    if (convState.has_value())
+    {
+        checkShape(*convState, "conv_state", {B, C, K - 1});
+        checkTensor(*convState, "conv_state", device, dtype);
+    }
+    at::Tensor y = yOut.has_value() ? *yOut : at::empty({B, T, C}, x.options());
+    at::Tensor newState = newConvStateOut.has_value() ? *newConvStateOut : at::empty({B, C, K - 1}, x.options());
+    checkShape(y, "y", {B, T, C});
+    checkTensor(y, "y", device, dtype);
+    checkShape(newState, "new_conv_state", {B, C, K - 1});
+    checkTensor(newState, "new_conv_state", device, dtype);
+
+    gdn::CausalConv1dParams p;
+    p.dtype = dt;
+    p.batch = static_cast<int32_t>(B);
+    p.seqLen = static_cast<int32_t>(T);
+    p.channels = static_cast<int32_t>(C);
+    p.kernelSize = static_cast<int32_t>(K);
+    p.silu = silu;
+    p.x = x.data_ptr();
+    p.weight = weight.data_ptr();
+    p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+    p.convState = convState.has_value() ? convState->data_ptr() : nullptr;
+    p.y = y.data_ptr();
+    p.newConvState = newState.data_ptr();
+    c10::cuda::CUDAGuard const guard(device);
+    cudaError_t const err = gdn::launchCausalConv1d(p, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, "causal_conv1d CUDA kernel failed: ", cudaGetErrorString(err), " (B=", B, " T=",
+        T, " C=", C, " K=", K, ")");
+    return {y, newState};
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    m.def("gated_delta_rule", &gatedDeltaRule, "gated delta rule (o, final_state)", py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("initial_state"), py::arg("scale"),
+        py::arg("use_qk_l2norm"), py::arg("cu_seqlens"), py::arg("o_out") = py::none(),
+        py::arg("final_state_out") = py::none(), py::arg("path") = 0);
+    m.def("causal_conv1d", &causalConv1d, "causal depthwise conv1d (y, new_conv_state)", py::arg("x"),
+        py::arg("weight"), py::arg("bias"), py::arg("conv_state"), py::arg("silu"), py::arg("y_out") = py::none(),
+        py::arg("new_conv_state_out") = py::none());
+}

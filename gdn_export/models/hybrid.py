@@ -1,0 +1,135 @@
+"""`HybridForCausalLM`: the whole LM behind one forward used for both prefill and decode.
+
+    forward(input_ids [B, T] int64, position_ids [B, T] int64, *states)
+        -> (logits [B, T, V] fp32, *new_states)
+
+Positions are absolute (past length + i) and drive rope only; the causal mask comes from the past
+length P of the K/V states (query i sees keys j <= P + i). States are the flat tuple described in
+`gdn_export.models.cache`; prefill passes `empty_states(B)` (zero GDN states, P = 0 K/V). Every row
+of a batch shares P: there is no padding mask.
+
+Module names follow transformers' checkpoints (model.embed_tokens, model.layers.{i}.linear_attn /
+self_attn / mlp / input_layernorm / post_attention_layernorm, model.norm, lm_head), so a checkpoint's
+text weights load by name; `gdn_export.weights` does the family-specific renaming and checks.
+
+dtype: `model.to(dtype)` converts every parameter, as transformers does when loading in that dtype
+(A_log, dt_bias and the norm weights included). The recurrent state stays fp32, the decay g and all
+RMSNorms compute in fp32, logits are returned in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gdn_export.config import LINEAR, HybridConfig
+from gdn_export.models.cache import BATCH, PAST, StateSpec, check_states
+from gdn_export.modules.gated_attention import GatedAttention
+from gdn_export.modules.gated_deltanet import GatedDeltaNet
+from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
+from gdn_export.modules.norm import ZeroCenteredRMSNorm
+from gdn_export.modules.rotary import RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)). The mixer is GDN or attention."""
+
+    def __init__(self, config: HybridConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.kind = config.layer_kinds[layer_idx]
+        if self.kind == LINEAR:
+            self.linear_attn = GatedDeltaNet(config, layer_idx)
+        else:
+            self.self_attn = GatedAttention(config, layer_idx)
+        if config.is_moe_layer(layer_idx):
+            self.mlp = SparseMoeBlock(config)
+        else:
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, state_a, state_b):
+        """x [B, T, hidden]; (state_a, state_b) = (conv, recurrent) or (key, value)."""
+        h = self.input_layernorm(x)
+        if self.kind == LINEAR:
+            h, state_a, state_b = self.linear_attn(h, state_a, state_b)
+        else:
+            h, state_a, state_b = self.self_attn(h, cos, sin, state_a, state_b)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, state_a, state_b
+
+
+class HybridModel(nn.Module):
+    """Embedding, decoder layers and final norm (transformers' `model.` prefix)."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+
+
+class HybridForCausalLM(nn.Module):
+    """Qwen3-Next / Qwen3.5 text LM with an explicit flat state tuple (see module docstring)."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = HybridModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share lm_head.weight with model.embed_tokens.weight (tie_word_embeddings)."""
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    # ------------------------------------------------------------------ states
+    def state_specs(self) -> list[StateSpec]:
+        """One StateSpec per state tensor, in the order forward takes and returns them."""
+        c, dtype, specs = self.config, self.dtype, []
+        for i, kind in enumerate(c.layer_kinds):
+            if kind == LINEAR:
+                specs.append(StateSpec(f"past.{i}.conv", (BATCH, c.conv_dim, c.linear_conv_kernel_dim - 1),
+                                       dtype, i, "conv"))
+                specs.append(StateSpec(f"past.{i}.recurrent", (BATCH, c.linear_num_value_heads,
+                                       c.linear_key_head_dim, c.linear_value_head_dim),
+                                       torch.float32, i, "recurrent"))
+            else:
+                kv = (BATCH, c.num_key_value_heads, PAST, c.head_dim)
+                specs.append(StateSpec(f"past.{i}.key", kv, dtype, i, "key"))
+                specs.append(StateSpec(f"past.{i}.value", kv, dtype, i, "value"))
+        return specs
+
+    def empty_states(self, batch: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
+        """Prefill states: zero conv/recurrent states and P = 0 keys/values."""
+        device = self.device if device is None else device
+        return [spec.zeros(batch, 0, device) for spec in self.state_specs()]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *states: torch.Tensor):
+        """input_ids, position_ids [B, T] int64; states as `state_specs()`.
+
+        Returns (logits [B, T, V] fp32, *new_states) with new K/V = concat(past, new) along P.
+        """
+        if not torch.compiler.is_compiling():
+            check_states(self.state_specs(), states)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(position_ids, x.dtype)
+        new_states: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            x, a, b = layer(x, cos, sin, states[2 * i], states[2 * i + 1])
+            new_states += [a, b]
+        x = self.model.norm(x)
+        logits = self.lm_head(x).float()
+        return (logits, *new_states)

@@ -1,0 +1,111 @@
+"""Gated DeltaNet mixer (linear attention) of Qwen3-Next / Qwen3.5.
+
+Hk key heads of size Dk, Hv = m * Hk value heads of size Dv, conv kernel K:
+
+    q, k [Hk, Dk], v, z [Hv, Dv], b, a [Hv]   from the input projections (two layouts, below)
+    q|k|v = silu(causal_conv1d(q|k|v))         channels in that order, rolling state [C, K-1]
+    beta  = sigmoid(b)
+    g     = -exp(A_log) * softplus(a + dt_bias)  (fp32; log decay <= 0)
+    o     = gated_delta_rule(q, k, v, g, beta, state, use_qk_l2norm=True)   [Hv, Dv]
+    out   = out_proj(gated_rmsnorm(o, z))       per value head
+
+Projection layouts:
+
+* Qwen3.5 (split): in_proj_qkv gives q|k|v flat (all q heads, then k, then v); in_proj_z, in_proj_b,
+  in_proj_a give z, b, a with value head h at position h.
+* Qwen3-Next (fused): in_proj_qkvz groups its outputs per key head kh:
+  [q_kh (Dk) | k_kh (Dk) | v of heads kh*m .. kh*m+m-1 (m*Dv) | z of the same heads (m*Dv)], and
+  in_proj_ba per key head: [b of its m value heads | a of its m value heads].
+
+In both, value head h belongs to key head h // m, which is the `gdn::gated_delta_rule` convention,
+so the key heads go to the op un-repeated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gdn_export.config import HybridConfig
+from gdn_export.modules.norm import GatedRMSNorm
+from gdn_export.ops import causal_conv1d, gated_delta_rule
+
+
+class GatedDeltaNet(nn.Module):
+    """forward(x [B, T, hidden], conv_state [B, C, K-1], recurrent_state [B, Hv, Dk, Dv] fp32)
+    -> (out [B, T, hidden], new conv_state [B, C, K-1] in x's dtype, new recurrent_state fp32).
+
+    C = 2*Hk*Dk + Hv*Dv. `layout` is "fused" (Qwen3-Next) or "split" (Qwen3.5).
+    """
+
+    def __init__(self, config: HybridConfig, layer_idx: int, layout: str | None = None) -> None:
+        super().__init__()
+        layout = layout or ("fused" if config.family == "qwen3_next" else "split")
+        if layout not in ("fused", "split"):
+            raise ValueError(f"layout must be 'fused' or 'split', got {layout!r}")
+        self.layout = layout
+        self.layer_idx = layer_idx
+        self.num_k_heads = Hk = config.linear_num_key_heads
+        self.num_v_heads = Hv = config.linear_num_value_heads
+        self.head_k_dim = Dk = config.linear_key_head_dim
+        self.head_v_dim = Dv = config.linear_value_head_dim
+        self.key_dim, self.value_dim = Hk * Dk, Hv * Dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_kernel_size = config.linear_conv_kernel_dim
+        hidden = config.hidden_size
+
+        if layout == "fused":
+            self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden, 2 * Hv, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden, Hv, bias=False)
+            self.in_proj_a = nn.Linear(hidden, Hv, bias=False)
+        # Depthwise conv weight kept as [C, 1, K] (the checkpoint's shape); the op takes [C, K].
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_kernel_size,
+                                groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(Hv))
+        self.A_log = nn.Parameter(torch.zeros(Hv))
+        self.norm = GatedRMSNorm(Dv, eps=config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, hidden] -> (mixed_qkv [B, T, C], z [B, T, Hv, Dv], b [B, T, Hv], a [B, T, Hv])."""
+        B, T, _ = x.shape
+        Hk, Hv, Dk, Dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        if self.layout == "split":
+            return (self.in_proj_qkv(x), self.in_proj_z(x).view(B, T, Hv, Dv),
+                    self.in_proj_b(x), self.in_proj_a(x))
+        m = Hv // Hk
+        qkvz = self.in_proj_qkvz(x).view(B, T, Hk, 2 * Dk + 2 * m * Dv)
+        q, k, v, z = torch.split(qkvz, [Dk, Dk, m * Dv, m * Dv], dim=-1)
+        b, a = torch.split(self.in_proj_ba(x).view(B, T, Hk, 2 * m), [m, m], dim=-1)
+        mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
+        return mixed, z.reshape(B, T, Hv, Dv), b.reshape(B, T, Hv), a.reshape(B, T, Hv)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        conv_state: torch.Tensor,
+        recurrent_state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape
+        mixed, z, b, a = self.project(x)
+        mixed, new_conv_state = causal_conv1d(
+            mixed, self.conv1d.weight[:, 0, :], None, conv_state.to(mixed.dtype), silu=True
+        )
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(B, T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
+
+        beta = torch.sigmoid(b)
+        # fp32 before exp: in fp16 a large A_log would overflow.
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        o, new_recurrent_state = gated_delta_rule(
+            q, k, v, g, beta, initial_state=recurrent_state.float(), use_qk_l2norm=True
+        )
+        o = self.norm(o, z).reshape(B, T, self.value_dim)
+        return self.out_proj(o), new_conv_state, new_recurrent_state

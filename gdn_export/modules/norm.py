@@ -1,0 +1,55 @@
+"""RMSNorm variants of Qwen3-Next / Qwen3.5 (both families use the same two).
+
+* `ZeroCenteredRMSNorm`: decoder, final, q_norm and k_norm. The stored weight w is centred on 0
+  and the scale applied is (1 + w); a checkpoint of zeros is the identity scale.
+* `GatedRMSNorm`: the GDN output norm, per value head: rmsnorm(x) * w * silu(z), w centred on 1.
+
+Both compute in fp32 and return the input dtype. The gated norm stays in fp32 end to end, where
+transformers rounds the normalised x to the model dtype before the weight: identical in fp32, one
+rounding fewer in bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """y = rmsnorm(x) * (1 + weight), over the last axis. x [..., D] -> y [..., D] in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _rms(x.float(), self.eps) * (1.0 + self.weight.float())
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class GatedRMSNorm(nn.Module):
+    """y = rmsnorm(x) * weight * silu(z), over the last axis.
+
+    x, z [..., D] -> y [..., D] in x's dtype. weight [D] starts at ones.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        y = _rms(x.float(), self.eps) * self.weight.float() * F.silu(z.float())
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"

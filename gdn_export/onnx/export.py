@@ -1,0 +1,193 @@
+"""`export_onnx`: one ONNX graph serving prefill and decode, with gdn custom nodes.
+
+    inputs   input_ids [batch, seq] int64, position_ids [batch, seq] int64,
+             past.{i}.conv|recurrent|key|value (model.state_specs(), in order)
+    outputs  logits [batch, seq, V] fp32, present.{i}.* (same order)
+
+The torch dynamo exporter traces the model once with example sizes B=2, T=3, P=5: torch.export
+specialises any dim whose example is 0 or 1, so prefill-only (P = 0) or decode-only (T = 1)
+examples would bake those sizes in. The gdn ops become bare gdn.* nodes through the translations
+in gdn_export/ops/*/onnx.py. The result is checked (onnx.checker full_check, strict shape
+inference, TensorRT plugin mapping) in a temporary folder beside the target, then renamed into
+place; a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from gdn_export import __version__
+from gdn_export.errors import GdnExportError
+from gdn_export.onnx import metadata
+from gdn_export.onnx.checks import MAX_OPSET, check_plugin_mappable
+from gdn_export.onnx.schemas import custom_translation_table, register_schemas
+
+ONNX_OPSET = 18
+# torch's exporter builds opset 18 and cannot convert its reductions (axes as inputs) down to 17;
+# TensorRT 10 parses up to 21.
+MIN_EXPORT_OPSET, MAX_EXPORT_OPSET = 18, MAX_OPSET
+INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
+BATCH, SEQ, PAST = "batch", "seq", "past"
+# Example sizes for tracing: all > 1 so that no dynamic dim is specialised (see module docstring).
+EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
+# Protobuf cannot serialise 2 GiB; leave room for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 2**31 - 2**27
+
+
+def external_data_name(path: str | os.PathLike) -> str:
+    """The sidecar holding the weights of a large model: `<name>.data` beside `<name>`."""
+    return Path(path).name + ".data"
+
+
+def _example_inputs(model, specs):
+    import torch
+
+    device = model.device
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_SEQ), generator=gen).to(device)
+    positions = torch.arange(EXAMPLE_PAST, EXAMPLE_PAST + EXAMPLE_SEQ, device=device)
+    position_ids = positions.expand(EXAMPLE_BATCH, EXAMPLE_SEQ).contiguous()
+    # Small random states: zeros could let the exporter fold a state away.
+    states = [0.1 * torch.randn(s.concrete_shape(EXAMPLE_BATCH, EXAMPLE_PAST), generator=gen)
+              .to(device=device, dtype=s.dtype) for s in specs]
+    return (input_ids, position_ids, *states)
+
+
+def _dynamic_shapes(specs):
+    from torch.export import Dim
+
+    batch, seq, past = Dim(BATCH, min=1), Dim(SEQ, min=1), Dim(PAST, min=0)
+    dims = {BATCH: batch, PAST: past}
+    tokens = {0: batch, 1: seq}
+    states = [{axis: dims[d] for axis, d in enumerate(s.shape) if isinstance(d, str)} for s in specs]
+    # torch.export sees forward(input_ids, position_ids, *states) as three arguments, the last
+    # being the tuple of states.
+    return (tokens, tokens, tuple(states))
+
+
+def _trace(model, specs, opset: int):
+    """torch.onnx.export (dynamo) -> onnx_ir.Model, with the exporter's chatter swallowed."""
+    import torch
+
+    input_names = [INPUT_IDS, POSITION_IDS, *(s.name for s in specs)]
+    output_names = [LOGITS, *(s.output_name for s in specs)]
+    args = _example_inputs(model, specs)
+    chatter = io.StringIO()
+    # The exporter prints its phases and logs registry warnings (e.g. torchvision missing) that
+    # say nothing about this model; our own progress lines replace them.
+    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry_log.level
+    registry_log.setLevel(logging.ERROR)
+    try:
+        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                model, args, dynamo=True, dynamic_shapes=_dynamic_shapes(specs),
+                input_names=input_names, output_names=output_names, opset_version=opset,
+                custom_translation_table=custom_translation_table(), optimize=True, verbose=False,
+            )
+    finally:
+        registry_log.setLevel(level)
+    ir_model = program.model
+    got_in = [v.name for v in ir_model.graph.inputs]
+    got_out = [v.name for v in ir_model.graph.outputs]
+    if got_in != input_names or got_out != output_names:
+        raise RuntimeError(f"exported graph I/O differs from the model's state specs: inputs "
+                           f"{got_in} vs {input_names}, outputs {got_out} vs {output_names}")
+    if ir_model.opset_imports.get("") != opset:
+        raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
+    if len(ir_model.functions):
+        # The exporter may wrap pieces in local functions; TensorRT must see plain nodes.
+        from onnx_ir.passes.common import InlinePass, RemoveUnusedFunctionsPass
+
+        InlinePass()(ir_model)
+        RemoveUnusedFunctionsPass()(ir_model)
+    return ir_model
+
+
+def _initializer_bytes(ir_model) -> int:
+    return sum(v.const_value.nbytes for v in ir_model.graph.initializers.values()
+               if v.const_value is not None)
+
+
+def _verify(onnx_path: Path, external: bool) -> None:
+    """onnx.checker full_check, strict shape inference and the plugin-mapping check."""
+    register_schemas()
+    onnx.checker.check_model(str(onnx_path), full_check=True)
+    if external:
+        inferred = onnx_path.with_name(onnx_path.name + ".inferred")
+        onnx.shape_inference.infer_shapes_path(str(onnx_path), str(inferred), check_type=True,
+                                               strict_mode=True)
+        inferred.unlink()
+        proto = onnx.load(str(onnx_path), load_external_data=False)
+    else:
+        proto = onnx.load(str(onnx_path))
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    check_plugin_mappable(proto)
+
+
+def _check_target(path: Path, opset: int) -> None:
+    if not MIN_EXPORT_OPSET <= opset <= MAX_EXPORT_OPSET:
+        raise GdnExportError(f"opset {opset} is outside the range gdn-export writes and TensorRT "
+                             f"parses [{MIN_EXPORT_OPSET}, {MAX_EXPORT_OPSET}]")
+    if path.suffix != ".onnx":
+        raise GdnExportError(f"{path}: the output file name must end in .onnx")
+    if not path.parent.is_dir():
+        raise GdnExportError(f"{path.parent}: output folder does not exist")
+    if path.is_dir():
+        raise GdnExportError(f"{path}: is a folder")
+
+
+def export_onnx(model, path: str | os.PathLike, *, opset: int = ONNX_OPSET,
+                progress: Callable[[str], None] | None = None) -> Path:
+    """Export `model` (HybridForCausalLM, any dtype) to `path`; returns the written path.
+
+    Weights go to a sidecar `<name>.data` when they exceed ~2 GB. metadata_props record the
+    gdn-export version, family, dtype, opset, vocab size and the state layout
+    (`gdn_export.onnx.metadata`).
+    """
+    path = Path(path)
+    say = progress or (lambda _msg: None)
+    _check_target(path, opset)
+    model.eval()
+    specs = model.state_specs()
+    say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}")
+    ir_model = _trace(model, specs, opset)
+    ir_model.metadata_props.update(metadata.make_metadata(
+        version=__version__, family=model.config.family,
+        dtype=metadata.torch_dtype_name(model.dtype), opset=opset,
+        vocab_size=model.config.vocab_size, states=metadata.layouts_from_specs(specs),
+    ))
+    ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
+    external = _initializer_bytes(ir_model) > EXTERNAL_DATA_THRESHOLD
+    data_name = external_data_name(path)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        import onnx_ir
+
+        tmp_path = tmpdir / path.name
+        say(f"writing {path.name}" + (f" with weights in {data_name}" if external else ""))
+        onnx_ir.save(ir_model, tmp_path, external_data=data_name if external else None)
+        say("checking (onnx.checker full_check, strict shape inference, plugin mapping)")
+        _verify(tmp_path, external)
+        if external:
+            os.replace(tmpdir / data_name, path.parent / data_name)
+        else:
+            # A sidecar left by an earlier large export of the same name would be stale.
+            (path.parent / data_name).unlink(missing_ok=True)
+        os.replace(tmp_path, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    say(f"wrote {path}")
+    return path

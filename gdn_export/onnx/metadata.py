@@ -1,0 +1,78 @@
+"""metadata_props written into every exported file, so runtimes need nothing but the .onnx.
+
+    gdn_export.version      gdn-export version that wrote the file
+    gdn_export.family       model family ("qwen3_next" | "qwen3_5")
+    gdn_export.dtype        model dtype ("float32" | "float16" | "bfloat16")
+    gdn_export.opset        ai.onnx opset of the graph
+    gdn_export.vocab_size   logits width V
+    gdn_export.state_specs  JSON list, in graph order, of
+                            {"name": "past.3.key", "output": "present.3.key",
+                             "shape": ["batch", 2, "past", 64], "dtype": "float16",
+                             "layer": 3, "kind": "key"}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+PREFIX = "gdn_export."
+KEY_VERSION = PREFIX + "version"
+KEY_FAMILY = PREFIX + "family"
+KEY_DTYPE = PREFIX + "dtype"
+KEY_OPSET = PREFIX + "opset"
+KEY_VOCAB = PREFIX + "vocab_size"
+KEY_STATES = PREFIX + "state_specs"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """One state tensor as recorded in the file; dtype is a numpy-style name ("float32")."""
+
+    name: str
+    output: str
+    shape: tuple[int | str, ...]
+    dtype: str
+    layer: int
+    kind: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "output": self.output, "shape": list(self.shape),
+                "dtype": self.dtype, "layer": self.layer, "kind": self.kind}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "StateLayout":
+        return cls(d["name"], d["output"], tuple(d["shape"]), d["dtype"], int(d["layer"]), d["kind"])
+
+
+def torch_dtype_name(dtype) -> str:
+    """torch.float16 -> "float16"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def layouts_from_specs(specs: Sequence) -> list[StateLayout]:
+    """StateLayouts from the model's `state_specs()` (gdn_export.models.cache.StateSpec)."""
+    return [StateLayout(s.name, s.output_name, tuple(s.shape), torch_dtype_name(s.dtype), s.layer,
+                        s.kind) for s in specs]
+
+
+def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_size: int,
+                  states: Sequence[StateLayout]) -> dict[str, str]:
+    """The metadata_props entries (all strings) of an exported file."""
+    return {
+        KEY_VERSION: version,
+        KEY_FAMILY: family,
+        KEY_DTYPE: dtype,
+        KEY_OPSET: str(opset),
+        KEY_VOCAB: str(vocab_size),
+        KEY_STATES: json.dumps([s.to_json() for s in states]),
+    }
+
+
+def read_state_layouts(metadata: dict[str, str]) -> list[StateLayout] | None:
+    """The state layouts recorded in metadata_props, or None if the file has none."""
+    raw = metadata.get(KEY_STATES)
+    if raw is None:
+        return None
+    return [StateLayout.from_json(d) for d in json.loads(raw)]

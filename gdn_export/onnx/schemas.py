@@ -1,0 +1,31 @@
+"""Register the OpSchemas of the `gdn` ONNX domain with the `onnx` Python package.
+
+onnx.checker, onnx.shape_inference and onnxscript (which the torch exporter uses to build the
+custom nodes) all look ops up in the `onnx` package's schema registry; without these schemas a
+gdn node is an unknown op to them. ONNX Runtime and TensorRT keep their own registries and do not
+need this.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from gdn_export.ops.causal_conv1d import onnx as causal_conv1d_onnx
+from gdn_export.ops.gated_delta_rule import onnx as gated_delta_rule_onnx
+
+# Every op of the gdn domain, as its ONNX contract module.
+OP_MODULES: tuple[ModuleType, ...] = (gated_delta_rule_onnx, causal_conv1d_onnx)
+DOMAIN = gated_delta_rule_onnx.ONNX_DOMAIN
+DOMAIN_VERSION = gated_delta_rule_onnx.DOMAIN_VERSION
+
+
+def register_schemas() -> None:
+    """Register gdn.GatedDeltaRule and gdn.CausalConv1d (a no-op when already registered)."""
+    for module in OP_MODULES:
+        module.register_schema()
+
+
+def custom_translation_table() -> dict:
+    """{torch op overload: onnxscript translation} for torch.onnx.export(..., dynamo=True)."""
+    register_schemas()
+    return {module.torch_target(): module.translation for module in OP_MODULES}

@@ -1,0 +1,241 @@
+"""ONNX contract of `gdn::causal_conv1d`: node translation, schema, reference function.
+
+The exported node is exactly what TensorRT's ONNX parser maps to the CausalConv1d plugin:
+
+    gdn.CausalConv1d(x, weight, bias, conv_state) -> (y, new_conv_state)
+        attributes: plugin_version="1", plugin_namespace="gdn", activation (int 0 none / 1 SiLU)
+
+All four inputs are always present: zero bias [C] and zero conv_state [B, C, K-1] are emitted when
+the torch call passes None, and every input is cast to x's dtype, so the plugin sees one dtype.
+
+`function_proto` is an independent implementation in standard ONNX (a Gather of the K-tap windows
+and a weighted sum, since Conv's `group` cannot follow a dynamic C inside a function); it is
+attached in memory for ONNX Runtime and never written into an exported file.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+
+from gdn_export.ops.causal_conv1d import (
+    ACTIVATION_NONE,
+    ACTIVATION_SILU,
+    FIELD_ACTIVATION,
+    INPUT_NAMES,
+    ONNX_DOMAIN,
+    OUTPUT_NAMES,
+    PLUGIN_NAME,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+)
+
+DOMAIN_VERSION = 1
+ATTR_PLUGIN_VERSION = "plugin_version"
+ATTR_PLUGIN_NAMESPACE = "plugin_namespace"
+# Every attribute of the node and its type: TensorRT turns all but the two plugin_* strings
+# into PluginFields of the same name.
+NODE_ATTRIBUTES = {
+    ATTR_PLUGIN_VERSION: onnx.AttributeProto.STRING,
+    ATTR_PLUGIN_NAMESPACE: onnx.AttributeProto.STRING,
+    FIELD_ACTIVATION: onnx.AttributeProto.INT,
+}
+NODE_ATTRIBUTE_VALUES = {ATTR_PLUGIN_VERSION: PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE: PLUGIN_NAMESPACE}
+_ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+
+# ----------------------------------------------------------------------------------- schema
+
+
+def _dim(type_proto: onnx.TypeProto, axis: int):
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape") or len(tt.shape.dim) <= axis:
+        return None
+    return tt.shape.dim[axis]
+
+
+def _static(dim) -> int | None:
+    return dim.dim_value if dim is not None and dim.HasField("dim_value") else None
+
+
+def _rank(type_proto: onnx.TypeProto) -> int | None:
+    tt = type_proto.tensor_type
+    return len(tt.shape.dim) if tt.HasField("shape") else None
+
+
+def _tensor_type(elem_type: int, dims) -> onnx.TypeProto:
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = elem_type
+    if all(d is not None for d in dims):
+        for d in dims:
+            out.tensor_type.shape.dim.add().CopyFrom(d)
+    return out
+
+
+def _infer(ctx) -> None:
+    """y [B, T, C] and new_conv_state [B, C, K-1], both in x's type."""
+    types = [ctx.get_input_type(i) for i in range(len(INPUT_NAMES))]
+    if any(t is None for t in types):
+        return
+    x, weight, bias, state = types
+    for name, t, rank in (("x", x, 3), ("weight", weight, 2), ("bias", bias, 1),
+                          ("conv_state", state, 3)):
+        r = _rank(t)
+        if r is not None and r != rank:
+            raise ValueError(f"{PLUGIN_NAME}: {name} must have rank {rank}, got {r}")
+    c, wc = _static(_dim(x, 2)), _static(_dim(weight, 0))
+    if c and wc and c != wc:
+        raise ValueError(f"{PLUGIN_NAME}: weight must be [C={c}, K], got C={wc}")
+    elem = x.tensor_type.elem_type
+    ctx.set_output_type(0, _tensor_type(elem, [_dim(x, i) for i in range(3)]))
+    # K-1 is only known statically from weight (it always is: weights are initializers).
+    k = _static(_dim(weight, 1))
+    taps = None
+    if k is not None:
+        taps = onnx.TensorShapeProto.Dimension(dim_value=k - 1)
+    elif _dim(state, 2) is not None:
+        taps = _dim(state, 2)
+    ctx.set_output_type(1, _tensor_type(elem, [_dim(x, 0), _dim(x, 2), taps]))
+
+
+def make_schema() -> onnx.defs.OpSchema:
+    """The OpSchema of gdn.CausalConv1d (version DOMAIN_VERSION), with shape inference."""
+    P = onnx.defs.OpSchema.FormalParameter
+    A = onnx.defs.OpSchema.Attribute
+    shapes = dict(zip(INPUT_NAMES, ("[B, T, C]", "[C, K]", "[C]", "[B, C, K-1]")))
+    schema = onnx.defs.OpSchema(
+        PLUGIN_NAME,
+        ONNX_DOMAIN,
+        DOMAIN_VERSION,
+        "Depthwise causal conv1d with a rolling state (see gdn_export.ops.causal_conv1d).",
+        inputs=[P(n, "T", shapes[n]) for n in INPUT_NAMES],
+        outputs=[P(OUTPUT_NAMES[0], "T", "[B, T, C]"), P(OUTPUT_NAMES[1], "T", "[B, C, K-1]")],
+        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype")],
+        attributes=[
+            A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
+            A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
+            A(FIELD_ACTIVATION, onnx.defs.OpSchema.AttrType.INT,
+              f"{ACTIVATION_NONE} none, {ACTIVATION_SILU} SiLU"),
+        ],
+    )
+    schema.set_type_and_shape_inference_function(_infer)
+    return schema
+
+
+def register_schema() -> None:
+    """Register the schema with the `onnx` package once (checker, shape inference, onnxscript)."""
+    if not onnx.defs.has(PLUGIN_NAME, DOMAIN_VERSION, ONNX_DOMAIN):
+        onnx.defs.register_schema(make_schema())
+
+
+# ------------------------------------------------------------------------------ translation
+
+
+def translation(x, weight, bias, conv_state, silu):
+    """onnxscript translation of torch.ops.gdn.causal_conv1d.default for the dynamo exporter.
+
+    Emits one gdn.CausalConv1d node; None bias / conv_state become zeros in x's dtype.
+    """
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    register_schema()
+    gdn = onnxscript.values.Opset(ONNX_DOMAIN, DOMAIN_VERSION)
+    # Zeros as a scalar in x's dtype expanded to the shape: ConstantOfShape would be folded by
+    # the exporter's optimizer into a bfloat16 ConstantOfShape, which opsets < 20 reject.
+    zero = op.CastLike(op.Constant(value_float=0.0), x)
+    if bias is None:
+        bias = op.Expand(zero, op.Shape(weight, start=0, end=1))
+    if conv_state is None:
+        one = op.Constant(value_ints=[1])
+        shape = op.Concat(
+            op.Shape(x, start=0, end=1), op.Shape(weight, start=0, end=1),
+            op.Sub(op.Shape(weight, start=1, end=2), one), axis=0,
+        )
+        conv_state = op.Expand(zero, shape)
+    weight, bias, conv_state = (
+        t if t.dtype == x.dtype else op.CastLike(t, x) for t in (weight, bias, conv_state)
+    )
+    y, new_state = getattr(gdn, PLUGIN_NAME)(
+        x, weight, bias, conv_state,
+        plugin_version=PLUGIN_VERSION,
+        plugin_namespace=PLUGIN_NAMESPACE,
+        activation=ACTIVATION_SILU if silu else ACTIVATION_NONE,
+    )
+    return y, new_state
+
+
+def torch_target():
+    """The torch op overload that `translation` translates."""
+    import torch
+
+    import gdn_export.ops.causal_conv1d  # noqa: F401  (registers torch.ops.gdn.*)
+
+    return torch.ops.gdn.causal_conv1d.default
+
+
+# ------------------------------------------------------------------- reference ONNX function
+
+# xs = concat(state, x^T) [B, C, K-1+T]; window[b, c, t, j] = xs[b, c, t + j] gathered with an
+# index grid [T, K]; y = sum_j window * weight[c, j] + bias (fp32), SiLU if asked.
+_FUNCTION_TEXT = """
+<domain: "{domain}", opset_import: ["" : {opset}]>
+{name} <{attrs}> ({inputs}) => ({outputs})
+{{
+  xf = Cast <to = 1> (x)
+  wf = Cast <to = 1> (weight)
+  bf = Cast <to = 1> (bias)
+  sf = Cast <to = 1> (conv_state)
+  x_ct = Transpose <perm = [0, 2, 1]> (xf)
+  xs = Concat <axis = 2> (sf, x_ct)
+
+  zero = Constant <value = int64 {{0}}> ()
+  one = Constant <value = int64 {{1}}> ()
+  one1 = Constant <value_ints = [1]> ()
+  ax0 = Constant <value_ints = [0]> ()
+  ax1 = Constant <value_ints = [1]> ()
+  ax2 = Constant <value_ints = [2]> ()
+  ax3 = Constant <value_ints = [3]> ()
+  t1 = Shape <start = 1, end = 2> (x)
+  k1 = Shape <start = 1, end = 2> (weight)
+  l1 = Shape <start = 2, end = 3> (xs)
+  t = Squeeze (t1)
+  k = Squeeze (k1)
+  steps = Range (zero, t, one)
+  taps = Range (zero, k, one)
+  steps_col = Unsqueeze (steps, ax1)
+  taps_row = Unsqueeze (taps, ax0)
+  index = Add (steps_col, taps_row)
+  windows = Gather <axis = 2> (xs, index)
+  w_c1k = Unsqueeze (wf, ax1)
+  w_bc1k = Unsqueeze (w_c1k, ax0)
+  prod = Mul (windows, w_bc1k)
+  conv = ReduceSum <keepdims = 0> (prod, ax3)
+  b_c1 = Unsqueeze (bf, ax1)
+  pre = Add (conv, b_c1)
+
+  act = Constant <value_int: int = @{actattr}> ()
+  silu_id = Constant <value_int = {silu}> ()
+  is_silu = Equal (act, silu_id)
+  gate = Sigmoid (pre)
+  silu = Mul (pre, gate)
+  y_ct = Where (is_silu, silu, pre)
+  y_f = Transpose <perm = [0, 2, 1]> (y_ct)
+  {y} = CastLike (y_f, x)
+
+  k_minus_1 = Sub (k1, one1)
+  start = Sub (l1, k_minus_1)
+  tail = Slice (xs, start, l1, ax2)
+  {state} = CastLike (tail, x)
+}}
+"""
+
+
+def function_proto(opset: int) -> onnx.FunctionProto:
+    """gdn.CausalConv1d in standard ONNX (default domain version `opset`), for ONNX Runtime."""
+    text = _FUNCTION_TEXT.format(
+        domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
+        attrs=", ".join((FIELD_ACTIVATION, ATTR_PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE)),
+        inputs=", ".join(INPUT_NAMES), outputs=", ".join(OUTPUT_NAMES),
+        y=OUTPUT_NAMES[0], state=OUTPUT_NAMES[1], actattr=FIELD_ACTIVATION, silu=ACTIVATION_SILU,
+    )
+    return onnx.parser.parse_function(text)

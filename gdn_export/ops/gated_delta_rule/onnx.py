@@ -1,0 +1,290 @@
+"""ONNX contract of `gdn::gated_delta_rule`: node translation, schema, reference function.
+
+The exported node is exactly what TensorRT's ONNX parser maps to the GatedDeltaRule plugin:
+
+    gdn.GatedDeltaRule(q, k, v, g, beta, initial_state) -> (o, final_state)
+        attributes: plugin_version="1", plugin_namespace="gdn", scale (float), use_qk_l2norm (int)
+
+All six inputs are always present (a zero fp32 initial_state is emitted when the torch call
+passes None) and g / initial_state are always fp32, so the plugin never sees optional inputs.
+
+`function_proto` is a second, independent implementation of the op in standard ONNX (a Loop over
+T carrying the fp32 state [B, Hv, Dk, Dv]); it is attached to the model in memory so that ONNX
+Runtime can run the node, and is never written into an exported file.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+from onnx import TensorProto
+
+from gdn_export.ops.gated_delta_rule import (
+    FIELD_SCALE,
+    FIELD_USE_QK_L2NORM,
+    INPUT_NAMES,
+    ONNX_DOMAIN,
+    OUTPUT_NAMES,
+    PLUGIN_NAME,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+)
+from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
+
+# Version of the op inside the "gdn" ONNX domain (the model's opset_import entry).
+DOMAIN_VERSION = 1
+ATTR_PLUGIN_VERSION = "plugin_version"
+ATTR_PLUGIN_NAMESPACE = "plugin_namespace"
+# Every attribute of the node and its type: TensorRT turns all but the two plugin_* strings
+# into PluginFields of the same name.
+NODE_ATTRIBUTES = {
+    ATTR_PLUGIN_VERSION: onnx.AttributeProto.STRING,
+    ATTR_PLUGIN_NAMESPACE: onnx.AttributeProto.STRING,
+    FIELD_SCALE: onnx.AttributeProto.FLOAT,
+    FIELD_USE_QK_L2NORM: onnx.AttributeProto.INT,
+}
+NODE_ATTRIBUTE_VALUES = {ATTR_PLUGIN_VERSION: PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE: PLUGIN_NAMESPACE}
+_ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+
+# ----------------------------------------------------------------------------------- schema
+
+
+def _dim(type_proto: onnx.TypeProto, axis: int) -> onnx.TensorShapeProto.Dimension | None:
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape") or len(tt.shape.dim) <= axis:
+        return None
+    return tt.shape.dim[axis]
+
+
+def _static(dim) -> int | None:
+    return dim.dim_value if dim is not None and dim.HasField("dim_value") else None
+
+
+def _tensor_type(elem_type: int, dims) -> onnx.TypeProto:
+    """A tensor type; the shape is left unknown unless every dim is known or symbolic."""
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = elem_type
+    if all(d is not None for d in dims):
+        shape = out.tensor_type.shape
+        for d in dims:
+            shape.dim.add().CopyFrom(d)
+    return out
+
+
+def _rank(type_proto: onnx.TypeProto) -> int | None:
+    tt = type_proto.tensor_type
+    return len(tt.shape.dim) if tt.HasField("shape") else None
+
+
+def _infer(ctx) -> None:
+    """o [B, T, Hv, Dv] in v's type; final_state [B, Hv, Dk, Dv] fp32."""
+    types = [ctx.get_input_type(i) for i in range(len(INPUT_NAMES))]
+    if any(t is None for t in types):
+        return
+    q, k, v, g, beta, state = types
+    for name, t, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3),
+                          ("initial_state", state, 4)):
+        r = _rank(t)
+        if r is not None and r != rank:
+            raise ValueError(f"{PLUGIN_NAME}: {name} must have rank {rank}, got {r}")
+    hk, hv = _static(_dim(q, 2)), _static(_dim(v, 2))
+    if hk and hv and hv % hk:
+        raise ValueError(f"{PLUGIN_NAME}: value heads ({hv}) must be a multiple of key heads ({hk})")
+    dv = _dim(v, 3)
+    ctx.set_output_type(0, _tensor_type(v.tensor_type.elem_type, [_dim(v, i) for i in range(4)]))
+    batch = _dim(v, 0) if _dim(v, 0) is not None else _dim(state, 0)
+    ctx.set_output_type(1, _tensor_type(TensorProto.FLOAT, [batch, _dim(v, 2), _dim(q, 3), dv]))
+
+
+def make_schema() -> onnx.defs.OpSchema:
+    """The OpSchema of gdn.GatedDeltaRule (version DOMAIN_VERSION), with shape inference."""
+    P = onnx.defs.OpSchema.FormalParameter
+    A = onnx.defs.OpSchema.Attribute
+    kinds = dict(zip(INPUT_NAMES, ("T", "T", "T", "tensor(float)", "T", "tensor(float)")))
+    shapes = dict(zip(INPUT_NAMES, ("[B, T, Hk, Dk]", "[B, T, Hk, Dk]", "[B, T, Hv, Dv]",
+                                    "[B, T, Hv] log decay", "[B, T, Hv]", "[B, Hv, Dk, Dv]")))
+    schema = onnx.defs.OpSchema(
+        PLUGIN_NAME,
+        ONNX_DOMAIN,
+        DOMAIN_VERSION,
+        "Gated delta rule over T tokens (see gdn_export.ops.gated_delta_rule).",
+        inputs=[P(n, kinds[n], shapes[n]) for n in INPUT_NAMES],
+        outputs=[P(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"),
+                 P(OUTPUT_NAMES[1], "tensor(float)", "[B, Hv, Dk, Dv]")],
+        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype")],
+        attributes=[
+            A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
+            A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
+            A(FIELD_SCALE, onnx.defs.OpSchema.AttrType.FLOAT, "multiplies q"),
+            A(FIELD_USE_QK_L2NORM, onnx.defs.OpSchema.AttrType.INT, "0/1: L2-normalise q and k"),
+        ],
+    )
+    schema.set_type_and_shape_inference_function(_infer)
+    return schema
+
+
+def register_schema() -> None:
+    """Register the schema with the `onnx` package once (checker, shape inference, onnxscript)."""
+    if not onnx.defs.has(PLUGIN_NAME, DOMAIN_VERSION, ONNX_DOMAIN):
+        onnx.defs.register_schema(make_schema())
+
+
+# ------------------------------------------------------------------------------ translation
+
+
+def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens=None):
+    """onnxscript translation of torch.ops.gdn.gated_delta_rule.default for the dynamo exporter.
+
+    Emits one gdn.GatedDeltaRule node; a None initial_state becomes zeros [B, Hv, Dk, Dv] fp32.
+    """
+    import onnxscript
+    from onnxscript import ir
+    from onnxscript import opset18 as op
+
+    if cu_seqlens is not None:
+        raise ValueError("gdn.GatedDeltaRule has no cu_seqlens input: export padded batches (B, T)")
+    register_schema()
+    gdn = onnxscript.values.Opset(ONNX_DOMAIN, DOMAIN_VERSION)
+    if g.dtype != ir.DataType.FLOAT:
+        g = op.Cast(g, to=TensorProto.FLOAT)
+    if initial_state is None:
+        shape = op.Concat(
+            op.Shape(v, start=0, end=1), op.Shape(v, start=2, end=3),
+            op.Shape(q, start=3, end=4), op.Shape(v, start=3, end=4), axis=0,
+        )
+        zero = onnx.helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
+        initial_state = op.ConstantOfShape(shape, value=zero)
+    elif initial_state.dtype != ir.DataType.FLOAT:
+        initial_state = op.Cast(initial_state, to=TensorProto.FLOAT)
+    o, final_state = getattr(gdn, PLUGIN_NAME)(
+        q, k, v, g, beta, initial_state,
+        plugin_version=PLUGIN_VERSION,
+        plugin_namespace=PLUGIN_NAMESPACE,
+        scale=float(scale),
+        use_qk_l2norm=int(bool(use_qk_l2norm)),
+    )
+    return o, final_state
+
+
+def torch_target():
+    """The torch op overload that `translation` translates."""
+    import torch
+
+    import gdn_export.ops.gated_delta_rule  # noqa: F401  (registers torch.ops.gdn.*)
+
+    return torch.ops.gdn.gated_delta_rule.default
+
+
+# ------------------------------------------------------------------- reference ONNX function
+
+# Per value head, token t:  S <- exp(g_t) S;  u = beta_t (v_t - S^T k_t);  S <- S + k_t u^T;
+# o_t = S^T (scale q_t). Written independently of naive.py: time-major tensors, one Loop step
+# per token, rank-1 updates as [Dk, 1] x [1, Dv] MatMuls.
+_FUNCTION_TEXT = """
+<domain: "{domain}", opset_import: ["" : {opset}]>
+{name} <{attrs}> ({inputs}) => ({outputs})
+{{
+  qf = Cast <to = 1> (q)
+  kf = Cast <to = 1> (k)
+  vf = Cast <to = 1> (v)
+  gf = Cast <to = 1> (g)
+  bf = Cast <to = 1> (beta)
+  s0 = Cast <to = 1> (initial_state)
+
+  flag = Constant <value_int: int = @{l2attr}> ()
+  flag_b = Cast <to = 9> (flag)
+  eps = Constant <value_float = {eps}> ()
+  last = Constant <value_ints = [-1]> ()
+  qsq = Mul (qf, qf)
+  qss = ReduceSum <keepdims = 1> (qsq, last)
+  qse = Add (qss, eps)
+  qrs = Sqrt (qse)
+  qnorm = Div (qf, qrs)
+  ksq = Mul (kf, kf)
+  kss = ReduceSum <keepdims = 1> (ksq, last)
+  kse = Add (kss, eps)
+  krs = Sqrt (kse)
+  knorm = Div (kf, krs)
+  qn = Where (flag_b, qnorm, qf)
+  kn = Where (flag_b, knorm, kf)
+  scale = Constant <value_float: float = @{scaleattr}> ()
+  qs = Mul (qn, scale)
+
+  b = Shape <start = 0, end = 1> (v)
+  t = Shape <start = 1, end = 2> (v)
+  hk = Shape <start = 2, end = 3> (q)
+  hv = Shape <start = 2, end = 3> (v)
+  dk = Shape <start = 3, end = 4> (q)
+  group = Div (hv, hk)
+  ax3 = Constant <value_ints = [3]> ()
+  grouped = Concat <axis = 0> (b, t, hk, group, dk)
+  flat = Concat <axis = 0> (b, t, hv, dk)
+  q5 = Unsqueeze (qs, ax3)
+  k5 = Unsqueeze (kn, ax3)
+  qe = Expand (q5, grouped)
+  ke = Expand (k5, grouped)
+  qh = Reshape (qe, flat)
+  kh = Reshape (ke, flat)
+
+  q_tm = Transpose <perm = [1, 0, 2, 3]> (qh)
+  k_tm = Transpose <perm = [1, 0, 2, 3]> (kh)
+  v_tm = Transpose <perm = [1, 0, 2, 3]> (vf)
+  g_tm = Transpose <perm = [1, 0, 2]> (gf)
+  b_tm = Transpose <perm = [1, 0, 2]> (bf)
+  ax2 = Constant <value_ints = [2]> ()
+  ax23 = Constant <value_ints = [2, 3]> ()
+
+  trip = Squeeze (t)
+  go = Constant <value = bool {{1}}> ()
+  s_final, o_tm = Loop (trip, go, s0) <body = step (int64 i, bool c_in, float s_in)
+                                                => (bool c_out, float s_out, float o_t) {{
+    q_t = Gather <axis = 0> (q_tm, i)
+    k_t = Gather <axis = 0> (k_tm, i)
+    v_t = Gather <axis = 0> (v_tm, i)
+    g_t = Gather <axis = 0> (g_tm, i)
+    b_t = Gather <axis = 0> (b_tm, i)
+    a = Exp (g_t)
+    a4 = Unsqueeze (a, ax23)
+    s_decayed = Mul (s_in, a4)
+    k_row = Unsqueeze (k_t, ax2)
+    k_col = Unsqueeze (k_t, ax3)
+    predicted = MatMul (k_row, s_decayed)
+    v_row = Unsqueeze (v_t, ax2)
+    err = Sub (v_row, predicted)
+    b4 = Unsqueeze (b_t, ax23)
+    u = Mul (b4, err)
+    write = MatMul (k_col, u)
+    s_out = Add (s_decayed, write)
+    q_row = Unsqueeze (q_t, ax2)
+    o_row = MatMul (q_row, s_out)
+    o_t = Squeeze (o_row, ax2)
+    c_out = Identity (c_in)
+  }}>
+  o_f = Transpose <perm = [1, 0, 2, 3]> (o_tm)
+  {o} = CastLike (o_f, v)
+  {state} = Identity (s_final)
+}}
+"""
+
+
+def _unshape_subgraph_values(graph: onnx.GraphProto, keep: set[str]) -> None:
+    """The text format writes `float x` as a scalar; the loop state and outputs are 4-D/3-D."""
+    for value in list(graph.input) + list(graph.output):
+        if value.name not in keep:
+            value.type.tensor_type.ClearField("shape")
+
+
+def function_proto(opset: int) -> onnx.FunctionProto:
+    """gdn.GatedDeltaRule in standard ONNX (default domain version `opset`), for ONNX Runtime."""
+    text = _FUNCTION_TEXT.format(
+        domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
+        attrs=", ".join((FIELD_SCALE, FIELD_USE_QK_L2NORM, ATTR_PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE)),
+        inputs=", ".join(INPUT_NAMES), outputs=", ".join(OUTPUT_NAMES),
+        o=OUTPUT_NAMES[0], state=OUTPUT_NAMES[1],
+        l2attr=FIELD_USE_QK_L2NORM, scaleattr=FIELD_SCALE, eps=repr(L2NORM_EPS),
+    )
+    fn = onnx.parser.parse_function(text)
+    for node in fn.node:
+        if node.op_type == "Loop":
+            _unshape_subgraph_values(node.attribute[0].g, keep={"i", "c_in", "c_out"})
+    return fn

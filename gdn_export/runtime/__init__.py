@@ -1,0 +1,10 @@
+"""Backend-neutral runners behind one interface: torch (the model), ONNX Runtime, TensorRT.
+
+    base.py          Runner (abstract), StateInfo, input checks, greedy `generate`
+    torch_runner.py  TorchRunner: HybridForCausalLM in PyTorch
+    ort_runner.py    OrtRunner: an exported .onnx in ONNX Runtime (gdn bodies attached at load)
+"""
+
+from gdn_export.runtime.base import GenerationResult, Runner, StateInfo, generate
+
+__all__ = ["GenerationResult", "Runner", "StateInfo", "generate"]

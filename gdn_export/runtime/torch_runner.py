@@ -1,0 +1,62 @@
+"""TorchRunner: HybridForCausalLM behind the Runner interface (states are torch tensors)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from gdn_export.runtime.base import Runner, StateInfo, check_states
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class TorchRunner(Runner):
+    """Run `model` (gdn_export.models.hybrid.HybridForCausalLM) on `device`.
+
+    op_backend picks the implementation of the gdn ops ("reference", "triton", "cuda"; default:
+    the active one, see gdn_export.ops.backends).
+    """
+
+    backend = "torch"
+
+    def __init__(self, model, device: str | torch.device = "cpu", op_backend: str | None = None):
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.op_backend = op_backend
+        self.vocab_size = int(model.config.vocab_size)
+        self.state_specs = [
+            StateInfo(s.name, s.output_name, tuple(s.shape), _dtype_name(s.dtype), s.layer, s.kind)
+            for s in model.state_specs()
+        ]
+
+    def empty_states(self, batch: int) -> list[torch.Tensor]:
+        return list(self.model.empty_states(batch, device=self.device))
+
+    def _forward(self, input_ids: np.ndarray, past_len: int, states):
+        states = list(states)
+        batch, seq = input_ids.shape
+        check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states],
+                     batch, past_len)
+        ids = torch.from_numpy(input_ids).to(self.device)
+        positions = torch.arange(past_len, past_len + seq, device=self.device).expand(batch, seq)
+        states = [t.to(self.device) for t in states]
+        if self.op_backend is None:
+            backend = contextlib.nullcontext()
+        else:
+            from gdn_export.ops.backends import use_backend
+
+            backend = use_backend(self.op_backend)
+        with torch.no_grad(), backend:
+            logits, *new_states = self.model(ids, positions.contiguous(), *states)
+        return logits.float().cpu().numpy(), new_states
+
+    def states_to_numpy(self, states) -> dict[str, np.ndarray]:
+        out = {}
+        for spec, t in zip(self.state_specs, states):
+            t = t.detach().cpu()
+            out[spec.name] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+        return out

@@ -1,0 +1,147 @@
+"""`build_engine`: ONNX with gdn nodes -> serialized TensorRT engine using libgdn_plugins.so.
+
+The engine is strongly typed (every tensor keeps the dtype the ONNX gives it), the gdn plugin
+layers update their state inputs in place (ALIASED_PLUGIN_IO preview feature), and one
+optimisation profile covers prefill and decode (`gdn_export.trt.profile`).
+
+The build itself runs in a child process (`gdn_export.trt._worker`) whose environment is set up
+before it starts (`loader.build_env`, needed by TensorRT-RTX); the child reports progress and
+errors as JSON lines. The engine is written to a temporary name beside the target and renamed
+into place, together with `<engine>.layers.json`: the network's layers at build time (the only
+layer list available where the engine cannot be deserialized, e.g. TensorRT-RTX without a GPU)
+and the ONNX's metadata_props (state layout, vocab size) for `TrtRunner`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+from gdn_export.errors import GdnExportError
+from gdn_export.trt import loader
+from gdn_export.trt.profile import ShapeSpecs, make_profile, onnx_inputs
+
+LAYERS_SUFFIX = ".layers.json"
+
+
+def layers_path(engine_path: str | os.PathLike) -> Path:
+    """Where `build_engine` records the network's layers for `engine_path`."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name + LAYERS_SUFFIX)
+
+
+def _run_worker(request: dict, say: Callable[[str], None], timeout: float | None) -> dict:
+    cmd = [sys.executable, "-m", "gdn_export.trt._worker"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=loader.build_env(), text=True)
+    stderr_tail: deque[str] = deque(maxlen=20)
+
+    def drain_stderr():
+        for line in proc.stderr:
+            stderr_tail.append(line.rstrip())
+
+    reader = threading.Thread(target=drain_stderr, daemon=True)
+    reader.start()
+    proc.stdin.write(json.dumps(request))
+    proc.stdin.close()
+    result, error, last_log = None, None, None
+    try:
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                stderr_tail.append(line.rstrip())
+                continue
+            if "progress" in event:
+                say(event["progress"])
+            elif "log" in event:
+                severity, message = event["log"]
+                last_log = message
+                if severity == "E":
+                    say(f"TensorRT error: {message}")
+            elif "result" in event:
+                result = event["result"]
+            elif "error" in event:
+                error = event["error"]
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise GdnExportError(f"the TensorRT build did not finish within {timeout} s") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=5)
+    if error is not None:
+        raise GdnExportError(error)
+    if proc.returncode != 0 or result is None:
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        detail = next((l for l in reversed(stderr_tail) if l.strip()), None) or last_log or "no message"
+        raise GdnExportError(f"the TensorRT build process died ({how}): {detail}")
+    return result
+
+
+def build_engine(
+    onnx_path: str | os.PathLike,
+    engine_path: str | os.PathLike,
+    *,
+    plugins: str | os.PathLike | None = None,
+    min_shapes: ShapeSpecs = None,
+    opt_shapes: ShapeSpecs = None,
+    max_shapes: ShapeSpecs = None,
+    workspace: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+) -> Path:
+    """Build `engine_path` from `onnx_path`; returns the engine's path.
+
+    plugins: libgdn_plugins.so (default: $GDN_EXPORT_PLUGINS, then plugins/build/).
+    min/opt/max_shapes: {input: dims} or trtexec-style "name:[d0,d1,...]" specs; inputs not named get
+        defaults from their dim names (batch 1..8, seq 1..512, past 0..2048; `profile.DEFAULT_RANGES`).
+    workspace: workspace memory pool limit in bytes (default: TensorRT's).
+    progress: called with one line per build phase.
+    Raises GdnExportError (one line) for a missing plugin library, a node whose plugin creator is
+    not registered, an ONNX the parser rejects (naming the nodes), bad shapes, a failed build.
+    """
+    say = progress or (lambda _msg: None)
+    onnx_path, engine_path = Path(onnx_path), Path(engine_path)
+    if not onnx_path.is_file():
+        raise GdnExportError(f"{onnx_path}: no such ONNX file")
+    if not engine_path.parent.is_dir():
+        raise GdnExportError(f"{engine_path.parent}: output folder does not exist")
+    if engine_path.is_dir():
+        raise GdnExportError(f"{engine_path}: is a folder")
+    if workspace is not None and workspace <= 0:
+        raise GdnExportError(f"workspace must be a positive number of bytes, got {workspace}")
+    library = loader.find_plugins(plugins)
+    profile = make_profile(onnx_inputs(onnx_path), min_shapes, opt_shapes, max_shapes)
+    for name, (mn, opt, mx) in profile.items():
+        if mn != mx:
+            say(f"profile {name}: min {list(mn)} opt {list(opt)} max {list(mx)}")
+
+    tmp = engine_path.with_name(f".{engine_path.name}.{os.getpid()}.tmp")
+    tmp_layers = tmp.with_name(tmp.name + LAYERS_SUFFIX)
+    request = {"onnx": str(onnx_path.resolve()), "engine_tmp": str(tmp), "plugins": str(library),
+               "profile": {k: [list(s) for s in v] for k, v in profile.items()}, "workspace": workspace}
+    try:
+        result = _run_worker(request, say, timeout)
+        tmp_layers.write_text(json.dumps({"trt": result["trt"], "trt_version": result["trt_version"],
+                                          "onnx": str(onnx_path), "inputs": result["inputs"],
+                                          "outputs": result["outputs"], "metadata": result["metadata"],
+                                          "layers": result["layers"]},
+                                         indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, engine_path)
+        os.replace(tmp_layers, layers_path(engine_path))
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp_layers.unlink(missing_ok=True)
+    size_mib = result["bytes"] / 2**20
+    say(f"wrote {engine_path} ({size_mib:.1f} MiB, {result['trt']} {result['trt_version']}, "
+        f"{result['seconds']:.1f} s)")
+    return engine_path

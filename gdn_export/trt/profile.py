@@ -1,0 +1,155 @@
+"""Optimisation profiles: trtexec-style shape specs and defaults from the ONNX's dynamic inputs.
+
+    parse_shape_specs("input_ids:[1,1],past.3.key:[1,2,0,16]")  -> {"input_ids": (1, 1), ...}
+    make_profile(onnx_inputs(path), min_shapes, opt_shapes, max_shapes)
+        -> {input name: (min, opt, max)} for every graph input
+
+An input named in any of the three specs takes them (a missing one copies a given one: min from
+opt, then max; opt from max, then min; max from opt, then min); every other input gets
+its static dims as they are and, for its symbolic dims, DEFAULT_RANGES by dim name (the exporter
+names them batch / seq / past). A symbolic dim with another name needs an explicit spec.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Union
+
+from gdn_export.errors import GdnExportError
+
+Shape = tuple[int, ...]
+ShapeSpecs = Union[None, str, Iterable[str], Mapping[str, Iterable[int]]]
+
+# dim name -> (min, opt, max). One profile serves prefill (seq > 1, past = 0) and decode
+# (seq = 1, past > 0); opt sits in between so that neither is tuned for an extreme.
+DEFAULT_RANGES: dict[str, tuple[int, int, int]] = {
+    "batch": (1, 1, 8),
+    "seq": (1, 64, 512),
+    "past": (0, 256, 2048),
+}
+
+_SPEC = re.compile(r"^\s*(?P<name>[^:\s][^:]*?)\s*:\s*\[(?P<dims>[^\]]*)\]\s*$")
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """A graph input: `shape` holds ints (static), dim names (symbolic) or None (unknown)."""
+
+    name: str
+    shape: tuple[int | str | None, ...]
+
+
+def parse_shape_specs(specs: ShapeSpecs, flag: str = "shapes") -> dict[str, Shape]:
+    """`name:[d0,d1,...]` specs (one string with several, comma-joined, or a list) or a mapping
+    name -> dims into {name: dims}; GdnExportError quoting a malformed spec."""
+    if specs is None:
+        return {}
+    if isinstance(specs, Mapping):
+        out = {}
+        for name, dims in specs.items():
+            try:
+                out[str(name)] = tuple(int(d) for d in dims)
+            except (TypeError, ValueError):
+                raise GdnExportError(f"{flag}: shape of {name!r} must be a list of ints, got {dims!r}") from None
+        return out
+    if isinstance(specs, str):
+        specs = [specs]
+    out = {}
+    for spec in specs:
+        parts = re.findall(r"[^,\[\]]+:\[[^\]]*\]", spec) or [spec]
+        for part in parts:
+            m = _SPEC.match(part.strip().lstrip(","))
+            if m is None:
+                raise GdnExportError(f"{flag}: {part!r} is not NAME:[d0,d1,...]")
+            try:
+                dims = tuple(int(d) for d in m["dims"].replace(" ", "").split(",") if d)
+            except ValueError:
+                raise GdnExportError(f"{flag}: {part!r} has a dim that is not an integer") from None
+            out[m["name"]] = dims
+    return out
+
+
+def onnx_inputs(onnx_path: str | os.PathLike) -> list[InputInfo]:
+    """The graph inputs of an ONNX file (initializers excluded), without loading its weights."""
+    import onnx
+
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:
+        raise GdnExportError(f"{onnx_path}: not a readable ONNX file ({type(exc).__name__}: {exc})") from None
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = []
+        for d in value.type.tensor_type.shape.dim:
+            dims.append(d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None)
+        inputs.append(InputInfo(value.name, tuple(dims)))
+    return inputs
+
+
+def _fill(name: str, given: dict[str, Shape | None]) -> tuple[Shape, Shape, Shape]:
+    order = {"min": ("opt", "max"), "opt": ("max", "min"), "max": ("opt", "min")}
+    filled = {}
+    for which, fallbacks in order.items():
+        shape = given[which]
+        for other in fallbacks:
+            if shape is None:
+                shape = given[other]
+        filled[which] = shape
+    return filled["min"], filled["opt"], filled["max"]
+
+
+def _check(info: InputInfo, mn: Shape, opt: Shape, mx: Shape) -> None:
+    for which, shape in (("min", mn), ("opt", opt), ("max", mx)):
+        if len(shape) != len(info.shape):
+            raise GdnExportError(f"--trt-{which}-shapes {info.name}:{list(shape)} has rank {len(shape)}, but "
+                                 f"{info.name} has rank {len(info.shape)} {list(info.shape)}")
+        for axis, (d, want) in enumerate(zip(shape, info.shape)):
+            if isinstance(want, int) and want > 0 and d != want:
+                raise GdnExportError(f"--trt-{which}-shapes {info.name}:{list(shape)}: dim {axis} is static "
+                                     f"({want}) in the ONNX, got {d}")
+            if d < 0:
+                raise GdnExportError(f"--trt-{which}-shapes {info.name}:{list(shape)}: dims must be >= 0")
+    for axis in range(len(mn)):
+        if not mn[axis] <= opt[axis] <= mx[axis]:
+            raise GdnExportError(f"{info.name}: dim {axis} needs min <= opt <= max, got min {list(mn)} "
+                                 f"opt {list(opt)} max {list(mx)}")
+
+
+def make_profile(inputs: list[InputInfo], min_shapes: ShapeSpecs = None, opt_shapes: ShapeSpecs = None,
+                 max_shapes: ShapeSpecs = None) -> dict[str, tuple[Shape, Shape, Shape]]:
+    """{input: (min, opt, max)} for every input (see module docstring)."""
+    specs = {"min": parse_shape_specs(min_shapes, "--trt-min-shapes"),
+             "opt": parse_shape_specs(opt_shapes, "--trt-opt-shapes"),
+             "max": parse_shape_specs(max_shapes, "--trt-max-shapes")}
+    by_name = {i.name: i for i in inputs}
+    for which, given in specs.items():
+        unknown = sorted(set(given) - set(by_name))
+        if unknown:
+            raise GdnExportError(f"--trt-{which}-shapes names {', '.join(unknown)}, which the ONNX does not have "
+                                 f"as inputs (it has {', '.join(by_name) or 'none'})")
+    profile = {}
+    for info in inputs:
+        given = {which: specs[which].get(info.name) for which in specs}
+        if any(s is not None for s in given.values()):
+            mn, opt, mx = _fill(info.name, given)
+        else:
+            dims = []
+            for axis, d in enumerate(info.shape):
+                if isinstance(d, int) and d > 0:
+                    dims.append((d, d, d))
+                elif isinstance(d, str) and d in DEFAULT_RANGES:
+                    dims.append(DEFAULT_RANGES[d])
+                else:
+                    what = f"'{d}'" if isinstance(d, str) else "unnamed"
+                    raise GdnExportError(
+                        f"input {info.name} dim {axis} is dynamic ({what}) with no default range; pass "
+                        f"--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes {info.name}:[...]")
+            mn, opt, mx = (tuple(r[i] for r in dims) for i in range(3))
+        _check(info, mn, opt, mx)
+        profile[info.name] = (tuple(mn), tuple(opt), tuple(mx))
+    return profile

@@ -1,0 +1,45 @@
+"""Human and machine renderings of a parity report."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from gdn_export.validate.compare import Report
+
+
+def format_table(report: Report, *, states: bool = True) -> str:
+    """A fixed-width table: one row per compared tensor, then a verdict line."""
+    rows = [r for r in report.rows if states or r.tensor == "logits"]
+    head = ("backend", "phase", "tensor", "max abs", "max rel", "atol", "rtol", "")
+    body = [
+        (r.backend, r.phase, r.tensor, f"{r.max_abs:.3e}", f"{r.max_rel:.3e}", f"{r.atol:g}",
+         f"{r.rtol:g}", "ok" if r.passed else "FAIL")
+        for r in rows
+    ]
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    failed = sum(not r.passed for r in report.rows)
+    verdict = (
+        f"PASS: {len(report.rows)} tensors within tolerance"
+        if failed == 0
+        else f"FAIL: {failed} of {len(report.rows)} tensors over tolerance"
+    )
+    summary = (f"reference {report.reference}, batch {report.batch}, prompt {report.prompt_len} "
+               f"tokens, {report.decode_steps} decode steps, seed {report.seed}")
+    return "\n".join([summary, line(head), line(["-" * w for w in widths]), *map(line, body), verdict])
+
+
+def write_json(report: Report, path: str | os.PathLike) -> None:
+    """Write the report atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report.to_dict(), f, indent=2, allow_nan=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

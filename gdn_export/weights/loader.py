@@ -1,0 +1,87 @@
+"""`load_checkpoint`: a Hugging Face checkpoint directory -> `HybridForCausalLM`.
+
+Reads config.json (HybridConfig), plans every tensor by name and shape from the safetensors
+headers (per-family modules `qwen3_next.py` / `qwen3_5.py` map the names), then reads the data.
+Every error is a one-line CheckpointError naming the file or the tensor key.
+
+dtype: every tensor is converted to the requested dtype (default: the checkpoint's torch_dtype),
+A_log, dt_bias and norm weights included, which is what transformers does when it loads in that
+dtype (these models keep no module in fp32). The decay g and the RMSNorms still compute in fp32.
+With tie_word_embeddings, lm_head shares model.embed_tokens.weight (a stored lm_head is ignored).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from gdn_export.config import DTYPES, HybridConfig
+from gdn_export.errors import CheckpointError
+from gdn_export.models.hybrid import HybridForCausalLM
+from gdn_export.weights import qwen3_5, qwen3_next
+from gdn_export.weights.mapping import report
+from gdn_export.weights.reader import CheckpointReader
+
+log = logging.getLogger("gdn_export.weights")
+FAMILIES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5}
+LM_HEAD = "lm_head.weight"
+EMBED = "model.embed_tokens.weight"
+
+
+def _dtype(dtype: torch.dtype | str | None, config: HybridConfig) -> torch.dtype:
+    if dtype is None:
+        return config.torch_dtype
+    if isinstance(dtype, str):
+        if dtype.removeprefix("torch.") not in DTYPES:
+            raise CheckpointError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        return DTYPES[dtype.removeprefix("torch.")]
+    if dtype not in DTYPES.values():
+        raise CheckpointError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def load_checkpoint(
+    directory: str | Path,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str = "cpu",
+) -> HybridForCausalLM:
+    """Build the model of `directory` (config.json + safetensors) in eval mode on `device`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: checkpoint directory not found")
+    config = HybridConfig.from_file(directory / "config.json")
+    dtype = _dtype(dtype, config)
+    family = FAMILIES[config.family]
+
+    with torch.device("meta"):
+        model = HybridForCausalLM(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop(LM_HEAD)
+
+    with CheckpointReader(directory) as reader:
+        shapes = dict(reader.shapes)
+        if config.tie_word_embeddings:
+            # transformers ties over a stored lm_head; do the same, quietly.
+            for key in [k for k in shapes if k == LM_HEAD]:
+                shapes.pop(key)
+        plan = family.plan(shapes, expected, config)
+        report(plan, str(directory))
+        state = {}
+        cache: dict[str, torch.Tensor] = {}
+        for name, source in plan.sources.items():
+            if source.key not in cache:
+                cache.clear()  # fused tensors are claimed by consecutive names; keep one at a time
+                cache[source.key] = reader.get(source.key)
+            state[name] = source.load(cache[source.key]).to(device=device, dtype=dtype).contiguous()
+        cache.clear()
+    if config.tie_word_embeddings:
+        state[LM_HEAD] = state[EMBED]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.requires_grad_(False)
+    log.info("%s: loaded %s with %d tensors in %s", directory, config.model_type, len(state), dtype)
+    return model.eval()

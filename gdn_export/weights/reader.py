@@ -1,0 +1,110 @@
+"""Read tensors from a Hugging Face safetensors checkpoint directory, single-file or sharded.
+
+    model.safetensors                       one file
+    model.safetensors.index.json            {"weight_map": {tensor name: shard file}}
+
+Shapes come from the file headers, so that every name and shape can be checked before any tensor
+data is read. A missing or corrupt file is a one-line CheckpointError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from gdn_export.errors import CheckpointError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class CheckpointReader:
+    """Tensor names, shapes and data of one checkpoint directory; use as a context manager.
+
+    `shapes` maps every tensor name to its shape; `get(name)` reads one tensor on the CPU.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self._stack = ExitStack()
+        self._handles: dict[Path, object] = {}
+        self.files: dict[str, Path] = {}  # tensor name -> file
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        try:
+            self._index()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, path: Path):
+        if path not in self._handles:
+            if not path.is_file():
+                raise CheckpointError(f"{path}: safetensors file not found")
+            try:
+                self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
+            except Exception as exc:  # safetensors raises its own error types for a bad header
+                raise CheckpointError(f"{path}: not a readable safetensors file ({_one_line(exc)})") from None
+        return self._handles[path]
+
+    def _index(self) -> None:
+        single, index = self.directory / SINGLE_FILE, self.directory / INDEX_FILE
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{index}: invalid safetensors index ({_one_line(exc)})") from None
+            by_file: dict[str, list[str]] = {}
+            for name, file in weight_map.items():
+                by_file.setdefault(file, []).append(name)
+            for file, names in sorted(by_file.items()):
+                path = self.directory / file
+                handle = self._open(path)
+                present = set(handle.keys())
+                for name in names:
+                    if name not in present:
+                        raise CheckpointError(f"{path}: tensor {name} listed in {INDEX_FILE} is not in the file")
+                    self._add(name, path, handle)
+        elif single.is_file():
+            handle = self._open(single)
+            for name in handle.keys():
+                self._add(name, single, handle)
+        else:
+            raise CheckpointError(
+                f"{self.directory}: no {SINGLE_FILE} or {INDEX_FILE} (only safetensors checkpoints are supported)"
+            )
+
+    def _add(self, name: str, path: Path, handle) -> None:
+        try:
+            shape = tuple(handle.get_slice(name).get_shape())
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
+        self.files[name] = path
+        self.shapes[name] = shape
+
+    def get(self, name: str) -> torch.Tensor:
+        """Tensor `name` on the CPU, in its stored dtype."""
+        path = self.files[name]
+        try:
+            return self._handles[path].get_tensor(name)
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
+
+    def close(self) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,187 @@
+"""`make_tiny_checkpoint`: a small random checkpoint in the Hugging Face layout, for tests.
+
+No transformers needed: the config dict is written the way transformers 5 writes it, the tensors
+come from our own model under the family's checkpoint names. Defaults: hidden 64, 4 layers (3 GDN +
+1 attention, full_attention_interval 4), GDN Hk=2, Hv=4, Dk=16, Dv=24, conv kernel 4, 4 attention
+heads / 2 KV heads of 16 with partial_rotary_factor 0.25, vocab 256; qwen3_next adds a MoE of 4
+experts (top 2) with a shared expert in every layer.
+
+The random init is conditioned so that activations and logits are neither vanishing nor
+saturated: linears N(0, 0.02), lm_head N(0, hidden^-0.5) (logits of order 1), zero-centred norms
+N(0, 0.1), gated norm 1 + N(0, 0.1), conv N(0, 0.3), A = exp(A_log) ~ U(1, 16) and dt_bias the
+inverse softplus of dt ~ logU(1e-3, 1e-1), so the per-token decay exp(g) spans long and short
+memories.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from gdn_export.config import HybridConfig
+from gdn_export.errors import CheckpointError
+from gdn_export.models.hybrid import HybridForCausalLM
+from gdn_export.weights import qwen3_5, qwen3_next
+from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
+
+_ARCH = {
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+}
+
+
+def tiny_config_dict(family: str = "qwen3_5", model_type: str | None = None, **overrides: Any) -> dict:
+    """The config.json dict of a tiny model; `overrides` replace text-model fields."""
+    if family not in ("qwen3_5", "qwen3_next"):
+        raise ValueError(f"family must be 'qwen3_5' or 'qwen3_next', got {family!r}")
+    model_type = model_type or ("qwen3_next" if family == "qwen3_next" else "qwen3_5_text")
+    if model_type not in _ARCH or (model_type == "qwen3_next") != (family == "qwen3_next"):
+        raise ValueError(f"model_type {model_type!r} does not belong to family {family!r}")
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    if family == "qwen3_5":
+        rope.update(mrope_section=[1, 1, 0], mrope_interleaved=True)
+    text = {
+        "model_type": model_type if model_type != "qwen3_5" else "qwen3_5_text",
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+        "full_attention_interval": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "attn_output_gate": True, "attention_bias": False, "rope_parameters": rope,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 24, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "tie_word_embeddings": False, "max_position_embeddings": 4096,
+        "dtype": "float32",
+    }
+    if family == "qwen3_next":
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=48, norm_topk_prob=True,
+                    decoder_sparse_step=1, mlp_only_layers=[])
+    text.update(overrides)
+    if model_type != "qwen3_5":
+        return {"architectures": [_ARCH[model_type]], **text}
+    return {
+        "architectures": [_ARCH[model_type]],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 32,
+                          "num_heads": 2, "out_hidden_size": text["hidden_size"]},
+        "tie_word_embeddings": text["tie_word_embeddings"],
+        "dtype": text["dtype"],
+    }
+
+
+@torch.no_grad()
+def init_tiny_weights(model: HybridForCausalLM, seed: int = 0) -> None:
+    """Seeded, well-conditioned random init of every parameter (see module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = model.config.hidden_size
+
+    def normal(p, mean, std):
+        p.copy_(torch.randn(p.shape, generator=gen) * std + mean)
+
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 2)[-2:]
+        if name == "lm_head.weight" or (model.config.tie_word_embeddings and name.endswith("embed_tokens.weight")):
+            normal(p, 0.0, hidden**-0.5)
+        elif name.endswith("A_log"):
+            p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
+        elif name.endswith("dt_bias"):
+            dt = torch.empty(p.shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        elif name.endswith("linear_attn.norm.weight"):
+            normal(p, 1.0, 0.1)
+        elif leaf[-1] == "weight" and "norm" in leaf[0]:
+            normal(p, 0.0, 0.1)  # zero-centred: the scale is 1 + w
+        elif name.endswith("conv1d.weight"):
+            normal(p, 0.0, 0.3)
+        elif name.endswith("mlp.gate.weight"):
+            normal(p, 0.0, 0.1)  # router: spread the expert probabilities
+        else:
+            normal(p, 0.0, 0.02)
+
+
+def _shard(names: list[str], tensors: dict[str, torch.Tensor], shards: int) -> list[list[str]]:
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    budget, groups, size = total / shards, [[]], 0
+    for name in names:
+        if size >= budget * len(groups) and len(groups) < shards:
+            groups.append([])
+        groups[-1].append(name)
+        size += tensors[name].numel() * tensors[name].element_size()
+    return groups
+
+
+def make_tiny_checkpoint(
+    directory: str | Path,
+    family: str = "qwen3_5",
+    seed: int = 0,
+    *,
+    shards: int = 1,
+    model_type: str | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+    overwrite: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Write a random checkpoint (config.json + safetensors) to `directory` and return its path.
+
+    family: "qwen3_5" (default model_type qwen3_5_text; "qwen3_5" writes the composite layout with
+    model.language_model. names) or "qwen3_next". shards > 1 writes model-0000i-of-0000N files with
+    model.safetensors.index.json. extra_tensors are written as they are (e.g. vision/mtp tensors).
+    overrides replace config fields (e.g. num_hidden_layers=6, tie_word_embeddings=True,
+    dtype="bfloat16"). The directory appears complete or not at all.
+    """
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise CheckpointError(f"{directory}: exists and is not empty (pass overwrite=True)")
+    cfg_dict = tiny_config_dict(family, model_type, **overrides)
+    config = HybridConfig.from_dict(cfg_dict)
+    model = HybridForCausalLM(config)
+    init_tiny_weights(model, seed)
+    model.to(config.torch_dtype)
+
+    naming = qwen3_next if config.family == "qwen3_next" else qwen3_5
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if config.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        tensors[naming.checkpoint_name(name, config)] = t.detach().clone().contiguous()
+    for name, t in (extra_tensors or {}).items():
+        tensors[name] = t.detach().clone().contiguous()
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
+        names = sorted(tensors)
+        if shards == 1:
+            save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            groups = _shard(names, tensors, shards)
+            for i, group in enumerate(groups, 1):
+                file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+                save_file({n: tensors[n] for n in group}, str(tmp / file), metadata={"format": "pt"})
+                weight_map.update({n: file for n in group})
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old.{os.getpid()}")
+            os.replace(directory, old)
+            os.replace(tmp, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory

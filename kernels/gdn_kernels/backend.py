@@ -1,0 +1,31 @@
+"""The `triton` backend of the gdn ops (see gdn_export.ops.backends for the contract).
+
+Decode and short prompts (every sequence at most RECURRENT_MAX_T tokens) run the fused recurrent
+kernel; longer ones the chunked WY kernels. Outputs are fresh tensors (custom ops may not alias
+their inputs), o in v's dtype and the state in fp32.
+"""
+
+from __future__ import annotations
+
+from gdn_kernels.causal_conv1d import causal_conv1d as _conv
+from gdn_kernels.chunk import chunk_gated_delta_rule
+from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_kernels.gates import RECURRENT_MAX_T
+
+
+def _longest(v, cu_seqlens) -> int:
+    if cu_seqlens is None:
+        return v.shape[1]
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+
+
+def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
+    short = _longest(v, cu_seqlens) <= RECURRENT_MAX_T
+    fn = fused_recurrent_gated_delta_rule if short else chunk_gated_delta_rule
+    o, state = fn(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
+    return o.to(v.dtype), state
+
+
+def causal_conv1d(x, weight, bias, conv_state, silu):
+    y, state = _conv(x, weight, bias, conv_state, silu)
+    return y.to(x.dtype), state.to(x.dtype)

@@ -1,0 +1,51 @@
+"""Host-side helpers shared by the gdn_kernels launchers: dtype policy, varlen chunk tables."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+# Every chunked kernel works on chunks of this many tokens; the WY solve is written for 4 x 16.
+CHUNK = 64
+SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def compute_dtype(v: torch.Tensor) -> torch.dtype:
+    """The dtype the kernels read and write: v's, except float64 which runs in fp32."""
+    return torch.float32 if v.dtype == torch.float64 else v.dtype
+
+
+def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x contiguous in `dtype` (a no-op for the usual case)."""
+    return x.to(dtype).contiguous()
+
+
+def check_head_dims(Dk: int, Dv: int) -> None:
+    if Dk > 256 or Dv > 256:
+        raise ValueError(f"gdn_kernels supports head dims up to 256, got Dk={Dk}, Dv={Dv}")
+
+
+def chunk_indices(cu_seqlens: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """[NT, 2] int32 (sequence, chunk within the sequence) for every chunk of a packed batch.
+
+    One host sync (the number of chunks decides the grid)."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    n_chunks = (lens + chunk - 1) // chunk
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=cu_seqlens.device), n_chunks)
+    starts = torch.cumsum(n_chunks, 0) - n_chunks
+    local = torch.arange(seq.numel(), device=cu_seqlens.device) - starts[seq]
+    return torch.stack([seq, local], 1).to(torch.int32).contiguous()
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """cu_seqlens as int32 on its device, checked to start at 0 and end at the packed length."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be [N + 1] with N >= 1, got {tuple(cu_seqlens.shape)}")
+    first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
+    if first != 0 or last != total:
+        raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {first}..{last}")
+    return cu_seqlens.to(torch.int32).contiguous()

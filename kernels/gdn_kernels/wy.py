@@ -1,0 +1,242 @@
+"""Chunk-local half of the chunked gated delta rule: everything that does not need the state.
+
+Per chunk of 64 tokens and value head (one program each), from k, v, g (or the raw gates), beta:
+
+    G      = cumsum(g) inside the chunk                                  gcum [B, Hv, T]    fp32
+    A      = strictly_lower(beta_i k_i.k_j exp(G_i - G_j))               (64 x 64, registers)
+    X      = (I + A)^-1, from four 16 x 16 diagonal inverses merged by block substitution
+    w      = X (beta exp(G) k)                                           w    [B, Hv, T, Dk] dtype
+    u      = X (beta v)                                                  u    [B, Hv, T, Dv] fp32
+    Aqk    = scale * lower(q_i.k_j exp(G_i - G_j)), diagonal included    Aqk  [B, Hv, T, 64] fp32
+
+u and Aqk stay fp32: rounding either to bf16 costs 0.3-0.5e-2 of the 1e-2 relative-RMS budget
+of a bf16 output (measured under the interpreter); w in bf16 costs ~1e-4.
+
+The intermediates are head-major so a chunk is one contiguous tile for the sequential kernel
+(chunk.py). With cu_seqlens (B = 1) T is the packed length and chunks never straddle sequences.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_kernels.utils import CHUNK, next_pow2
+
+
+# Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
+# are widened first (their values are unchanged, so the result is what the GPU computes).
+_UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    # fp32 inputs must stay exact (the 2e-3 bound); half inputs take TF32 / bf16 tensor cores.
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    elif _UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="tf32")
+
+
+@triton.jit
+def _inv_unit_lower_16(b_L, IEEE: tl.constexpr):
+    # (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8) for strictly lower 16 x 16 L (L^16 = 0):
+    # five small products instead of 15 dependent substitution steps.
+    o_i = tl.arange(0, 16)
+    b_X = (o_i[:, None] == o_i[None, :]).to(tl.float32) - b_L
+    b_P = _dot(b_L, b_L, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    b_P = _dot(b_P, b_P, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    b_P = _dot(b_P, b_P, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    return b_X
+
+
+@triton.jit
+def _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_r, n_rows, HV: tl.constexpr,
+           USE_GATE: tl.constexpr):
+    # Rows o_r (< n_rows valid) of g and beta; padded rows get g = 0, beta = 0 (no write, no decay).
+    m_r = o_r < n_rows
+    if USE_GATE:
+        b_a = tl.load(p_a + o_r * HV, mask=m_r, other=0).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
+        b_sp = tl.where(b_a > 20.0, b_a, tl.log(1.0 + tl.exp(tl.minimum(b_a, 20.0))))
+        b_g = -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * b_sp
+        b_beta = tl.sigmoid(tl.load(p_b + o_r * HV, mask=m_r, other=0).to(tl.float32))
+    else:
+        b_g = tl.load(p_g + o_r * HV, mask=m_r, other=0).to(tl.float32)
+        b_beta = tl.load(p_beta + o_r * HV, mask=m_r, other=0).to(tl.float32)
+    return tl.where(m_r, b_g, 0.0), tl.where(m_r, b_beta, 0.0)
+
+
+@triton.jit
+def _load_rows(p, o_r, n_rows, stride, D: tl.constexpr, BD: tl.constexpr, L2NORM: tl.constexpr):
+    o_d = tl.arange(0, BD)
+    m = (o_r[:, None] < n_rows) & (o_d[None, :] < D)
+    b = tl.load(p + o_r[:, None] * stride + o_d[None, :], mask=m, other=0).to(tl.float32)
+    if L2NORM:
+        b = b * tl.rsqrt(tl.sum(b * b, 1) + 1e-6)[:, None]
+    return b
+
+
+@triton.jit
+def _a_block(b_ki, b_kj, b_bi, b_Gi, b_Gj, DIAG: tl.constexpr, IEEE: tl.constexpr):
+    # beta_i k_i.k_j exp(G_i - G_j), strictly lower on the diagonal block.
+    b_A = _dot(b_ki, tl.trans(b_kj), IEEE)
+    o_i = tl.arange(0, 16)
+    if DIAG:
+        m = o_i[:, None] > o_i[None, :]
+        return tl.where(m, b_A * b_bi[:, None] * tl.exp(tl.where(m, b_Gi[:, None] - b_Gj[None, :], 0.0)), 0.0)
+    else:
+        return b_A * b_bi[:, None] * tl.exp(b_Gi[:, None] - b_Gj[None, :])
+
+
+# T is left unspecialised: one compiled kernel serves every length.
+@triton.jit(do_not_specialize=["T"])
+def chunk_wy_fwd_kernel(
+    q, k, v, g, beta, a, b, A_log, dt_bias,
+    w, u, Aqk, gcum,
+    cu_seqlens, chunk_indices,
+    scale, T,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
+):
+    BT: tl.constexpr = 64
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // HV, i_bh % HV
+    i_hk = i_h // (HV // HK)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1)
+        bos, eos = tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1)
+    else:
+        bos, eos = i_b * T, i_b * T + T
+    t0 = bos + i_t * BT            # first token of the chunk, in the flattened [B * T] token axis
+    n_rows = tl.minimum(eos - t0, BT)
+    r0 = i_bh * T + t0 - i_b * T   # its row in the head-major intermediates
+
+    p_q = q + (t0 * HK + i_hk) * DK
+    p_k = k + (t0 * HK + i_hk) * DK
+    p_v = v + (t0 * HV + i_h) * DV
+    p_g, p_beta = g + t0 * HV + i_h, beta + t0 * HV + i_h
+    p_a, p_b = a + t0 * HV + i_h, b + t0 * HV + i_h
+
+    # ---- whole chunk: G and the causal q.k matrix of the output kernel
+    o_t = tl.arange(0, BT)
+    b_g, _ = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_t, n_rows, HV, USE_GATE)
+    b_G = tl.cumsum(b_g, 0)
+    tl.store(gcum + r0 + o_t, b_G, mask=o_t < n_rows)
+    b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    b_kf = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    m_c = o_t[:, None] >= o_t[None, :]
+    b_Aqk = _dot(b_q, tl.trans(b_kf), IEEE) * scale
+    b_Aqk = tl.where(m_c, b_Aqk * tl.exp(tl.where(m_c, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+    tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
+             mask=o_t[:, None] < n_rows)
+
+    # ---- four 16-row sub-blocks: A, its inverse X, then w and u
+    o_s = tl.arange(0, 16)
+    b_g0, b_b0 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s, n_rows, HV, USE_GATE)
+    b_g1, b_b1 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s + 16, n_rows, HV, USE_GATE)
+    b_g2, b_b2 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s + 32, n_rows, HV, USE_GATE)
+    b_g3, b_b3 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s + 48, n_rows, HV, USE_GATE)
+    b_G0 = tl.cumsum(b_g0, 0)
+    b_G1 = tl.cumsum(b_g1, 0) + tl.sum(b_g0, 0)
+    b_G2 = tl.cumsum(b_g2, 0) + tl.sum(b_g0, 0) + tl.sum(b_g1, 0)
+    b_G3 = tl.cumsum(b_g3, 0) + tl.sum(b_g0, 0) + tl.sum(b_g1, 0) + tl.sum(b_g2, 0)
+    b_k0 = _load_rows(p_k, o_s, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    b_k1 = _load_rows(p_k, o_s + 16, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    b_k2 = _load_rows(p_k, o_s + 32, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    b_k3 = _load_rows(p_k, o_s + 48, n_rows, HK * DK, DK, BK, USE_L2NORM)
+
+    b_X00 = _inv_unit_lower_16(_a_block(b_k0, b_k0, b_b0, b_G0, b_G0, True, IEEE), IEEE)
+    b_X11 = _inv_unit_lower_16(_a_block(b_k1, b_k1, b_b1, b_G1, b_G1, True, IEEE), IEEE)
+    b_X22 = _inv_unit_lower_16(_a_block(b_k2, b_k2, b_b2, b_G2, b_G2, True, IEEE), IEEE)
+    b_X33 = _inv_unit_lower_16(_a_block(b_k3, b_k3, b_b3, b_G3, b_G3, True, IEEE), IEEE)
+    b_A10 = _a_block(b_k1, b_k0, b_b1, b_G1, b_G0, False, IEEE)
+    b_A20 = _a_block(b_k2, b_k0, b_b2, b_G2, b_G0, False, IEEE)
+    b_A21 = _a_block(b_k2, b_k1, b_b2, b_G2, b_G1, False, IEEE)
+    b_A30 = _a_block(b_k3, b_k0, b_b3, b_G3, b_G0, False, IEEE)
+    b_A31 = _a_block(b_k3, b_k1, b_b3, b_G3, b_G1, False, IEEE)
+    b_A32 = _a_block(b_k3, b_k2, b_b3, b_G3, b_G2, False, IEEE)
+    # block forward substitution: X_ij = -X_ii sum_{j <= m < i} A_im X_mj
+    b_X10 = -_dot(b_X11, _dot(b_A10, b_X00, IEEE), IEEE)
+    b_X21 = -_dot(b_X22, _dot(b_A21, b_X11, IEEE), IEEE)
+    b_X20 = -_dot(b_X22, _dot(b_A20, b_X00, IEEE) + _dot(b_A21, b_X10, IEEE), IEEE)
+    b_X32 = -_dot(b_X33, _dot(b_A32, b_X22, IEEE), IEEE)
+    b_X31 = -_dot(b_X33, _dot(b_A31, b_X11, IEEE) + _dot(b_A32, b_X21, IEEE), IEEE)
+    b_X30 = -_dot(b_X33, _dot(b_A30, b_X00, IEEE) + _dot(b_A31, b_X10, IEEE)
+                  + _dot(b_A32, b_X20, IEEE), IEEE)
+
+    o_k = tl.arange(0, BK)
+    m_k = o_k[None, :] < DK
+    b_k0 *= (b_b0 * tl.exp(b_G0))[:, None]
+    b_k1 *= (b_b1 * tl.exp(b_G1))[:, None]
+    b_k2 *= (b_b2 * tl.exp(b_G2))[:, None]
+    b_k3 *= (b_b3 * tl.exp(b_G3))[:, None]
+    p_w = w + (r0 + o_s[:, None]) * DK + o_k[None, :]
+    b_w = _dot(b_X00, b_k0, IEEE)
+    tl.store(p_w, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] < n_rows) & m_k)
+    b_w = _dot(b_X10, b_k0, IEEE) + _dot(b_X11, b_k1, IEEE)
+    tl.store(p_w + 16 * DK, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] + 16 < n_rows) & m_k)
+    b_w = _dot(b_X20, b_k0, IEEE) + _dot(b_X21, b_k1, IEEE) + _dot(b_X22, b_k2, IEEE)
+    tl.store(p_w + 32 * DK, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] + 32 < n_rows) & m_k)
+    b_w = (_dot(b_X30, b_k0, IEEE) + _dot(b_X31, b_k1, IEEE) + _dot(b_X32, b_k2, IEEE)
+           + _dot(b_X33, b_k3, IEEE))
+    tl.store(p_w + 48 * DK, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] + 48 < n_rows) & m_k)
+
+    for i_v in tl.static_range(0, DV, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_v = o_v[None, :] < DV
+        p_vi = p_v + i_v
+        b_v0 = _load_rows(p_vi, o_s, n_rows, HV * DV, DV - i_v, BV, False) * b_b0[:, None]
+        b_v1 = _load_rows(p_vi, o_s + 16, n_rows, HV * DV, DV - i_v, BV, False) * b_b1[:, None]
+        b_v2 = _load_rows(p_vi, o_s + 32, n_rows, HV * DV, DV - i_v, BV, False) * b_b2[:, None]
+        b_v3 = _load_rows(p_vi, o_s + 48, n_rows, HV * DV, DV - i_v, BV, False) * b_b3[:, None]
+        p_u = u + (r0 + o_s[:, None]) * DV + o_v[None, :]
+        b_u = _dot(b_X00, b_v0, IEEE)
+        tl.store(p_u, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] < n_rows) & m_v)
+        b_u = _dot(b_X10, b_v0, IEEE) + _dot(b_X11, b_v1, IEEE)
+        tl.store(p_u + 16 * DV, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] + 16 < n_rows) & m_v)
+        b_u = _dot(b_X20, b_v0, IEEE) + _dot(b_X21, b_v1, IEEE) + _dot(b_X22, b_v2, IEEE)
+        tl.store(p_u + 32 * DV, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] + 32 < n_rows) & m_v)
+        b_u = (_dot(b_X30, b_v0, IEEE) + _dot(b_X31, b_v1, IEEE) + _dot(b_X32, b_v2, IEEE)
+               + _dot(b_X33, b_v3, IEEE))
+        tl.store(p_u + 48 * DV, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] + 48 < n_rows) & m_v)
+
+
+def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None,
+                 gates=None, num_warps=4):
+    """Launch the chunk-local kernel.
+
+    Args:
+        q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (one dtype, contiguous); g [B, T, Hv] fp32 and
+        beta [B, T, Hv], or gates = (a [B, T, Hv], b [B, T, Hv], A_log [Hv], dt_bias [Hv]) with
+        g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) computed in the kernel.
+        cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices) when packed.
+    Returns:
+        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64], gcum [B, Hv, T] fp32.
+    """
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    w = v.new_empty(B, Hv, T, Dk)
+    u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
+    Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
+    gcum = torch.empty(B, Hv, T, dtype=torch.float32, device=v.device)
+    NT = chunk_idx.shape[0] if cu_seqlens is not None else triton.cdiv(T, CHUNK)
+    a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
+    BV = min(next_pow2(Dv), 64)
+    chunk_wy_fwd_kernel[(NT, B * Hv)](
+        q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
+        w, u, Aqk, gcum, cu_seqlens, chunk_idx, scale, T,
+        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=max(BV, 16),
+        USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
+        IEEE=v.dtype == torch.float32, num_warps=num_warps,
+    )
+    return w, u, Aqk, gcum

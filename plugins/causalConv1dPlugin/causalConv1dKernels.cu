@@ -1,0 +1,202 @@
+/*
+ * Causal depthwise conv1d with a rolling state: one kernel for prefill (T > 1) and the single-step
+ * update (T == 1).
+ *
+ * A thread owns one channel of one batch row over a tile of kTILE tokens and slides a register
+ * window over time (channels are contiguous in x, so a warp's loads coalesce). The thread of tile 0
+ * is the only one that reads convState and the only one that writes newConvState, and it reads the
+ * whole old state before writing, so convState may alias newConvState (in-place decode).
+ */
+#include "causalConv1dKernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace gdn
+{
+namespace
+{
+
+constexpr int32_t kTHREADS = 128;
+constexpr int32_t kTILE = 64;  // tokens per thread; must be >= kMAX_K - 1
+constexpr int32_t kMAX_K = 8;  // longest supported kernel
+static_assert(kTILE >= kMAX_K - 1, "tile 0 must be the only reader of the old state");
+
+template <typename T>
+__device__ __forceinline__ float load(T const* p)
+{
+    return static_cast<float>(*p);
+}
+template <>
+__device__ __forceinline__ float load<__nv_bfloat16>(__nv_bfloat16 const* p)
+{
+    return __bfloat162float(*p);
+}
+template <>
+__device__ __forceinline__ float load<__half>(__half const* p)
+{
+    return __half2float(*p);
+}
+
+template <typename T>
+__device__ __forceinline__ T store(float x)
+{
+    return static_cast<T>(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half store<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParams const p)
+{
+    int32_t const c = blockIdx.x * kTHREADS + threadIdx.x;
+    int32_t const tile = blockIdx.y;
+    int32_t const b = blockIdx.z;
+    int32_t const C = p.channels;
+    int32_t const K = p.kernelSize;
+    int32_t const seqLen = p.seqLen;
+    if (c >= C)
+    {
+        return;
+    }
+    T const* x = static_cast<T const*>(p.x) + static_cast<int64_t>(b) * seqLen * C + c;
+    T const* w = static_cast<T const*>(p.weight) + static_cast<int64_t>(c) * K;
+    T const* state = p.convState == nullptr
+        ? nullptr
+        : static_cast<T const*>(p.convState) + (static_cast<int64_t>(b) * C + c) * (K - 1);
+    T* y = static_cast<T*>(p.y) + static_cast<int64_t>(b) * seqLen * C + c;
+
+    // wr[m] multiplies x_{t - m}; win[kMAX_K - 1 - m] holds x_{t - m}.
+    float wr[kMAX_K];
+    float win[kMAX_K];
+    float oldState[kMAX_K - 1];
+#pragma unroll
+    for (int32_t m = 0; m < kMAX_K; ++m)
+    {
+        wr[m] = m < K ? load(w + (K - 1 - m)) : 0.F;
+    }
+    float const bias = p.bias == nullptr ? 0.F : load(static_cast<T const*>(p.bias) + c);
+#pragma unroll
+    for (int32_t i = 0; i < kMAX_K - 1; ++i)
+    {
+        oldState[i] = (tile == 0 && state != nullptr && i < K - 1) ? load(state + i) : 0.F;
+    }
+
+    int32_t const t0 = tile * kTILE;
+    int32_t const t1 = min(seqLen, t0 + kTILE);
+#pragma unroll
+    for (int32_t m = 1; m < kMAX_K; ++m)
+    {
+        int32_t const tau = t0 - m; // x_tau, or the state entry tau + K - 1 when tau < 0
+        float val = 0.F;
+        if (m < K)
+        {
+            if (tau >= 0)
+            {
+                val = load(x + static_cast<int64_t>(tau) * C);
+            }
+            else
+            {
+#pragma unroll
+                for (int32_t i = 0; i < kMAX_K - 1; ++i)
+                {
+                    val = (i == tau + K - 1) ? oldState[i] : val;
+                }
+            }
+        }
+        win[kMAX_K - 1 - m] = val;
+    }
+
+    for (int32_t t = t0; t < t1; ++t)
+    {
+        win[kMAX_K - 1] = load(x + static_cast<int64_t>(t) * C);
+        float acc = bias;
+#pragma unroll
+        for (int32_t m = 0; m < kMAX_K; ++m)
+        {
+            acc += wr[m] * win[kMAX_K - 1 - m];
+        }
+        if (p.silu)
+        {
+            acc = acc / (1.F + __expf(-acc));
+        }
+        y[static_cast<int64_t>(t) * C] = store<T>(acc);
+#pragma unroll
+        for (int32_t m = 0; m < kMAX_K - 1; ++m)
+        {
+            win[m] = win[m + 1];
+        }
+    }
+
+    if (tile == 0)
+    {
+        T* newState = static_cast<T*>(p.newConvState) + (static_cast<int64_t>(b) * C + c) * (K - 1);
+#pragma unroll
+        for (int32_t i = 0; i < kMAX_K - 1; ++i)
+        {
+            if (i < K - 1)
+            {
+                int32_t const tau = seqLen + i - (K - 1); // newState[i] = xs[seqLen + i]
+                float val = 0.F;
+                if (tau >= 0)
+                {
+                    val = load(x + static_cast<int64_t>(tau) * C);
+                }
+                else
+                {
+#pragma unroll
+                    for (int32_t j = 0; j < kMAX_K - 1; ++j)
+                    {
+                        val = (j == seqLen + i) ? oldState[j] : val;
+                    }
+                }
+                newState[i] = store<T>(val);
+            }
+        }
+    }
+}
+
+template <typename T>
+cudaError_t launchTyped(CausalConv1dParams const& p, cudaStream_t stream)
+{
+    int32_t const tiles = p.seqLen == 0 ? 1 : (p.seqLen + kTILE - 1) / kTILE;
+    dim3 const grid((p.channels + kTHREADS - 1) / kTHREADS, tiles, p.batch);
+    causalConv1dKernel<T><<<grid, kTHREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t launchCausalConv1d(CausalConv1dParams const& params, cudaStream_t stream)
+{
+    CausalConv1dParams const& p = params;
+    bool const shapeOk = p.batch >= 0 && p.seqLen >= 0 && p.channels >= 1 && p.kernelSize >= 1
+        && p.kernelSize <= kMAX_K && p.batch <= 65535 && (p.seqLen + kTILE - 1) / kTILE <= 65535;
+    bool const pointersOk = p.x != nullptr && p.weight != nullptr && p.y != nullptr
+        && (p.kernelSize == 1 || p.newConvState != nullptr);
+    if (!shapeOk || !pointersOk)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (p.batch == 0)
+    {
+        return cudaSuccess;
+    }
+    switch (p.dtype)
+    {
+    case DataType::kFLOAT32: return launchTyped<float>(p, stream);
+    case DataType::kFLOAT16: return launchTyped<__half>(p, stream);
+    case DataType::kBFLOAT16: return launchTyped<__nv_bfloat16>(p, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+} // namespace gdn

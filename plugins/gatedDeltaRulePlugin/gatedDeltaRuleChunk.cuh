@@ -1,0 +1,672 @@
+/*
+ * Chunked (WY) gated delta rule prefill: two kernels and a small varlen helper.
+ *
+ *   gatedDeltaRuleChunkOffsetsKernel   varlen only: chunkOffsets[n] = sum_{m<n} ceil(L_m / 64)
+ *   gatedDeltaRulePrepareKernel        one block per (chunk, value head), all chunks in parallel:
+ *       A = strictly_lower(beta_i k_i.k_j exp(G_i - G_j)),  Tm = (I + A)^-1 (fp32, blocked),
+ *       w = Tm diag(beta exp(G)) k,  u = Tm diag(beta) v     -> workspace (activation dtype)
+ *   gatedDeltaRuleChunkStateKernel     one block per (sequence, value head, 32 state columns), the
+ *       sequential pass over chunks with the state tile in shared memory (fp32):
+ *       v_new = u - w S,  o = diag(exp(G)) q~ S + (q~ k^T o decay)_causal v_new,
+ *       S = exp(G_last) S + (diag(exp(G_last - G)) k)^T v_new
+ *
+ * Chunk matrix products run on tensor cores (wmma: bf16 / fp16 operands, or tf32 for fp32 inputs)
+ * with fp32 accumulation; the triangular solve and all decays stay in fp32. Needs Dk, Dv multiples
+ * of 8 and <= 128 (the launcher falls back to the recurrent kernel otherwise).
+ */
+#pragma once
+
+#include "gatedDeltaRuleCommon.cuh"
+#include "gatedDeltaRuleRecurrent.cuh" // sequenceBounds, kL2NORM_EPS
+
+#include <cub/block/block_scan.cuh>
+
+namespace gdn
+{
+namespace kernels
+{
+
+constexpr int32_t kCHUNK_THREADS = 256;
+constexpr int32_t kCHUNK_WARPS = kCHUNK_THREADS / kWARP;
+constexpr int32_t kSTATE_BV = 32; // state columns per block of the sequential pass
+constexpr int32_t kOFFSETS_THREADS = 1024;
+
+//! Where the prepare kernel leaves w and u: [Hv, maxChunks, 64, D] in the activation dtype.
+struct ChunkWorkspace
+{
+    int32_t const* chunkOffsets{nullptr}; // varlen: [numSeqs + 1]; else nullptr
+    int32_t chunksPerSeq{0};              // non-varlen: ceil(T / 64)
+    int64_t maxChunks{0};                 // chunk slots per value head
+    void* w{nullptr};
+    void* u{nullptr};
+};
+
+__host__ __device__ constexpr size_t alignUp(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+//! Shared memory of the prepare kernel (offsets in bytes from a 128-byte aligned base).
+template <typename T, int32_t kDK, int32_t kDV>
+struct PrepareSmem
+{
+    static constexpr int32_t kPAD = 16 / sizeof(T);
+    static constexpr int32_t kLDK = kDK + kPAD;
+    static constexpr int32_t kLDV = kDV + kPAD;
+    static constexpr int32_t kLDC = kCHUNK + kPAD;
+    static constexpr int32_t kLDCF = kCHUNK + 4;
+    static constexpr int32_t kMAXD = kDK > kDV ? kDK : kDV;
+    static constexpr int32_t kLDSTAGE = kMAXD + 4;
+    static constexpr size_t kK = 0;
+    static constexpr size_t kV = alignUp(kK + sizeof(T) * kCHUNK * kLDK, 128);
+    // fp32 A and Tm; once Tm has been turned into the two operand matrices, the same bytes stage
+    // the w / u results on their way to global memory.
+    static constexpr size_t kA32 = alignUp(kV + sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kT32 = alignUp(kA32 + sizeof(float) * kCHUNK * kLDCF, 128);
+    static constexpr size_t kREGION_END = alignUp(
+        (kT32 + sizeof(float) * kCHUNK * kLDCF) > (kA32 + sizeof(float) * kCHUNK * kLDSTAGE)
+            ? (kT32 + sizeof(float) * kCHUNK * kLDCF)
+            : (kA32 + sizeof(float) * kCHUNK * kLDSTAGE),
+        128);
+    static constexpr size_t kTK = kREGION_END;
+    static constexpr size_t kTV = alignUp(kTK + sizeof(T) * kCHUNK * kLDC, 128);
+    static constexpr size_t kM = alignUp(kTV + sizeof(T) * kCHUNK * kLDC, 128);
+    static constexpr size_t kVEC = alignUp(kM + sizeof(float) * 3 * 16 * 16, 128); // G raw, G, beta, rk
+    static constexpr size_t kBYTES = kVEC + sizeof(float) * 4 * kCHUNK;
+};
+
+//! Shared memory of the sequential state kernel.
+template <typename T, int32_t kDK, int32_t kSTAGES>
+struct StateSmem
+{
+    static constexpr int32_t kPAD = 16 / sizeof(T);
+    static constexpr int32_t kLDK = kDK + kPAD;
+    static constexpr int32_t kLDV = kSTATE_BV + kPAD;
+    static constexpr int32_t kLDC = kCHUNK + kPAD;
+    static constexpr int32_t kLDCF = kCHUNK + 4;
+    static constexpr int32_t kLDVF = kSTATE_BV + 4;
+    static constexpr size_t kQ = 0;
+    static constexpr size_t kK = alignUp(kQ + sizeof(T) * kCHUNK * kLDK, 128);
+    static constexpr size_t kKSTAGE = alignUp(sizeof(T) * kCHUNK * kLDK, 128);
+    static constexpr size_t kW = alignUp(kK + kSTAGES * kKSTAGE, 128);
+    static constexpr size_t kU = alignUp(kW + sizeof(T) * kCHUNK * kLDK, 128);
+    static constexpr size_t kSOP = alignUp(kU + sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kVOP = alignUp(kSOP + sizeof(T) * kDK * kLDV, 128);
+    static constexpr size_t kPOP = alignUp(kVOP + sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kS32 = alignUp(kPOP + sizeof(T) * kCHUNK * kLDC, 128);
+    static constexpr size_t kP32 = alignUp(kS32 + sizeof(float) * kDK * kLDVF, 128);
+    static constexpr size_t kX32 = alignUp(kP32 + sizeof(float) * kCHUNK * kLDCF, 128);
+    static constexpr size_t kY32 = alignUp(kX32 + sizeof(float) * kCHUNK * kLDVF, 128);
+    static constexpr size_t kVEC = alignUp(kY32 + sizeof(float) * kCHUNK * kLDVF, 128); // G raw, G, rq, rk
+    static constexpr size_t kBYTES = kVEC + sizeof(float) * 4 * kCHUNK;
+};
+
+//! chunkOffsets[n] = number of 64-token chunks in sequences 0 .. n-1 (one block).
+__global__ void __launch_bounds__(kOFFSETS_THREADS) gatedDeltaRuleChunkOffsetsKernel(
+    int32_t const* cuSeqlens, int32_t numSeqs, int32_t* chunkOffsets)
+{
+    using Scan = cub::BlockScan<int32_t, kOFFSETS_THREADS>;
+    __shared__ typename Scan::TempStorage temp;
+    __shared__ int32_t carry;
+    if (threadIdx.x == 0)
+    {
+        carry = 0;
+    }
+    __syncthreads();
+    for (int32_t base = 0; base < numSeqs; base += kOFFSETS_THREADS)
+    {
+        int32_t const n = base + threadIdx.x;
+        int32_t const chunks = n < numSeqs ? (cuSeqlens[n + 1] - cuSeqlens[n] + kCHUNK - 1) / kCHUNK : 0;
+        int32_t prefix;
+        int32_t total;
+        Scan(temp).ExclusiveSum(chunks, prefix, total);
+        int32_t const c0 = carry;
+        if (n < numSeqs)
+        {
+            chunkOffsets[n] = c0 + prefix;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+        {
+            carry = c0 + total;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+    {
+        chunkOffsets[numSeqs] = carry;
+    }
+}
+
+//! Inclusive prefix sum of src[0..63] into dst, by one warp.
+__device__ __forceinline__ void warpCumsum64(float const* src, float* dst, int32_t lane)
+{
+    float const g0 = src[2 * lane];
+    float const g1 = src[2 * lane + 1];
+    float const pair = g0 + g1;
+    float incl = pair;
+#pragma unroll
+    for (int32_t o = 1; o < kWARP; o <<= 1)
+    {
+        float const other = __shfl_up_sync(0xffffffffU, incl, o);
+        if (lane >= o)
+        {
+            incl += other;
+        }
+    }
+    float const excl = incl - pair;
+    dst[2 * lane] = excl + g0;
+    dst[2 * lane + 1] = incl;
+}
+
+//! rNorm[r] = factor * (l2norm ? rsqrt(sum_d x[r, d]^2 + eps) : 1) for the 64 rows, 8 rows a warp.
+template <typename T, int32_t kD>
+__device__ __forceinline__ void rowNorms(T const* x, int32_t ld, bool l2norm, float factor, float* rNorm)
+{
+    int32_t const warp = threadIdx.x / kWARP;
+    int32_t const lane = threadIdx.x % kWARP;
+    for (int32_t r = warp; r < kCHUNK; r += kCHUNK_WARPS)
+    {
+        float ss = 0.F;
+        if (l2norm)
+        {
+            for (int32_t d = lane; d < kD; d += kWARP)
+            {
+                float const e = toFloat(x[r * ld + d]);
+                ss += e * e;
+            }
+            ss = warpSum(ss);
+        }
+        if (lane == 0)
+        {
+            rNorm[r] = l2norm ? factor * rsqrtf(ss + kL2NORM_EPS) : factor;
+        }
+    }
+}
+
+template <typename T, int32_t kDK, int32_t kDV>
+__global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
+    GatedDeltaRuleParams const p, ChunkWorkspace const ws)
+{
+    using L = PrepareSmem<T, kDK, kDV>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    T* sK = reinterpret_cast<T*>(smem + L::kK);
+    T* sV = reinterpret_cast<T*>(smem + L::kV);
+    float* sA = reinterpret_cast<float*>(smem + L::kA32);
+    float* sT = reinterpret_cast<float*>(smem + L::kT32);
+    float* sStage = reinterpret_cast<float*>(smem + L::kA32);
+    T* sTk = reinterpret_cast<T*>(smem + L::kTK);
+    T* sTv = reinterpret_cast<T*>(smem + L::kTV);
+    float* sM = reinterpret_cast<float*>(smem + L::kM);
+    float* sGraw = reinterpret_cast<float*>(smem + L::kVEC);
+    float* sG = sGraw + kCHUNK;
+    float* sBeta = sG + kCHUNK;
+    float* sRk = sBeta + kCHUNK;
+
+    int32_t const dk = p.keyDim;
+    int32_t const dv = p.valueDim;
+    int32_t const hv = p.numValueHeads;
+    int32_t const hk = p.numKeyHeads;
+    int32_t const h = blockIdx.y;
+    int32_t const kh = h / (hv / hk);
+    int64_t const chunkId = blockIdx.x;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid / kWARP;
+    int32_t const lane = tid % kWARP;
+
+    int32_t n;
+    int32_t c;
+    if (ws.chunkOffsets != nullptr)
+    {
+        int32_t const numSeqs = p.numSeqs;
+        if (chunkId >= ws.chunkOffsets[numSeqs])
+        {
+            return;
+        }
+        int32_t lo = 0; // largest n with chunkOffsets[n] <= chunkId
+        int32_t hi = numSeqs - 1;
+        while (lo < hi)
+        {
+            int32_t const mid = (lo + hi + 1) / 2;
+            if (ws.chunkOffsets[mid] <= chunkId)
+            {
+                lo = mid;
+            }
+            else
+            {
+                hi = mid - 1;
+            }
+        }
+        n = lo;
+        c = static_cast<int32_t>(chunkId - ws.chunkOffsets[n]);
+    }
+    else
+    {
+        n = static_cast<int32_t>(chunkId / ws.chunksPerSeq);
+        c = static_cast<int32_t>(chunkId % ws.chunksPerSeq);
+    }
+    int64_t bos;
+    int32_t len;
+    sequenceBounds(p, n, bos, len);
+    int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
+    int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+
+    T const* k = static_cast<T const*>(p.k);
+    T const* v = static_cast<T const*>(p.v);
+    T const* beta = static_cast<T const*>(p.beta);
+    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + (t0 * hk + kh) * dk, int64_t{hk} * dk, valid, dk);
+    loadTileAsync<T, kCHUNK, kDV, kCHUNK_THREADS>(sV, L::kLDV, v + (t0 * hv + h) * dv, int64_t{hv} * dv, valid, dv);
+    if (tid < kCHUNK)
+    {
+        bool const ok = tid < valid;
+        int64_t const gi = ok ? (t0 + tid) * hv + h : 0;
+        cpAsync4(sGraw + tid, p.g + gi, ok ? 4 : 0);
+        sBeta[tid] = ok ? toFloat(beta[gi]) : 0.F;
+    }
+    cpAsyncCommit();
+    cpAsyncWaitAll();
+    __syncthreads();
+
+    if (warp == 0)
+    {
+        warpCumsum64(sGraw, sG, lane);
+    }
+    rowNorms<T, kDK>(sK, L::kLDK, p.useQkL2norm, 1.F, sRk);
+    __syncthreads();
+
+    // k k^T on and below the diagonal tiles.
+    for (int32_t t = warp; t < 16; t += kCHUNK_WARPS)
+    {
+        int32_t const rt = t / 4;
+        int32_t const ct = t % 4;
+        if (ct <= rt)
+        {
+            AccFragT<T> acc;
+            wmma::fill_fragment(acc, 0.F);
+            mmaTile<T, wmma::row_major, wmma::col_major>(
+                acc, sK + rt * 16 * L::kLDK, L::kLDK, sK + ct * 16 * L::kLDK, L::kLDK, kDK);
+            wmma::store_matrix_sync(sA + rt * 16 * L::kLDCF + ct * 16, acc, L::kLDCF, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+
+    for (int32_t e = tid; e < kCHUNK * kCHUNK; e += kCHUNK_THREADS)
+    {
+        int32_t const i = e / kCHUNK;
+        int32_t const j = e % kCHUNK;
+        float a = 0.F;
+        if (j < i)
+        {
+            a = sBeta[i] * sA[i * L::kLDCF + j] * sRk[i] * sRk[j] * expf(sG[i] - sG[j]);
+        }
+        sA[i * L::kLDCF + j] = a;
+        if (j / 16 > i / 16)
+        {
+            sT[i * L::kLDCF + j] = 0.F; // above the diagonal blocks
+        }
+    }
+    __syncthreads();
+
+    // Tm = (I + A)^-1: the four 16x16 diagonal blocks by forward substitution, one column a thread...
+    if (tid < kCHUNK)
+    {
+        int32_t const b = tid / 16;
+        int32_t const col = tid % 16;
+        float const* aBlock = sA + (16 * b) * L::kLDCF + 16 * b;
+        float x[16];
+#pragma unroll
+        for (int32_t r = 0; r < 16; ++r)
+        {
+            float acc = r == col ? 1.F : 0.F;
+#pragma unroll
+            for (int32_t j = 0; j < r; ++j)
+            {
+                acc -= aBlock[r * L::kLDCF + j] * x[j];
+            }
+            x[r] = acc;
+            sT[(16 * b + r) * L::kLDCF + 16 * b + col] = acc;
+        }
+    }
+    __syncthreads();
+    // ... then block rows below: Tm[bi][bj] = -Tm[bi][bi] * sum_{bj <= bk < bi} A[bi][bk] Tm[bk][bj].
+    for (int32_t bi = 1; bi < 4; ++bi)
+    {
+        for (int32_t e = tid; e < bi * 256; e += kCHUNK_THREADS)
+        {
+            int32_t const bj = e / 256;
+            int32_t const r = (e % 256) / 16;
+            int32_t const cc = e % 16;
+            float acc = 0.F;
+            for (int32_t kk = bj * 16; kk < bi * 16; ++kk)
+            {
+                acc += sA[(bi * 16 + r) * L::kLDCF + kk] * sT[kk * L::kLDCF + bj * 16 + cc];
+            }
+            sM[bj * 256 + r * 16 + cc] = acc;
+        }
+        __syncthreads();
+        for (int32_t e = tid; e < bi * 256; e += kCHUNK_THREADS)
+        {
+            int32_t const bj = e / 256;
+            int32_t const r = (e % 256) / 16;
+            int32_t const cc = e % 16;
+            float acc = 0.F;
+#pragma unroll
+            for (int32_t kk = 0; kk < 16; ++kk)
+            {
+                acc += sT[(bi * 16 + r) * L::kLDCF + bi * 16 + kk] * sM[bj * 256 + kk * 16 + cc];
+            }
+            sT[(bi * 16 + r) * L::kLDCF + bj * 16 + cc] = -acc;
+        }
+        __syncthreads();
+    }
+
+    // Fold the right-hand-side row scalings into Tm so that w and u come straight from raw k and v.
+    for (int32_t e = tid; e < kCHUNK * kCHUNK; e += kCHUNK_THREADS)
+    {
+        int32_t const i = e / kCHUNK;
+        int32_t const j = e % kCHUNK;
+        float const t = sT[i * L::kLDCF + j];
+        sTk[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j] * expf(sG[j]) * sRk[j]);
+        sTv[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j]);
+    }
+    __syncthreads();
+
+    size_t const slot = (static_cast<size_t>(h) * ws.maxChunks + chunkId) * kCHUNK;
+    // w = Tk k  [64, Dk]; Tk is lower triangular, so row tile rt needs only (rt + 1) * 16 columns.
+    for (int32_t t = warp; t < 4 * (kDK / 16); t += kCHUNK_WARPS)
+    {
+        int32_t const rt = t % 4;
+        int32_t const ct = t / 4;
+        AccFragT<T> acc;
+        wmma::fill_fragment(acc, 0.F);
+        mmaTile<T, wmma::row_major, wmma::row_major>(
+            acc, sTk + rt * 16 * L::kLDC, L::kLDC, sK + ct * 16, L::kLDK, (rt + 1) * 16);
+        wmma::store_matrix_sync(sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc, L::kLDSTAGE, wmma::mem_row_major);
+    }
+    __syncthreads();
+    T* w = static_cast<T*>(ws.w) + slot * dk;
+    for (int32_t e = tid; e < kCHUNK * kDK; e += kCHUNK_THREADS)
+    {
+        int32_t const i = e / kDK;
+        int32_t const d = e % kDK;
+        if (d < dk)
+        {
+            w[i * dk + d] = fromFloat<T>(sStage[i * L::kLDSTAGE + d]);
+        }
+    }
+    __syncthreads();
+    // u = Tv v  [64, Dv]
+    for (int32_t t = warp; t < 4 * (kDV / 16); t += kCHUNK_WARPS)
+    {
+        int32_t const rt = t % 4;
+        int32_t const ct = t / 4;
+        AccFragT<T> acc;
+        wmma::fill_fragment(acc, 0.F);
+        mmaTile<T, wmma::row_major, wmma::row_major>(
+            acc, sTv + rt * 16 * L::kLDC, L::kLDC, sV + ct * 16, L::kLDV, (rt + 1) * 16);
+        wmma::store_matrix_sync(sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc, L::kLDSTAGE, wmma::mem_row_major);
+    }
+    __syncthreads();
+    T* u = static_cast<T*>(ws.u) + slot * dv;
+    for (int32_t e = tid; e < kCHUNK * kDV; e += kCHUNK_THREADS)
+    {
+        int32_t const i = e / kDV;
+        int32_t const d = e % kDV;
+        if (d < dv)
+        {
+            u[i * dv + d] = fromFloat<T>(sStage[i * L::kLDSTAGE + d]);
+        }
+    }
+}
+
+template <typename T, int32_t kDK, int32_t kSTAGES>
+__global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel(
+    GatedDeltaRuleParams const p, ChunkWorkspace const ws)
+{
+    using L = StateSmem<T, kDK, kSTAGES>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    T* sQ = reinterpret_cast<T*>(smem + L::kQ);
+    T* sW = reinterpret_cast<T*>(smem + L::kW);
+    T* sU = reinterpret_cast<T*>(smem + L::kU);
+    T* sSop = reinterpret_cast<T*>(smem + L::kSOP);
+    T* sVop = reinterpret_cast<T*>(smem + L::kVOP);
+    T* sPop = reinterpret_cast<T*>(smem + L::kPOP);
+    float* sS = reinterpret_cast<float*>(smem + L::kS32);
+    float* sP = reinterpret_cast<float*>(smem + L::kP32);
+    float* sX = reinterpret_cast<float*>(smem + L::kX32);
+    float* sY = reinterpret_cast<float*>(smem + L::kY32);
+    float* sGraw = reinterpret_cast<float*>(smem + L::kVEC);
+    float* sG = sGraw + kCHUNK;
+    float* sRq = sG + kCHUNK;
+    float* sRk = sRq + kCHUNK;
+
+    int32_t const dk = p.keyDim;
+    int32_t const dv = p.valueDim;
+    int32_t const hv = p.numValueHeads;
+    int32_t const hk = p.numKeyHeads;
+    int32_t const col0 = blockIdx.x * kSTATE_BV;
+    int32_t const h = blockIdx.y;
+    int32_t const n = blockIdx.z;
+    int32_t const kh = h / (hv / hk);
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid / kWARP;
+    int32_t const lane = tid % kWARP;
+    int32_t const validV = min(kSTATE_BV, dv - col0);
+
+    int64_t bos;
+    int32_t len;
+    sequenceBounds(p, n, bos, len);
+    int32_t const numChunks = (len + kCHUNK - 1) / kCHUNK;
+    int64_t const chunkBase
+        = ws.chunkOffsets != nullptr ? ws.chunkOffsets[n] : static_cast<int64_t>(n) * ws.chunksPerSeq;
+
+    T const* q = static_cast<T const*>(p.q);
+    T const* k = static_cast<T const*>(p.k);
+    T const* wAll = static_cast<T const*>(ws.w);
+    T const* uAll = static_cast<T const*>(ws.u);
+    T* o = static_cast<T*>(p.o);
+    int64_t const qkStride = int64_t{hk} * dk;
+
+    auto issueQWG = [&](int32_t c) {
+        int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
+        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+        size_t const slot = (static_cast<size_t>(h) * ws.maxChunks + chunkBase + c) * kCHUNK;
+        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sQ, L::kLDK, q + t0 * qkStride + kh * dk, qkStride, valid, dk);
+        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sW, L::kLDK, wAll + slot * dk, dk, valid, dk);
+        if (tid < kCHUNK)
+        {
+            bool const ok = tid < valid;
+            cpAsync4(sGraw + tid, p.g + (ok ? (t0 + tid) * hv + h : 0), ok ? 4 : 0);
+        }
+    };
+    auto issueK = [&](int32_t c, int32_t stage) {
+        int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
+        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+        T* sK = reinterpret_cast<T*>(smem + L::kK + stage * L::kKSTAGE);
+        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid, dk);
+    };
+    auto issueU = [&](int32_t c) {
+        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+        size_t const slot = (static_cast<size_t>(h) * ws.maxChunks + chunkBase + c) * kCHUNK;
+        loadTileAsync<T, kCHUNK, kSTATE_BV, kCHUNK_THREADS>(sU, L::kLDV, uAll + slot * dv + col0, dv, valid, validV);
+    };
+
+    if (numChunks > 0)
+    {
+        issueQWG(0);
+        issueK(0, 0);
+        issueU(0);
+        cpAsyncCommit();
+    }
+
+    float const* init = p.initialState;
+    size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
+    for (int32_t e = tid; e < kDK * kSTATE_BV; e += kCHUNK_THREADS)
+    {
+        int32_t const r = e / kSTATE_BV;
+        int32_t const cc = e % kSTATE_BV;
+        float s = 0.F;
+        if (init != nullptr && r < dk && cc < validV)
+        {
+            s = init[stateOffset + static_cast<size_t>(r) * dv + col0 + cc];
+        }
+        sS[r * L::kLDVF + cc] = s;
+        sSop[r * L::kLDV + cc] = fromFloat<T>(s);
+    }
+
+    for (int32_t c = 0; c < numChunks; ++c)
+    {
+        int32_t const stage = kSTAGES == 2 ? (c & 1) : 0;
+        T* sK = reinterpret_cast<T*>(smem + L::kK + stage * L::kKSTAGE);
+        bool const hasNext = c + 1 < numChunks;
+        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+        cpAsyncWaitAll();
+        __syncthreads();
+        if (kSTAGES == 2 && hasNext)
+        {
+            issueK(c + 1, stage ^ 1);
+            cpAsyncCommit();
+        }
+
+        if (warp == 0)
+        {
+            warpCumsum64(sGraw, sG, lane);
+        }
+        rowNorms<T, kDK>(sQ, L::kLDK, p.useQkL2norm, p.scale, sRq);
+        rowNorms<T, kDK>(sK, L::kLDK, p.useQkL2norm, 1.F, sRk);
+        __syncthreads();
+
+        // q k^T (causal tiles), w S and q S.
+        for (int32_t t = warp; t < 16; t += kCHUNK_WARPS)
+        {
+            int32_t const rt = t / 4;
+            int32_t const ct = t % 4;
+            if (ct <= rt)
+            {
+                AccFragT<T> acc;
+                wmma::fill_fragment(acc, 0.F);
+                mmaTile<T, wmma::row_major, wmma::col_major>(
+                    acc, sQ + rt * 16 * L::kLDK, L::kLDK, sK + ct * 16 * L::kLDK, L::kLDK, kDK);
+                wmma::store_matrix_sync(sP + rt * 16 * L::kLDCF + ct * 16, acc, L::kLDCF, wmma::mem_row_major);
+            }
+        }
+        {
+            int32_t const rt = warp / 2;
+            int32_t const ct = warp % 2;
+            AccFragT<T> acc;
+            wmma::fill_fragment(acc, 0.F);
+            mmaTile<T, wmma::row_major, wmma::row_major>(
+                acc, sW + rt * 16 * L::kLDK, L::kLDK, sSop + ct * 16, L::kLDV, kDK);
+            wmma::store_matrix_sync(sX + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
+            wmma::fill_fragment(acc, 0.F);
+            mmaTile<T, wmma::row_major, wmma::row_major>(
+                acc, sQ + rt * 16 * L::kLDK, L::kLDK, sSop + ct * 16, L::kLDV, kDK);
+            wmma::store_matrix_sync(sY + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
+        }
+        __syncthreads();
+        if (hasNext)
+        {
+            issueQWG(c + 1); // sQ, sW and sGraw are free from here on
+            cpAsyncCommit();
+        }
+
+        float const gLast = sG[kCHUNK - 1]; // padded tokens have g = 0, so this is the last real G
+        for (int32_t e = tid; e < kCHUNK * kCHUNK; e += kCHUNK_THREADS)
+        {
+            int32_t const i = e / kCHUNK;
+            int32_t const j = e % kCHUNK;
+            float val = 0.F;
+            if (j <= i)
+            {
+                val = sP[i * L::kLDCF + j] * sRq[i] * sRk[j] * expf(sG[i] - sG[j]);
+            }
+            sPop[i * L::kLDC + j] = fromFloat<T>(val);
+        }
+        for (int32_t e = tid; e < kCHUNK * kSTATE_BV; e += kCHUNK_THREADS)
+        {
+            int32_t const i = e / kSTATE_BV;
+            int32_t const j = e % kSTATE_BV;
+            float const vNew = toFloat(sU[i * L::kLDV + j]) - sX[i * L::kLDVF + j];
+            sVop[i * L::kLDV + j] = fromFloat<T>(vNew);
+            sY[i * L::kLDVF + j] *= sRq[i] * __expf(sG[i]);
+        }
+        for (int32_t e = tid; e < kCHUNK * kDK; e += kCHUNK_THREADS)
+        {
+            int32_t const i = e / kDK;
+            int32_t const d = e % kDK;
+            T& x = sK[i * L::kLDK + d];
+            x = fromFloat<T>(toFloat(x) * sRk[i] * __expf(gLast - sG[i]));
+        }
+        __syncthreads();
+        if (hasNext)
+        {
+            issueU(c + 1);
+            cpAsyncCommit();
+        }
+
+        // o = (decayed q S) + P v_new;  S = exp(G_last) S + k~^T v_new.
+        {
+            int32_t const rt = warp / 2;
+            int32_t const ct = warp % 2;
+            AccFragT<T> acc;
+            wmma::load_matrix_sync(acc, sY + rt * 16 * L::kLDVF + ct * 16, L::kLDVF, wmma::mem_row_major);
+            mmaTile<T, wmma::row_major, wmma::row_major>(
+                acc, sPop + rt * 16 * L::kLDC, L::kLDC, sVop + ct * 16, L::kLDV, (rt + 1) * 16);
+            wmma::store_matrix_sync(sY + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
+        }
+        float const decayLast = expf(gLast);
+        for (int32_t t = warp; t < (kDK / 16) * 2; t += kCHUNK_WARPS)
+        {
+            int32_t const rt = t / 2;
+            int32_t const ct = t % 2;
+            AccFragT<T> acc;
+            wmma::load_matrix_sync(acc, sS + rt * 16 * L::kLDVF + ct * 16, L::kLDVF, wmma::mem_row_major);
+#pragma unroll
+            for (int32_t i = 0; i < acc.num_elements; ++i)
+            {
+                acc.x[i] *= decayLast;
+            }
+            mmaTile<T, wmma::col_major, wmma::row_major>(
+                acc, sK + rt * 16, L::kLDK, sVop + ct * 16, L::kLDV, kCHUNK);
+            wmma::store_matrix_sync(sS + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
+        }
+        __syncthreads();
+        if (kSTAGES == 1 && hasNext)
+        {
+            issueK(c + 1, 0);
+            cpAsyncCommit();
+        }
+
+        int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
+        for (int32_t e = tid; e < kCHUNK * kSTATE_BV; e += kCHUNK_THREADS)
+        {
+            int32_t const i = e / kSTATE_BV;
+            int32_t const j = e % kSTATE_BV;
+            if (i < valid && j < validV)
+            {
+                o[((t0 + i) * hv + h) * dv + col0 + j] = fromFloat<T>(sY[i * L::kLDVF + j]);
+            }
+        }
+        for (int32_t e = tid; e < kDK * kSTATE_BV; e += kCHUNK_THREADS)
+        {
+            int32_t const r = e / kSTATE_BV;
+            int32_t const cc = e % kSTATE_BV;
+            sSop[r * L::kLDV + cc] = fromFloat<T>(sS[r * L::kLDVF + cc]);
+        }
+    }
+    cpAsyncWaitAll();
+    __syncthreads();
+
+    for (int32_t e = tid; e < kDK * kSTATE_BV; e += kCHUNK_THREADS)
+    {
+        int32_t const r = e / kSTATE_BV;
+        int32_t const cc = e % kSTATE_BV;
+        if (r < dk && cc < validV)
+        {
+            p.finalState[stateOffset + static_cast<size_t>(r) * dv + col0 + cc] = sS[r * L::kLDVF + cc];
+        }
+    }
+}
+
+} // namespace kernels
+} // namespace gdn

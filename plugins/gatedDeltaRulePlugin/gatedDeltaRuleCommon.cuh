@@ -1,0 +1,183 @@
+/*
+ * Device helpers shared by the gated delta rule kernels: element conversion, warp reductions,
+ * cp.async and a thin wmma wrapper that hides the fp32 (tf32) / fp16 / bf16 differences.
+ * Needs sm_80 or newer (bf16 and tf32 wmma, cp.async).
+ */
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#include <type_traits>
+
+namespace gdn
+{
+namespace kernels
+{
+
+constexpr int32_t kWARP = 32;
+constexpr int32_t kCHUNK = 64; // tokens per chunk of the WY prefill
+
+template <typename T>
+__device__ __forceinline__ float toFloat(T x);
+template <>
+__device__ __forceinline__ float toFloat<float>(float x)
+{
+    return x;
+}
+template <>
+__device__ __forceinline__ float toFloat<__half>(__half x)
+{
+    return __half2float(x);
+}
+template <>
+__device__ __forceinline__ float toFloat<__nv_bfloat16>(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T fromFloat(float x);
+template <>
+__device__ __forceinline__ float fromFloat<float>(float x)
+{
+    return x;
+}
+template <>
+__device__ __forceinline__ __half fromFloat<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warpSum(float x)
+{
+#pragma unroll
+    for (int32_t o = kWARP / 2; o > 0; o >>= 1)
+    {
+        x += __shfl_xor_sync(0xffffffffU, x, o);
+    }
+    return x;
+}
+
+//! 16-byte asynchronous global -> shared copy; srcBytes == 0 zero-fills the destination.
+__device__ __forceinline__ void cpAsync16(void* smemDst, void const* gmemSrc, int32_t srcBytes)
+{
+    auto const dst = static_cast<uint32_t>(__cvta_generic_to_shared(smemDst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmemSrc), "r"(srcBytes));
+}
+
+//! 4-byte asynchronous copy (for per-token scalars such as g), zero-filling when srcBytes == 0.
+__device__ __forceinline__ void cpAsync4(void* smemDst, void const* gmemSrc, int32_t srcBytes)
+{
+    auto const dst = static_cast<uint32_t>(__cvta_generic_to_shared(smemDst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmemSrc), "r"(srcBytes));
+}
+
+__device__ __forceinline__ void cpAsyncCommit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void cpAsyncWaitAll()
+{
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+//! Copies a [rows, cols] tile of T from global (row stride srcStride elements) to shared memory
+//! (row stride dstStride) with 16-byte cp.async. Rows >= validRows and columns >= validCols read as
+//! zeros; cols and validCols must be multiples of the 16-byte vector (8 halves or 4 floats).
+template <typename T, int32_t kROWS, int32_t kCOLS, int32_t kTHREADS>
+__device__ __forceinline__ void loadTileAsync(T* dst, int32_t dstStride, T const* src, int64_t srcStride,
+    int32_t validRows, int32_t validCols)
+{
+    constexpr int32_t kVEC = 16 / sizeof(T);
+    constexpr int32_t kVECS_PER_ROW = kCOLS / kVEC;
+    constexpr int32_t kTOTAL = kROWS * kVECS_PER_ROW;
+    for (int32_t i = threadIdx.x; i < kTOTAL; i += kTHREADS)
+    {
+        int32_t const r = i / kVECS_PER_ROW;
+        int32_t const c = (i % kVECS_PER_ROW) * kVEC;
+        bool const valid = r < validRows && c < validCols;
+        // An invalid vector still needs a mapped address: use the tile's base.
+        T const* s = valid ? src + r * srcStride + c : src;
+        cpAsync16(dst + r * dstStride + c, s, valid ? 16 : 0);
+    }
+}
+
+namespace wmma = nvcuda::wmma;
+
+//! wmma shapes per element type: 16x16x16 for fp16 / bf16, 16x16x8 tf32 for fp32 operands.
+template <typename T>
+struct MmaTraits;
+
+template <>
+struct MmaTraits<__half>
+{
+    using Elem = __half;
+    static constexpr int32_t kK = 16;
+};
+
+template <>
+struct MmaTraits<__nv_bfloat16>
+{
+    using Elem = __nv_bfloat16;
+    static constexpr int32_t kK = 16;
+};
+
+template <>
+struct MmaTraits<float>
+{
+    using Elem = wmma::precision::tf32;
+    static constexpr int32_t kK = 8;
+};
+
+using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+template <typename T>
+using AccFragT = wmma::fragment<wmma::accumulator, 16, 16, MmaTraits<T>::kK, float>;
+
+template <typename Frag>
+__device__ __forceinline__ void toTf32(Frag& f)
+{
+#pragma unroll
+    for (int32_t i = 0; i < f.num_elements; ++i)
+    {
+        f.x[i] = wmma::__float_to_tf32(f.x[i]);
+    }
+}
+
+//! acc += A[16, kLen] * B[kLen, 16] from shared memory. LayoutA / LayoutB are wmma::row_major or
+//! wmma::col_major; for a col_major operand the pointer and stride describe its transpose stored
+//! row-major (so B = X^T is read straight from X [16, kLen]). kLen is a multiple of kK.
+template <typename T, typename LayoutA, typename LayoutB>
+__device__ __forceinline__ void mmaTile(AccFragT<T>& acc, T const* a, int32_t lda, T const* b, int32_t ldb, int32_t kLen)
+{
+    using Traits = MmaTraits<T>;
+    constexpr int32_t kK = Traits::kK;
+    wmma::fragment<wmma::matrix_a, 16, 16, kK, typename Traits::Elem, LayoutA> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, kK, typename Traits::Elem, LayoutB> fb;
+    constexpr bool kACOL = std::is_same<LayoutA, wmma::col_major>::value;
+    constexpr bool kBCOL = std::is_same<LayoutB, wmma::col_major>::value;
+    for (int32_t k0 = 0; k0 < kLen; k0 += kK)
+    {
+        // row_major A: element (m, k) at a[m * lda + k]; col_major A: at a[k * lda + m].
+        wmma::load_matrix_sync(fa, kACOL ? a + k0 * lda : a + k0, lda);
+        // row_major B: element (k, n) at b[k * ldb + n]; col_major B: at b[n * ldb + k].
+        wmma::load_matrix_sync(fb, kBCOL ? b + k0 : b + k0 * ldb, ldb);
+        if constexpr (std::is_same<T, float>::value)
+        {
+            toTf32(fa);
+            toTf32(fb);
+        }
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+} // namespace kernels
+} // namespace gdn

@@ -1,0 +1,339 @@
+/*
+ * Host side of the gated delta rule kernels: parameter checks, workspace layout, path choice and
+ * template dispatch. The kernels live in gatedDeltaRuleRecurrent.cuh and gatedDeltaRuleChunk.cuh.
+ *
+ * Paths:
+ *   recurrent  T <= 16 (per sequence when packed, or pure varlen decode), any Dk <= 256, any Dv;
+ *              also the fallback where the chunked kernels do not fit (odd dims, > 128, or a GPU
+ *              with too little shared memory per block). No workspace.
+ *   chunked    otherwise: Dk, Dv multiples of 8 and <= 128. Workspace: [varlen chunk offsets]
+ *              [w: Hv x maxChunks x 64 x Dk][u: Hv x maxChunks x 64 x Dv] in the activation dtype.
+ */
+#include "gatedDeltaRuleChunk.cuh"
+#include "gatedDeltaRuleKernels.h"
+#include "gatedDeltaRuleKernelsDetail.h"
+#include "gatedDeltaRuleRecurrent.cuh"
+
+#include <cmath>
+
+namespace gdn
+{
+namespace
+{
+
+using kernels::ChunkWorkspace;
+using kernels::kCHUNK;
+
+constexpr int32_t kRECURRENT_MAX_T = 16; // longest sequence the recurrent kernel takes by default
+constexpr int32_t kCHUNK_MAX_DIM = 128;
+constexpr int32_t kMAX_GRID_YZ = 65535;
+constexpr size_t kWORKSPACE_ALIGN = 256;
+
+size_t elementSize(DataType t)
+{
+    return t == DataType::kFLOAT32 ? 4 : 2;
+}
+
+int32_t numSequences(GatedDeltaRuleParams const& p)
+{
+    return p.cuSeqlens != nullptr ? p.numSeqs : p.batch;
+}
+
+bool paramsValid(GatedDeltaRuleParams const& p)
+{
+    bool const dtypeOk = p.dtype == DataType::kFLOAT32 || p.dtype == DataType::kFLOAT16 || p.dtype == DataType::kBFLOAT16;
+    bool const shapeOk = p.batch >= 1 && p.seqLen >= 0 && p.numKeyHeads >= 1 && p.numValueHeads >= 1
+        && p.numValueHeads % p.numKeyHeads == 0 && p.keyDim >= 1 && p.valueDim >= 1 && p.numValueHeads <= kMAX_GRID_YZ;
+    bool const varlenOk = p.cuSeqlens == nullptr || (p.batch == 1 && p.numSeqs >= 1);
+    bool const pointersOk = p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr
+        && p.o != nullptr && p.finalState != nullptr;
+    return dtypeOk && shapeOk && varlenOk && pointersOk && std::isfinite(p.scale) && numSequences(p) <= kMAX_GRID_YZ;
+}
+
+bool chunkShapeOk(GatedDeltaRuleParams const& p)
+{
+    return p.keyDim % 8 == 0 && p.valueDim % 8 == 0 && p.keyDim <= kCHUNK_MAX_DIM && p.valueDim <= kCHUNK_MAX_DIM;
+}
+
+bool prefersChunked(GatedDeltaRuleParams const& p)
+{
+    if (!chunkShapeOk(p) || p.seqLen <= kRECURRENT_MAX_T)
+    {
+        return false;
+    }
+    // A pack of single tokens is a batched decode step.
+    return p.cuSeqlens == nullptr || p.seqLen != p.numSeqs;
+}
+
+int64_t maxChunks(GatedDeltaRuleParams const& p)
+{
+    if (p.cuSeqlens != nullptr)
+    {
+        // sum_n ceil(L_n / 64) <= T / 64 + N; the exact count is only known on the device.
+        return p.seqLen / kCHUNK + p.numSeqs;
+    }
+    return static_cast<int64_t>(p.batch) * ((p.seqLen + kCHUNK - 1) / kCHUNK);
+}
+
+struct WorkspaceLayout
+{
+    size_t offsetsBytes{0};
+    size_t wBytes{0};
+    size_t uBytes{0};
+    size_t total() const
+    {
+        return offsetsBytes + wBytes + uBytes;
+    }
+};
+
+WorkspaceLayout workspaceLayout(GatedDeltaRuleParams const& p)
+{
+    WorkspaceLayout l;
+    size_t const rows = static_cast<size_t>(p.numValueHeads) * maxChunks(p) * kCHUNK;
+    l.offsetsBytes = p.cuSeqlens != nullptr ? kernels::alignUp((p.numSeqs + 1) * sizeof(int32_t), kWORKSPACE_ALIGN) : 0;
+    l.wBytes = kernels::alignUp(rows * p.keyDim * elementSize(p.dtype), kWORKSPACE_ALIGN);
+    l.uBytes = kernels::alignUp(rows * p.valueDim * elementSize(p.dtype), kWORKSPACE_ALIGN);
+    return l;
+}
+
+int32_t roundDim(int32_t d, int32_t lowest)
+{
+    for (int32_t r = lowest; r <= 256; r *= 2)
+    {
+        if (d <= r)
+        {
+            return r;
+        }
+    }
+    return 0;
+}
+
+int32_t maxDynamicSmem()
+{
+    int32_t device = 0;
+    int32_t bytes = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    {
+        return 0;
+    }
+    return bytes;
+}
+
+// ---------------------------------------------------------------- recurrent
+
+template <typename T>
+cudaError_t launchRecurrent(GatedDeltaRuleParams const& p, cudaStream_t stream)
+{
+    dim3 const grid((p.valueDim + kernels::kREC_BV - 1) / kernels::kREC_BV, p.numValueHeads, numSequences(p));
+    dim3 const block(kernels::kREC_THREADS);
+    switch (roundDim(p.keyDim, 16))
+    {
+    case 16: kernels::gatedDeltaRuleRecurrentKernel<T, 16><<<grid, block, 0, stream>>>(p); break;
+    case 32: kernels::gatedDeltaRuleRecurrentKernel<T, 32><<<grid, block, 0, stream>>>(p); break;
+    case 64: kernels::gatedDeltaRuleRecurrentKernel<T, 64><<<grid, block, 0, stream>>>(p); break;
+    case 128: kernels::gatedDeltaRuleRecurrentKernel<T, 128><<<grid, block, 0, stream>>>(p); break;
+    case 256: kernels::gatedDeltaRuleRecurrentKernel<T, 256><<<grid, block, 0, stream>>>(p); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------- chunked
+
+template <typename Kernel>
+cudaError_t launchWithSmem(Kernel kernel, dim3 grid, size_t smemBytes, cudaStream_t stream,
+    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws)
+{
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int32_t>(smemBytes));
+    if (err != cudaSuccess)
+    {
+        return err;
+    }
+    kernel<<<grid, kernels::kCHUNK_THREADS, smemBytes, stream>>>(p, ws);
+    return cudaGetLastError();
+}
+
+template <typename T, int32_t kDK, int32_t kDV>
+cudaError_t launchPrepare(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
+{
+    dim3 const grid(static_cast<uint32_t>(ws.maxChunks), p.numValueHeads);
+    return launchWithSmem(kernels::gatedDeltaRulePrepareKernel<T, kDK, kDV>, grid,
+        kernels::PrepareSmem<T, kDK, kDV>::kBYTES, stream, p, ws);
+}
+
+template <typename T, int32_t kDK>
+cudaError_t launchPrepareDv(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
+{
+    switch (roundDim(p.valueDim, 32))
+    {
+    case 32: return launchPrepare<T, kDK, 32>(p, ws, stream);
+    case 64: return launchPrepare<T, kDK, 64>(p, ws, stream);
+    case 128: return launchPrepare<T, kDK, 128>(p, ws, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+//! Largest shared-memory footprint of the chunked kernels for (T, kDK), with the k double buffer
+//! when kSTAGES == 2.
+template <typename T, int32_t kDK, int32_t kSTAGES>
+size_t chunkSmemBytes()
+{
+    size_t const prep = kernels::PrepareSmem<T, kDK, 128>::kBYTES;
+    size_t const state = kernels::StateSmem<T, kDK, kSTAGES>::kBYTES;
+    return prep > state ? prep : state;
+}
+
+template <typename T, int32_t kDK>
+int32_t chunkStages(int32_t smemLimit)
+{
+    if (chunkSmemBytes<T, kDK, 2>() <= static_cast<size_t>(smemLimit))
+    {
+        return 2;
+    }
+    return chunkSmemBytes<T, kDK, 1>() <= static_cast<size_t>(smemLimit) ? 1 : 0;
+}
+
+template <typename T, int32_t kDK>
+cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t stages, cudaStream_t stream)
+{
+    cudaError_t err = launchPrepareDv<T, kDK>(p, ws, stream);
+    if (err != cudaSuccess)
+    {
+        return err;
+    }
+    dim3 const grid((p.valueDim + kernels::kSTATE_BV - 1) / kernels::kSTATE_BV, p.numValueHeads, numSequences(p));
+    if (stages == 2)
+    {
+        return launchWithSmem(kernels::gatedDeltaRuleChunkStateKernel<T, kDK, 2>, grid,
+            kernels::StateSmem<T, kDK, 2>::kBYTES, stream, p, ws);
+    }
+    return launchWithSmem(kernels::gatedDeltaRuleChunkStateKernel<T, kDK, 1>, grid,
+        kernels::StateSmem<T, kDK, 1>::kBYTES, stream, p, ws);
+}
+
+//! Pipeline depth the chunked path can use on this device (0: it does not fit).
+template <typename T>
+int32_t chunkStagesFor(GatedDeltaRuleParams const& p, int32_t smemLimit)
+{
+    switch (roundDim(p.keyDim, 32))
+    {
+    case 32: return chunkStages<T, 32>(smemLimit);
+    case 64: return chunkStages<T, 64>(smemLimit);
+    case 128: return chunkStages<T, 128>(smemLimit);
+    default: return 0;
+    }
+}
+
+template <typename T>
+cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_t stages, cudaStream_t stream)
+{
+    WorkspaceLayout const l = workspaceLayout(p);
+    auto* base = static_cast<unsigned char*>(workspace);
+    ChunkWorkspace ws;
+    ws.maxChunks = maxChunks(p);
+    ws.chunksPerSeq = (p.seqLen + kCHUNK - 1) / kCHUNK;
+    ws.w = base + l.offsetsBytes;
+    ws.u = base + l.offsetsBytes + l.wBytes;
+    if (p.cuSeqlens != nullptr)
+    {
+        auto* offsets = reinterpret_cast<int32_t*>(base);
+        kernels::gatedDeltaRuleChunkOffsetsKernel<<<1, kernels::kOFFSETS_THREADS, 0, stream>>>(
+            p.cuSeqlens, p.numSeqs, offsets);
+        cudaError_t const err = cudaGetLastError();
+        if (err != cudaSuccess)
+        {
+            return err;
+        }
+        ws.chunkOffsets = offsets;
+    }
+    if (ws.maxChunks == 0)
+    {
+        return cudaSuccess;
+    }
+    switch (roundDim(p.keyDim, 32))
+    {
+    case 32: return launchChunkedDk<T, 32>(p, ws, stages, stream);
+    case 64: return launchChunkedDk<T, 64>(p, ws, stages, stream);
+    case 128: return launchChunkedDk<T, 128>(p, ws, stages, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+// ---------------------------------------------------------------- dispatch
+
+template <typename T>
+cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDeltaRulePath path, cudaStream_t stream)
+{
+    bool chunked = path == GatedDeltaRulePath::kCHUNKED || (path == GatedDeltaRulePath::kAUTO && prefersChunked(p));
+    int32_t stages = 0;
+    if (chunked)
+    {
+        stages = chunkShapeOk(p) ? chunkStagesFor<T>(p, maxDynamicSmem()) : 0;
+        if (stages == 0 || workspace == nullptr)
+        {
+            if (path == GatedDeltaRulePath::kCHUNKED || workspace == nullptr)
+            {
+                return cudaErrorInvalidValue;
+            }
+            chunked = false; // shared memory too small on this GPU: fall back, still correct
+        }
+    }
+    if (chunked)
+    {
+        return launchChunked<T>(p, workspace, stages, stream);
+    }
+    if (roundDim(p.keyDim, 16) == 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    return launchRecurrent<T>(p, stream);
+}
+
+} // namespace
+
+size_t gatedDeltaRuleChunkedWorkspaceSize(GatedDeltaRuleParams const& params)
+{
+    if (!paramsValid(params) || !chunkShapeOk(params))
+    {
+        return 0;
+    }
+    return workspaceLayout(params).total();
+}
+
+size_t gatedDeltaRuleWorkspaceSize(GatedDeltaRuleParams const& params)
+{
+    // Independent of the device: where the chunked path falls back, the workspace goes unused.
+    if (!paramsValid(params) || !prefersChunked(params))
+    {
+        return 0;
+    }
+    return workspaceLayout(params).total();
+}
+
+cudaError_t launchGatedDeltaRuleWithPath(
+    GatedDeltaRuleParams const& params, void* workspace, GatedDeltaRulePath path, cudaStream_t stream)
+{
+    if (!paramsValid(params))
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (numSequences(params) == 0)
+    {
+        return cudaSuccess;
+    }
+    switch (params.dtype)
+    {
+    case DataType::kFLOAT32: return launchTyped<float>(params, workspace, path, stream);
+    case DataType::kFLOAT16: return launchTyped<__half>(params, workspace, path, stream);
+    case DataType::kBFLOAT16: return launchTyped<__nv_bfloat16>(params, workspace, path, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t launchGatedDeltaRule(GatedDeltaRuleParams const& params, void* workspace, cudaStream_t stream)
+{
+    return launchGatedDeltaRuleWithPath(params, workspace, GatedDeltaRulePath::kAUTO, stream);
+}
+
+} // namespace gdn

@@ -1,0 +1,28 @@
+/*
+ * Extra entry points of the gated delta rule kernels for tests and benchmarks (the PyTorch
+ * extension uses them to run one path on purpose). The TensorRT plugin needs only
+ * gatedDeltaRuleKernels.h, whose launcher picks the path itself.
+ */
+#pragma once
+
+#include "gatedDeltaRuleKernels.h"
+
+namespace gdn
+{
+
+enum class GatedDeltaRulePath : int32_t
+{
+    kAUTO = 0,      //!< what launchGatedDeltaRule does
+    kRECURRENT = 1, //!< token-by-token kernel, any T (slow for long T), no workspace
+    kCHUNKED = 2,   //!< chunked WY kernels; cudaErrorInvalidValue where unsupported
+};
+
+//! Workspace bytes of the chunked path for these shapes, whatever the path heuristic would pick.
+size_t gatedDeltaRuleChunkedWorkspaceSize(GatedDeltaRuleParams const& params);
+
+//! launchGatedDeltaRule with the path chosen by the caller. The workspace must hold
+//! gatedDeltaRuleChunkedWorkspaceSize bytes when the chunked path runs.
+cudaError_t launchGatedDeltaRuleWithPath(
+    GatedDeltaRuleParams const& params, void* workspace, GatedDeltaRulePath path, cudaStream_t stream);
+
+} // namespace gdn

@@ -1,0 +1,850 @@
+/*
+ * pluginHostTest: drives the GatedDeltaRule and CausalConv1d plugins of libgdn_plugins.so through
+ * the calls TensorRT makes, without TensorRT (headers only), and checks the outputs against CPU
+ * references in double precision.
+ *
+ * Per case: getCreators -> creator->createPlugin(fields, kBUILD) -> getOutputDataTypes ->
+ * getOutputShapes (FakeExprBuilder, B and T symbolic) -> supportsFormatCombination ->
+ * configurePlugin -> getWorkspaceSize -> getAliasedInput -> getFieldsToSerialize ->
+ * createPlugin(serialized fields, kRUNTIME) -> attachToContext -> onShapeChange -> enqueue on a
+ * stream. Outputs are NaN-poisoned first; relative RMS must be <= 2e-3 (fp32) or 1e-2 (fp16/bf16).
+ * In-place cases pass the same buffer as state input and output (what ALIASED_PLUGIN_IO does).
+ * Then error cases: missing / mistyped fields and mismatched dtypes must fail with a message.
+ *
+ *   pluginHostTest [--quick] [--no-gpu] [--threads N] [--markdown FILE]
+ *     --quick     a handful of small cases, for compute-sanitizer memcheck / racecheck runs
+ *     --no-gpu    only the calls before enqueue (and the error cases): runs without a GPU
+ *     --markdown  also write the result table to FILE
+ * Exit status 0 only if every case and check passed.
+ */
+#include "../causalConv1dPlugin/causalConv1dPlugin.h"
+#include "../gatedDeltaRulePlugin/gatedDeltaRulePlugin.h"
+#include "hostStandIns.h"
+#include "reference.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) noexcept;
+extern "C" void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
+
+using namespace nvinfer1;
+using gdn::test::DType;
+
+namespace
+{
+
+#define HOST_CHECK(cond, msg)                                                                                          \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        if (!(cond))                                                                                                   \
+        {                                                                                                              \
+            std::ostringstream os_;                                                                                    \
+            os_ << msg;                                                                                                \
+            throw std::runtime_error(os_.str());                                                                       \
+        }                                                                                                              \
+    } while (0)
+
+#define CUDA_CHECK(call)                                                                                               \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        cudaError_t const e_ = (call);                                                                                 \
+        HOST_CHECK(e_ == cudaSuccess, #call << ": " << cudaGetErrorString(e_));                                         \
+    } while (0)
+
+gdn::test::CapturingLoggerFinder gLoggerFinder;
+// --no-gpu: drive every interface call up to onShapeChange, skip buffers, enqueue and references.
+bool gNoGpu = false;
+
+class DeviceBuffer
+{
+public:
+    explicit DeviceBuffer(size_t bytes)
+        : mBytes(bytes)
+    {
+        CUDA_CHECK(cudaMalloc(&mPtr, std::max<size_t>(bytes, 1)));
+    }
+    ~DeviceBuffer() { cudaFree(mPtr); }
+    DeviceBuffer(DeviceBuffer const&) = delete;
+    DeviceBuffer& operator=(DeviceBuffer const&) = delete;
+    void* get() const { return mPtr; }
+    void upload(void const* src) { CUDA_CHECK(cudaMemcpy(mPtr, src, mBytes, cudaMemcpyHostToDevice)); }
+    //! 0xFF bytes: NaN in fp32, fp16 and bf16, so any element the plugin leaves unwritten fails.
+    void poison() { CUDA_CHECK(cudaMemset(mPtr, 0xFF, mBytes)); }
+    std::vector<uint8_t> download() const
+    {
+        std::vector<uint8_t> out(mBytes);
+        CUDA_CHECK(cudaMemcpy(out.data(), mPtr, mBytes, cudaMemcpyDeviceToHost));
+        return out;
+    }
+
+private:
+    void* mPtr{nullptr};
+    size_t mBytes;
+};
+
+DataType trtType(DType t)
+{
+    return t == DType::kF32 ? DataType::kFLOAT : t == DType::kF16 ? DataType::kHALF : DataType::kBF16;
+}
+
+double boundFor(DType t)
+{
+    return t == DType::kF32 ? 2e-3 : 1e-2;
+}
+
+Dims makeDims(std::vector<int64_t> const& d)
+{
+    Dims out{};
+    out.nbDims = static_cast<int32_t>(d.size());
+    for (size_t i = 0; i < d.size(); ++i)
+    {
+        out.d[i] = d[i];
+    }
+    return out;
+}
+
+IPluginCreatorV3One* findCreator(char const* name)
+{
+    int32_t n = 0;
+    IPluginCreatorInterface* const* creators = getCreators(n);
+    for (int32_t i = 0; i < n; ++i)
+    {
+        HOST_CHECK(std::strcmp(creators[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0,
+            "creator " << i << " is a " << creators[i]->getInterfaceInfo().kind << ", not an IPluginCreatorV3One");
+        auto* c = static_cast<IPluginCreatorV3One*>(creators[i]);
+        if (std::strcmp(c->getPluginName(), name) == 0)
+        {
+            HOST_CHECK(std::strcmp(c->getPluginVersion(), "1") == 0 && std::strcmp(c->getPluginNamespace(), "gdn") == 0,
+                name << " has version " << c->getPluginVersion() << " namespace " << c->getPluginNamespace());
+            return c;
+        }
+    }
+    HOST_CHECK(false, "getCreators() has no creator named " << name);
+    return nullptr;
+}
+
+//! The plugin's three capability interfaces, checked.
+struct Caps
+{
+    IPluginV3OneCore* core;
+    IPluginV3OneBuildV2* build;
+    IPluginV3OneRuntime* runtime;
+};
+
+Caps capabilities(IPluginV3* plugin, char const* name)
+{
+    Caps c{};
+    c.core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+    c.build = static_cast<IPluginV3OneBuildV2*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    c.runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    HOST_CHECK(c.core && c.build && c.runtime, name << ": a capability interface is missing");
+    HOST_CHECK(std::strcmp(c.core->getPluginName(), name) == 0, "core name " << c.core->getPluginName());
+    HOST_CHECK(c.build->getInterfaceInfo().major == 2, name << ": build capability is not IPluginV3OneBuildV2");
+    return c;
+}
+
+//! Serialize with getFieldsToSerialize, recreate through the creator in the runtime phase, attach.
+IPluginV3* roundTrip(IPluginCreatorV3One* creator, IPluginV3OneRuntime* runtime, char const* layerName)
+{
+    PluginFieldCollection const* fc = runtime->getFieldsToSerialize();
+    HOST_CHECK(fc != nullptr && fc->nbFields > 0, "getFieldsToSerialize returned nothing");
+    // Copy the values, as TensorRT does when it writes the engine, before the source plugin goes away.
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<PluginField> fields;
+    for (int32_t i = 0; i < fc->nbFields; ++i)
+    {
+        PluginField const& f = fc->fields[i];
+        size_t const bytes = f.type == PluginFieldType::kFLOAT32 || f.type == PluginFieldType::kINT32 ? 4 : 0;
+        HOST_CHECK(bytes > 0 && f.length == 1, "field " << f.name << " has an unexpected type or length");
+        storage.emplace_back(static_cast<uint8_t const*>(f.data), static_cast<uint8_t const*>(f.data) + bytes);
+    }
+    for (int32_t i = 0; i < fc->nbFields; ++i)
+    {
+        fields.emplace_back(fc->fields[i].name, storage[i].data(), fc->fields[i].type, 1);
+    }
+    PluginFieldCollection copy{static_cast<int32_t>(fields.size()), fields.data()};
+    std::unique_ptr<IPluginV3> deserialized(creator->createPlugin(layerName, &copy, TensorRTPhase::kRUNTIME));
+    HOST_CHECK(deserialized != nullptr, "createPlugin(kRUNTIME) from the serialized fields failed: "
+                                            << gLoggerFinder.mLogger.last());
+    auto* rt = static_cast<IPluginV3OneRuntime*>(deserialized->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    gdn::test::FakeResourceContext context;
+    IPluginV3* attached = rt->attachToContext(&context);
+    HOST_CHECK(attached != nullptr, "attachToContext returned nullptr");
+    return attached;
+}
+
+struct Row
+{
+    std::string op, dtype, shape, flags;
+    double errOut{NAN}, errState{NAN}, bound{NAN}, ms{NAN};
+    bool pass{false};
+    std::string note;
+};
+
+std::vector<float> randomVector(std::mt19937& rng, size_t n, std::function<float(float)> const& f)
+{
+    std::normal_distribution<float> nd(0.F, 1.F);
+    std::vector<float> out(n);
+    for (auto& x : out)
+    {
+        x = f(nd(rng));
+    }
+    return out;
+}
+
+// ==================================================================== GatedDeltaRule
+
+struct GdrCase
+{
+    gdn::test::GdrShape s;
+    DType dtype;
+    bool inPlace;
+    bool l2norm;
+};
+
+Row runGdr(GdrCase const& c, int32_t threads)
+{
+    using IO = gdn::plugin::GatedDeltaRuleIO;
+    auto const& s = c.s;
+    Row row;
+    row.op = "GatedDeltaRule";
+    row.dtype = gdn::test::dtypeName(c.dtype);
+    std::ostringstream sh;
+    sh << "B=" << s.B << " T=" << s.T << " Hk=" << s.Hk << " Hv=" << s.Hv << " Dk=" << s.Dk << " Dv=" << s.Dv;
+    row.shape = sh.str();
+    row.flags = std::string(c.inPlace ? "in-place" : "separate") + (c.l2norm ? ",l2norm" : "");
+    row.bound = boundFor(c.dtype);
+    try
+    {
+        float const scale = 1.F / std::sqrt(static_cast<float>(s.Dk));
+        // ---- build phase
+        IPluginCreatorV3One* creator = findCreator(gdn::plugin::kGDR_PLUGIN_NAME);
+        int32_t const useL2 = c.l2norm ? 1 : 0;
+        PluginField fieldArr[] = {PluginField("scale", &scale, PluginFieldType::kFLOAT32, 1),
+            PluginField("use_qk_l2norm", &useL2, PluginFieldType::kINT32, 1)};
+        PluginFieldCollection fc{2, fieldArr};
+        std::unique_ptr<IPluginV3> plugin(creator->createPlugin("gdr_test", &fc, TensorRTPhase::kBUILD));
+        HOST_CHECK(plugin != nullptr, "createPlugin(kBUILD) failed: " << gLoggerFinder.mLogger.last());
+        Caps caps = capabilities(plugin.get(), gdn::plugin::kGDR_PLUGIN_NAME);
+        HOST_CHECK(caps.build->getNbOutputs() == 2, "getNbOutputs " << caps.build->getNbOutputs());
+
+        DataType const t = trtType(c.dtype);
+        DataType inTypes[IO::kNB_INPUTS] = {t, t, t, DataType::kFLOAT, t, DataType::kFLOAT};
+        DataType outTypes[IO::kNB_OUTPUTS] = {DataType::kINT8, DataType::kINT8};
+        HOST_CHECK(caps.build->getOutputDataTypes(outTypes, 2, inTypes, 6) == 0, "getOutputDataTypes failed");
+        HOST_CHECK(outTypes[IO::kO] == t && outTypes[IO::kFINAL_STATE] == DataType::kFLOAT,
+            "getOutputDataTypes gave o " << int(outTypes[0]) << " state " << int(outTypes[1]));
+
+        std::vector<Dims> inDims = {makeDims({s.B, s.T, s.Hk, s.Dk}), makeDims({s.B, s.T, s.Hk, s.Dk}),
+            makeDims({s.B, s.T, s.Hv, s.Dv}), makeDims({s.B, s.T, s.Hv}), makeDims({s.B, s.T, s.Hv}),
+            makeDims({s.B, s.Hv, s.Dk, s.Dv})};
+        {
+            // B and T symbolic, as in a dynamic-shape network.
+            gdn::test::FakeExprBuilder eb;
+            auto const* symB = eb.symbol(s.B);
+            auto const* symT = eb.symbol(s.T);
+            DimsExprs in[IO::kNB_INPUTS];
+            for (int32_t i = 0; i < IO::kNB_INPUTS; ++i)
+            {
+                in[i].nbDims = inDims[i].nbDims;
+                for (int32_t d = 0; d < inDims[i].nbDims; ++d)
+                {
+                    bool const isB = d == 0;
+                    bool const isT = d == 1 && i != IO::kINITIAL_STATE;
+                    in[i].d[d] = isB ? symB : isT ? symT : eb.fixed(inDims[i].d[d]);
+                }
+            }
+            DimsExprs out[IO::kNB_OUTPUTS]{};
+            HOST_CHECK(caps.build->getOutputShapes(in, 6, nullptr, 0, out, 2, eb) == 0, "getOutputShapes failed");
+            HOST_CHECK(out[IO::kO].nbDims == 4 && out[IO::kO].d[0] == symB && out[IO::kO].d[1] == symT
+                    && out[IO::kO].d[2] == in[IO::kV].d[2] && out[IO::kO].d[3] == in[IO::kV].d[3],
+                "getOutputShapes: o is not [B, T, Hv, Dv]");
+            HOST_CHECK(out[IO::kFINAL_STATE].nbDims == 4
+                    && std::equal(out[1].d, out[1].d + 4, in[IO::kINITIAL_STATE].d),
+                "getOutputShapes: final_state is not initial_state's shape");
+        }
+
+        DynamicPluginTensorDesc io[8]{};
+        for (int32_t i = 0; i < 8; ++i)
+        {
+            bool const isIn = i < IO::kNB_INPUTS;
+            Dims const d = isIn ? inDims[i] : (i == 6 ? inDims[IO::kV] : inDims[IO::kINITIAL_STATE]);
+            io[i].desc.dims = d;
+            io[i].desc.dims.d[0] = -1; // B dynamic at build time
+            if (isIn && i != IO::kINITIAL_STATE)
+            {
+                io[i].desc.dims.d[1] = -1;
+            }
+            io[i].desc.type = isIn ? inTypes[i] : outTypes[i - 6];
+            io[i].desc.format = TensorFormat::kLINEAR;
+            io[i].min = io[i].opt = io[i].max = d;
+        }
+        for (int32_t pos = 0; pos < 8; ++pos)
+        {
+            HOST_CHECK(caps.build->supportsFormatCombination(pos, io, 6, 2),
+                "supportsFormatCombination rejected position " << pos);
+        }
+        {
+            DynamicPluginTensorDesc bad[8];
+            std::copy(io, io + 8, bad);
+            bad[IO::kK].desc.type = t == DataType::kFLOAT ? DataType::kHALF : DataType::kFLOAT;
+            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kK, bad, 6, 2), "k with another dtype accepted");
+            bad[IO::kG].desc.type = DataType::kHALF;
+            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kG, bad, 6, 2), "fp16 g accepted");
+            bad[IO::kQ].desc.format = TensorFormat::kHWC8;
+            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kQ, bad, 6, 2), "non-linear format accepted");
+        }
+        HOST_CHECK(caps.build->configurePlugin(io, 6, io + 6, 2) == 0, "configurePlugin failed");
+        size_t const workspaceBytes = caps.build->getWorkspaceSize(io, 6, io + 6, 2);
+        HOST_CHECK(caps.build->getAliasedInput(IO::kFINAL_STATE) == IO::kINITIAL_STATE
+                && caps.build->getAliasedInput(IO::kO) == -1,
+            "getAliasedInput");
+
+        // ---- runtime phase
+        std::unique_ptr<IPluginV3> attached(roundTrip(creator, caps.runtime, "gdr_test"));
+        auto* rt = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginTensorDesc inDesc[IO::kNB_INPUTS]{}, outDesc[IO::kNB_OUTPUTS]{};
+        for (int32_t i = 0; i < IO::kNB_INPUTS; ++i)
+        {
+            inDesc[i] = {inDims[i], inTypes[i], TensorFormat::kLINEAR, -1.F};
+        }
+        outDesc[IO::kO] = {inDims[IO::kV], t, TensorFormat::kLINEAR, -1.F};
+        outDesc[IO::kFINAL_STATE] = {inDims[IO::kINITIAL_STATE], DataType::kFLOAT, TensorFormat::kLINEAR, -1.F};
+        HOST_CHECK(rt->onShapeChange(inDesc, 6, outDesc, 2) == 0, "onShapeChange failed");
+        if (gNoGpu)
+        {
+            row.pass = true;
+            row.note = "interface only (--no-gpu)";
+            return row;
+        }
+
+        size_t const nQK = static_cast<size_t>(s.B) * s.T * s.Hk * s.Dk;
+        size_t const nV = static_cast<size_t>(s.B) * s.T * s.Hv * s.Dv;
+        size_t const nG = static_cast<size_t>(s.B) * s.T * s.Hv;
+        size_t const nS = static_cast<size_t>(s.B) * s.Hv * s.Dk * s.Dv;
+        std::mt19937 rng(1234u + s.T * 7u + s.Dk * 13u + s.Hv * 17u + s.B * 19u + static_cast<uint32_t>(c.dtype));
+        auto q = randomVector(rng, nQK, [](float x) { return x; });
+        auto k = randomVector(rng, nQK, [](float x) { return x; });
+        if (!c.l2norm)
+        {
+            // Without the in-kernel normalisation, keep |k| = 1 so the recurrence stays stable.
+            for (size_t i = 0; i < nQK; i += s.Dk)
+            {
+                double n2 = 0;
+                for (int32_t j = 0; j < s.Dk; ++j)
+                {
+                    n2 += double(k[i + j]) * k[i + j];
+                }
+                for (int32_t j = 0; j < s.Dk; ++j)
+                {
+                    k[i + j] = static_cast<float>(k[i + j] / std::sqrt(n2));
+                }
+            }
+        }
+        auto v = randomVector(rng, nV, [](float x) { return x; });
+        // g = log(decay) in about [-0.3, -0.003]; beta = sigmoid(x) in (0, 1).
+        auto g = randomVector(rng, nG, [](float x) { return -0.003F - 0.3F / (1.F + std::exp(-x)); });
+        auto beta = randomVector(rng, nG, [](float x) { return 1.F / (1.F + std::exp(-x)); });
+        auto s0 = randomVector(rng, nS, [](float x) { return 0.1F * x; });
+        q = gdn::test::roundTo(c.dtype, q);
+        k = gdn::test::roundTo(c.dtype, k);
+        v = gdn::test::roundTo(c.dtype, v);
+        beta = gdn::test::roundTo(c.dtype, beta);
+
+
+        std::vector<uint8_t> hq, hk, hv, hbeta;
+        gdn::test::storeAs(c.dtype, q, hq);
+        gdn::test::storeAs(c.dtype, k, hk);
+        gdn::test::storeAs(c.dtype, v, hv);
+        gdn::test::storeAs(c.dtype, beta, hbeta);
+        size_t const es = gdn::test::dtypeSize(c.dtype);
+        DeviceBuffer dq(nQK * es), dk(nQK * es), dv(nV * es), dg(nG * 4), dbeta(nG * es), ds0(nS * 4), dO(nV * es),
+            dS(c.inPlace ? 4 : nS * 4), dws(workspaceBytes);
+        dq.upload(hq.data());
+        dk.upload(hk.data());
+        dv.upload(hv.data());
+        dg.upload(g.data());
+        dbeta.upload(hbeta.data());
+        ds0.upload(s0.data());
+        dO.poison();
+        dS.poison();
+        dws.poison();
+        void* stateOut = c.inPlace ? ds0.get() : dS.get();
+        void const* inputs[] = {dq.get(), dk.get(), dv.get(), dg.get(), dbeta.get(), ds0.get()};
+        void* outputs[] = {dO.get(), stateOut};
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        cudaEvent_t start, stop;
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&stop));
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        int32_t const rc = rt->enqueue(inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr, stream);
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        float ms = 0.F;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+        cudaStreamDestroy(stream);
+        HOST_CHECK(rc == 0, "enqueue returned " << rc << ": " << gLoggerFinder.mLogger.last());
+        CUDA_CHECK(cudaGetLastError());
+        row.ms = ms;
+
+        auto oBytes = dO.download();
+        auto sBytes = c.inPlace ? ds0.download() : dS.download();
+        auto oGot = gdn::test::loadAs(c.dtype, oBytes.data(), nV);
+        auto sGot = gdn::test::loadAs(DType::kF32, sBytes.data(), nS);
+        std::vector<double> oRef, sRef;
+        gdn::test::gatedDeltaRuleReference(s, q, k, v, g, beta, s0, scale, c.l2norm, oRef, sRef, threads);
+        row.errOut = gdn::test::relativeRms(oGot, oRef);
+        row.errState = gdn::test::relativeRms(sGot, sRef);
+        row.pass = row.errOut <= row.bound && row.errState <= row.bound;
+        if (!row.pass)
+        {
+            row.note = "outside the bound";
+        }
+    }
+    catch (std::exception const& e)
+    {
+        row.pass = false;
+        row.note = e.what();
+    }
+    return row;
+}
+
+// ==================================================================== CausalConv1d
+
+struct ConvCase
+{
+    int32_t B, T, C, K;
+    DType dtype;
+    bool inPlace;
+    bool silu;
+};
+
+Row runConv(ConvCase const& c)
+{
+    using IO = gdn::plugin::CausalConv1dIO;
+    Row row;
+    row.op = "CausalConv1d";
+    row.dtype = gdn::test::dtypeName(c.dtype);
+    std::ostringstream sh;
+    sh << "B=" << c.B << " T=" << c.T << " C=" << c.C << " K=" << c.K;
+    row.shape = sh.str();
+    row.flags = std::string(c.inPlace ? "in-place" : "separate") + (c.silu ? ",silu" : "");
+    row.bound = boundFor(c.dtype);
+    try
+    {
+        int32_t const W = c.K - 1;
+        IPluginCreatorV3One* creator = findCreator(gdn::plugin::kCONV_PLUGIN_NAME);
+        int32_t const act = c.silu ? 1 : 0;
+        PluginField fieldArr[] = {PluginField("activation", &act, PluginFieldType::kINT32, 1)};
+        PluginFieldCollection fc{1, fieldArr};
+        std::unique_ptr<IPluginV3> plugin(creator->createPlugin("conv_test", &fc, TensorRTPhase::kBUILD));
+        HOST_CHECK(plugin != nullptr, "createPlugin(kBUILD) failed: " << gLoggerFinder.mLogger.last());
+        Caps caps = capabilities(plugin.get(), gdn::plugin::kCONV_PLUGIN_NAME);
+        DataType const t = trtType(c.dtype);
+        DataType inTypes[4] = {t, t, t, t};
+        DataType outTypes[2] = {DataType::kINT8, DataType::kINT8};
+        HOST_CHECK(caps.build->getOutputDataTypes(outTypes, 2, inTypes, 4) == 0 && outTypes[0] == t && outTypes[1] == t,
+            "getOutputDataTypes");
+        std::vector<Dims> inDims = {makeDims({c.B, c.T, c.C}), makeDims({c.C, c.K}), makeDims({c.C}),
+            makeDims({c.B, c.C, W})};
+        {
+            gdn::test::FakeExprBuilder eb;
+            auto const* symB = eb.symbol(c.B);
+            auto const* symT = eb.symbol(c.T);
+            DimsExprs in[4];
+            for (int32_t i = 0; i < 4; ++i)
+            {
+                in[i].nbDims = inDims[i].nbDims;
+                for (int32_t d = 0; d < inDims[i].nbDims; ++d)
+                {
+                    bool const isB = d == 0 && (i == IO::kX || i == IO::kCONV_STATE);
+                    bool const isT = d == 1 && i == IO::kX;
+                    in[i].d[d] = isB ? symB : isT ? symT : eb.fixed(inDims[i].d[d]);
+                }
+            }
+            DimsExprs out[2]{};
+            HOST_CHECK(caps.build->getOutputShapes(in, 4, nullptr, 0, out, 2, eb) == 0, "getOutputShapes failed");
+            HOST_CHECK(out[IO::kY].nbDims == 3 && std::equal(out[0].d, out[0].d + 3, in[IO::kX].d),
+                "getOutputShapes: y is not x's shape");
+            HOST_CHECK(out[IO::kNEW_CONV_STATE].nbDims == 3 && std::equal(out[1].d, out[1].d + 3, in[IO::kCONV_STATE].d),
+                "getOutputShapes: new_conv_state is not conv_state's shape");
+        }
+        DynamicPluginTensorDesc io[6]{};
+        for (int32_t i = 0; i < 6; ++i)
+        {
+            Dims const d = i < 4 ? inDims[i] : (i == 4 ? inDims[IO::kX] : inDims[IO::kCONV_STATE]);
+            io[i].desc.dims = d;
+            io[i].desc.type = t;
+            io[i].desc.format = TensorFormat::kLINEAR;
+            io[i].min = io[i].opt = io[i].max = d;
+        }
+        for (int32_t pos = 0; pos < 6; ++pos)
+        {
+            HOST_CHECK(caps.build->supportsFormatCombination(pos, io, 4, 2), "supportsFormatCombination rejected " << pos);
+        }
+        {
+            DynamicPluginTensorDesc bad[6];
+            std::copy(io, io + 6, bad);
+            bad[IO::kCONV_STATE].desc.type = t == DataType::kFLOAT ? DataType::kHALF : DataType::kFLOAT;
+            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kCONV_STATE, bad, 4, 2), "mixed dtypes accepted");
+        }
+        HOST_CHECK(caps.build->configurePlugin(io, 4, io + 4, 2) == 0, "configurePlugin failed");
+        size_t const workspaceBytes = caps.build->getWorkspaceSize(io, 4, io + 4, 2);
+        HOST_CHECK(caps.build->getAliasedInput(IO::kNEW_CONV_STATE) == IO::kCONV_STATE
+                && caps.build->getAliasedInput(IO::kY) == -1,
+            "getAliasedInput");
+
+        std::unique_ptr<IPluginV3> attached(roundTrip(creator, caps.runtime, "conv_test"));
+        auto* rt = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginTensorDesc inDesc[4]{}, outDesc[2]{};
+        for (int32_t i = 0; i < 4; ++i)
+        {
+            inDesc[i] = {inDims[i], t, TensorFormat::kLINEAR, -1.F};
+        }
+        outDesc[0] = {inDims[IO::kX], t, TensorFormat::kLINEAR, -1.F};
+        outDesc[1] = {inDims[IO::kCONV_STATE], t, TensorFormat::kLINEAR, -1.F};
+        HOST_CHECK(rt->onShapeChange(inDesc, 4, outDesc, 2) == 0, "onShapeChange failed");
+        if (gNoGpu)
+        {
+            row.pass = true;
+            row.note = "interface only (--no-gpu)";
+            return row;
+        }
+
+        size_t const nX = static_cast<size_t>(c.B) * c.T * c.C;
+        size_t const nS = static_cast<size_t>(c.B) * c.C * W;
+        std::mt19937 rng(99u + c.T * 7u + c.C * 3u + c.B + static_cast<uint32_t>(c.dtype));
+        auto id = [](float x) { return x; };
+        auto x = gdn::test::roundTo(c.dtype, randomVector(rng, nX, id));
+        auto w = gdn::test::roundTo(c.dtype, randomVector(rng, static_cast<size_t>(c.C) * c.K, [](float v) { return 0.5F * v; }));
+        auto bias = gdn::test::roundTo(c.dtype, randomVector(rng, c.C, [](float v) { return 0.1F * v; }));
+        auto s0 = gdn::test::roundTo(c.dtype, randomVector(rng, nS, id));
+
+
+        size_t const es = gdn::test::dtypeSize(c.dtype);
+        std::vector<uint8_t> hx, hw, hb, hs;
+        gdn::test::storeAs(c.dtype, x, hx);
+        gdn::test::storeAs(c.dtype, w, hw);
+        gdn::test::storeAs(c.dtype, bias, hb);
+        gdn::test::storeAs(c.dtype, s0, hs);
+        DeviceBuffer dx(nX * es), dw(hw.size()), db(hb.size()), ds0(nS * es), dy(nX * es), dS(nS * es),
+            dws(workspaceBytes);
+        dx.upload(hx.data());
+        dw.upload(hw.data());
+        db.upload(hb.data());
+        ds0.upload(hs.data());
+        dy.poison();
+        dS.poison();
+        void* stateOut = c.inPlace ? ds0.get() : dS.get();
+        void const* inputs[] = {dx.get(), dw.get(), db.get(), ds0.get()};
+        void* outputs[] = {dy.get(), stateOut};
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        cudaEvent_t start, stop;
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&stop));
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        int32_t const rc = rt->enqueue(inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr, stream);
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        float ms = 0.F;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+        cudaStreamDestroy(stream);
+        HOST_CHECK(rc == 0, "enqueue returned " << rc << ": " << gLoggerFinder.mLogger.last());
+        CUDA_CHECK(cudaGetLastError());
+        row.ms = ms;
+
+        auto yGot = gdn::test::loadAs(c.dtype, dy.download().data(), nX);
+        auto sGot = gdn::test::loadAs(c.dtype, (c.inPlace ? ds0.download() : dS.download()).data(), nS);
+        std::vector<double> yRef, sRef;
+        gdn::test::causalConv1dReference(c.B, c.T, c.C, c.K, x, w, bias, s0, c.silu, yRef, sRef);
+        row.errOut = gdn::test::relativeRms(yGot, yRef);
+        row.errState = nS ? gdn::test::relativeRms(sGot, sRef) : 0.0;
+        row.pass = row.errOut <= row.bound && row.errState <= row.bound;
+        if (!row.pass)
+        {
+            row.note = "outside the bound";
+        }
+    }
+    catch (std::exception const& e)
+    {
+        row.pass = false;
+        row.note = e.what();
+    }
+    return row;
+}
+
+// ==================================================================== error cases
+
+//! Each check returns "" on success or what went wrong.
+std::vector<std::pair<std::string, std::string>> runErrorChecks()
+{
+    std::vector<std::pair<std::string, std::string>> results;
+    auto& logger = gLoggerFinder.mLogger;
+    auto expectFailure = [&](std::string const& name, IPluginCreatorV3One* creator, PluginFieldCollection const& fc,
+                             std::string const& needle) {
+        logger.clear();
+        logger.mEcho = false;
+        std::unique_ptr<IPluginV3> p(creator->createPlugin("bad", &fc, TensorRTPhase::kBUILD));
+        logger.mEcho = true;
+        std::string err;
+        if (p != nullptr)
+        {
+            err = "createPlugin succeeded";
+        }
+        else if (!logger.contains(needle))
+        {
+            err = "no message containing '" + needle + "' (last: " + logger.last() + ")";
+        }
+        results.emplace_back(name, err);
+    };
+    IPluginCreatorV3One* gdr = findCreator(gdn::plugin::kGDR_PLUGIN_NAME);
+    IPluginCreatorV3One* conv = findCreator(gdn::plugin::kCONV_PLUGIN_NAME);
+    auto expectFieldNames = [&](IPluginCreatorV3One* creator, std::vector<std::pair<std::string, PluginFieldType>> want) {
+        PluginFieldCollection const* fc = creator->getFieldNames();
+        std::string err;
+        if (fc == nullptr || fc->nbFields != static_cast<int32_t>(want.size()))
+        {
+            err = "getFieldNames lists " + std::to_string(fc ? fc->nbFields : -1) + " fields";
+        }
+        else
+        {
+            for (size_t i = 0; i < want.size(); ++i)
+            {
+                if (want[i].first != fc->fields[i].name || want[i].second != fc->fields[i].type)
+                {
+                    err = std::string("unexpected field ") + fc->fields[i].name;
+                }
+            }
+        }
+        results.emplace_back(std::string(creator->getPluginName()) + " getFieldNames", err);
+    };
+    expectFieldNames(gdr, {{"scale", PluginFieldType::kFLOAT32}, {"use_qk_l2norm", PluginFieldType::kINT32}});
+    expectFieldNames(conv, {{"activation", PluginFieldType::kINT32}});
+    float const scale = 0.125F;
+    int32_t const one = 1;
+    int32_t const seven = 7;
+    {
+        PluginField f[] = {PluginField("scale", &scale, PluginFieldType::kFLOAT32, 1)};
+        expectFailure("GatedDeltaRule without use_qk_l2norm", gdr, PluginFieldCollection{1, f},
+            "field 'use_qk_l2norm' (kINT32) is missing");
+    }
+    {
+        PluginField f[] = {PluginField("scale", &one, PluginFieldType::kINT32, 1),
+            PluginField("use_qk_l2norm", &one, PluginFieldType::kINT32, 1)};
+        expectFailure("GatedDeltaRule with an int32 scale", gdr, PluginFieldCollection{2, f},
+            "field 'scale' must be kFLOAT32, got kINT32");
+    }
+    {
+        PluginField f[] = {PluginField("scale", &scale, PluginFieldType::kFLOAT32, 1),
+            PluginField("use_qk_l2norm", &seven, PluginFieldType::kINT32, 1)};
+        expectFailure("GatedDeltaRule with use_qk_l2norm = 7", gdr, PluginFieldCollection{2, f}, "must be 0 or 1, got 7");
+    }
+    expectFailure("CausalConv1d without fields", conv, PluginFieldCollection{0, nullptr},
+        "field 'activation' (kINT32) is missing");
+    {
+        PluginField f[] = {PluginField("activation", &seven, PluginFieldType::kINT32, 1)};
+        expectFailure("CausalConv1d with activation = 7", conv, PluginFieldCollection{1, f}, "got 7");
+    }
+    {
+        // Mismatched input dtypes must be refused by getOutputDataTypes with a message naming the tensor.
+        PluginField f[] = {PluginField("scale", &scale, PluginFieldType::kFLOAT32, 1),
+            PluginField("use_qk_l2norm", &one, PluginFieldType::kINT32, 1)};
+        PluginFieldCollection fc{2, f};
+        std::unique_ptr<IPluginV3> p(gdr->createPlugin("dtype", &fc, TensorRTPhase::kBUILD));
+        auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        DataType in[6] = {DataType::kHALF, DataType::kHALF, DataType::kFLOAT, DataType::kFLOAT, DataType::kHALF,
+            DataType::kFLOAT};
+        DataType out[2];
+        logger.clear();
+        logger.mEcho = false;
+        int32_t const rc = build->getOutputDataTypes(out, 2, in, 6);
+        logger.mEcho = true;
+        std::string err;
+        if (rc == 0)
+        {
+            err = "accepted fp16 q with fp32 v";
+        }
+        else if (!logger.contains("v is kFLOAT"))
+        {
+            err = "message does not name v: " + logger.last();
+        }
+        results.emplace_back("GatedDeltaRule with fp16 q and fp32 v", err);
+    }
+    return results;
+}
+
+// ==================================================================== driver
+
+std::string fmt(double x, char const* f = "%.2e")
+{
+    if (std::isnan(x))
+    {
+        return "-";
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, f, x);
+    return buf;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    bool quick = false;
+    std::string markdownPath;
+    int32_t threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int i = 1; i < argc; ++i)
+    {
+        std::string const a = argv[i];
+        if (a == "--quick")
+        {
+            quick = true;
+        }
+        else if (a == "--no-gpu")
+        {
+            gNoGpu = true;
+        }
+        else if (a == "--markdown" && i + 1 < argc)
+        {
+            markdownPath = argv[++i];
+        }
+        else if (a == "--threads" && i + 1 < argc)
+        {
+            threads = std::max(1, std::atoi(argv[++i]));
+        }
+        else
+        {
+            std::fprintf(stderr, "usage: %s [--quick] [--no-gpu] [--threads N] [--markdown FILE]\n", argv[0]);
+            return 2;
+        }
+    }
+    setLoggerFinder(&gLoggerFinder);
+    int device = 0;
+    cudaDeviceProp prop{};
+    std::string deviceName = "none (--no-gpu: interface calls only)";
+    if (!gNoGpu)
+    {
+        if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+        {
+            std::fprintf(stderr, "pluginHostTest: no CUDA device (use --no-gpu to check the interface calls only)\n");
+            return 1;
+        }
+        deviceName = std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+    }
+
+    std::vector<GdrCase> gdrCases;
+    std::vector<ConvCase> convCases;
+    std::vector<DType> const dtypes = {DType::kF32, DType::kF16, DType::kBF16};
+    if (quick)
+    {
+        for (int32_t T : {1, 65})
+        {
+            for (DType dt : {DType::kF32, DType::kBF16})
+            {
+                gdrCases.push_back({{3, T, 1, 2, 64, 64}, dt, true, true});
+                gdrCases.push_back({{1, T, 2, 2, 64, 64}, dt, false, false});
+            }
+            convCases.push_back({3, T, 64, 4, DType::kF16, true, true});
+            convCases.push_back({1, T, 64, 4, DType::kF32, false, false});
+        }
+    }
+    else
+    {
+        int32_t const hk = 2;
+        for (int32_t T : {1, 63, 64, 65, 1000, 4097})
+        {
+            for (int32_t D : {64, 128})
+            {
+                for (int32_t hv : {hk, 2 * hk})
+                {
+                    for (int32_t B : {1, 3})
+                    {
+                        for (DType dt : dtypes)
+                        {
+                            // In-place state for B = 3, in-kernel l2norm for Hv = 2 Hk: all four combinations.
+                            gdrCases.push_back({{B, T, hk, hv, D, D}, dt, B == 3, hv != hk});
+                        }
+                    }
+                }
+            }
+            for (DType dt : dtypes)
+            {
+                gdrCases.push_back({{2, T, 2, 4, 128, 64}, dt, true, true}); // Dk != Dv
+                gdrCases.push_back({{2, T, 2, 6, 64, 128}, dt, false, true});
+            }
+            for (int32_t C : {64, 200})
+            {
+                for (int32_t B : {1, 3})
+                {
+                    for (DType dt : dtypes)
+                    {
+                        convCases.push_back({B, T, C, 4, dt, B == 3, C == 64});
+                    }
+                }
+            }
+            convCases.push_back({2, T, 96, 2, DType::kF32, true, true});
+            convCases.push_back({2, T, 96, 3, DType::kBF16, false, true});
+        }
+    }
+
+    auto const t0 = std::chrono::steady_clock::now();
+    std::vector<Row> rows;
+    for (auto const& c : gdrCases)
+    {
+        rows.push_back(runGdr(c, threads));
+    }
+    for (auto const& c : convCases)
+    {
+        rows.push_back(runConv(c));
+    }
+    auto errors = runErrorChecks();
+    double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    std::ostringstream md;
+    md << "# pluginHostTest" << (quick ? " --quick" : "") << "\n\n";
+    md << "Device: " << deviceName << ", " << rows.size() << " cases, "
+       << fmt(seconds, "%.1f") << " s. Bound: relative RMS <= 2e-3 (fp32), 1e-2 (fp16/bf16); outputs NaN-poisoned.\n\n";
+    md << "| op | dtype | shape | state | rel RMS out | rel RMS state | bound | ms | result |\n";
+    md << "|---|---|---|---|---|---|---|---|---|\n";
+    int32_t failures = 0;
+    for (auto const& r : rows)
+    {
+        failures += r.pass ? 0 : 1;
+        md << "| " << r.op << " | " << r.dtype << " | " << r.shape << " | " << r.flags << " | " << fmt(r.errOut) << " | "
+           << fmt(r.errState) << " | " << fmt(r.bound, "%.0e") << " | " << fmt(r.ms, "%.3f") << " | "
+           << (r.pass ? (r.note.empty() ? "PASS" : "PASS, " + r.note) : "FAIL " + r.note) << " |\n";
+    }
+    md << "\n| error case | result |\n|---|---|\n";
+    for (auto const& e : errors)
+    {
+        failures += e.second.empty() ? 0 : 1;
+        md << "| " << e.first << " | " << (e.second.empty() ? "PASS" : "FAIL " + e.second) << " |\n";
+    }
+    md << "\n" << (failures ? std::to_string(failures) + " FAILED" : std::string("ALL PASSED")) << "\n";
+    std::fputs(md.str().c_str(), stdout);
+    if (!markdownPath.empty())
+    {
+        std::ofstream(markdownPath) << md.str();
+    }
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,49 @@
+"""Shared test helpers: fresh random inputs, NaN poisoning and relative-RMS closeness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# Relative RMS bound per dtype for fast paths against the fp32 reference.
+RMS_BOUND = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64; inf if actual has a NaN."""
+    a, e = actual.double(), expected.double()
+    if torch.isnan(a).any():
+        return float("inf")
+    return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+def assert_close_rms(actual, expected, dtype, name="output"):
+    err = rel_rms(actual, expected)
+    bound = RMS_BOUND[dtype]
+    assert err <= bound, f"{name}: relative RMS {err:.3g} > {bound:g} ({dtype})"
+
+
+def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=True, seed=None):
+    """Fresh random gated-delta-rule inputs in the op's layout (never zeros)."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q, k = rnd(B, T, Hk, Dk), rnd(B, T, Hk, Dk)
+    v = rnd(B, T, Hv, Dv)
+    g = -torch.nn.functional.softplus(rnd(B, T, Hv)) * 0.5  # log decay <= 0
+    beta = torch.sigmoid(rnd(B, T, Hv))
+    s0 = rnd(B, Hv, Dk, Dv) * 0.1 if state else None
+    cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+    out = dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta))
+    out["initial_state"] = None if s0 is None else s0.to(device)
+    return out
+
+
+@pytest.fixture
+def cuda_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none found)")
+    return torch.device("cuda")

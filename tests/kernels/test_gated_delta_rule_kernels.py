@@ -1,0 +1,124 @@
+"""Triton gated-delta-rule kernels against the fp32 reference, on tiny shapes.
+
+On a CPU-only machine these run under TRITON_INTERPRET=1 (see conftest.py); with a GPU, on it.
+Outputs are NaN-poisoned preallocated tensors, so anything left unwritten fails.
+"""
+
+import pytest
+import torch
+
+from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
+from tests.conftest import assert_close_rms, gdn_inputs
+
+from gdn_kernels.chunk import chunk_gated_delta_rule
+from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_kernels.gates import gated_delta_rule_from_gates
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+]
+SHAPES = [
+    # B, T, Hk, Hv, Dk, Dv
+    pytest.param(1, 1, 2, 2, 16, 16, id="T1"),
+    pytest.param(3, 5, 1, 2, 16, 32, id="T5-B3-Hv2Hk-DkneDv"),
+    pytest.param(1, 63, 2, 2, 32, 16, id="T63-DkneDv"),
+    pytest.param(3, 65, 1, 2, 16, 16, id="T65-B3-Hv2Hk"),
+    pytest.param(1, 130, 2, 4, 32, 32, id="T130-Hv2Hk"),
+]
+KERNELS = {"chunk": chunk_gated_delta_rule, "recurrent": fused_recurrent_gated_delta_rule}
+
+
+def _poisoned(B, T, Hv, Dv, N, Dk, dtype):
+    o = torch.full((B, T, Hv, Dv), float("nan"), dtype=dtype, device=DEVICE)
+    s = torch.full((N, Hv, Dk, Dv), float("nan"), dtype=torch.float32, device=DEVICE)
+    return o, s
+
+
+def _check(kernel, x, dtype, use_qk_l2norm=True, cu_seqlens=None, scale=None):
+    B, T, Hk, Dk = x["q"].shape
+    Hv, Dv = x["v"].shape[2:]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    o, s = _poisoned(B, T, Hv, Dv, N, Dk, dtype)
+    o_out, s_out = KERNELS[kernel](**x, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                   cu_seqlens=cu_seqlens, out=o, final_state=s)
+    assert o_out.data_ptr() == o.data_ptr() and s_out.data_ptr() == s.data_ptr()
+    ref = {n: (t.cpu() if t is not None else None) for n, t in x.items()}
+    cu = None if cu_seqlens is None else cu_seqlens.cpu()
+    ro, rs = recurrent_gated_delta_rule(**ref, scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu)
+    assert_close_rms(o.cpu(), ro, dtype, "o")
+    assert_close_rms(s.cpu(), rs, dtype, "final_state")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", SHAPES)
+def test_chunk_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype):
+    _check("chunk", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", SHAPES[:4])
+def test_recurrent_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype):
+    _check("recurrent", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE), dtype)
+
+
+@pytest.mark.parametrize("kernel", ["chunk", "recurrent"])
+def test_without_l2norm_or_initial_state(kernel):
+    x = gdn_inputs(2, 70, 1, 2, 16, 32, dtype=torch.float32, device=DEVICE, state=False)
+    x["k"] = x["k"] * 16 ** -0.5  # keep beta k.k below 1, as normalised keys would
+    _check(kernel, x, torch.float32, use_qk_l2norm=False, scale=0.7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel", ["chunk", "recurrent"])
+def test_varlen_pack_matches_per_sequence(kernel, dtype):
+    lens = [5, 65, 1, 30] if kernel == "chunk" else [3, 1, 7]
+    x = gdn_inputs(1, sum(lens), 1, 2, 16, 32, dtype=dtype, device=DEVICE, state=False)
+    x["initial_state"] = torch.randn(len(lens), 2, 16, 32, device=DEVICE) * 0.1
+    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0)
+    _check(kernel, x, dtype, cu_seqlens=cu)
+
+
+def test_inplace_decode_updates_the_state_it_was_given():
+    x = gdn_inputs(3, 1, 2, 4, 16, 32, dtype=torch.bfloat16, device=DEVICE)
+    ref = {n: t.cpu() for n, t in x.items()}
+    ro, rs = recurrent_gated_delta_rule(**ref, use_qk_l2norm=True)
+    state = x["initial_state"]
+    o, s = fused_recurrent_gated_delta_rule(**x, use_qk_l2norm=True, inplace=True)
+    assert s is state
+    assert_close_rms(o.cpu(), ro, torch.bfloat16, "o")
+    assert_close_rms(state.cpu(), rs, torch.bfloat16, "state (in place)")
+
+
+@pytest.mark.parametrize("T", [pytest.param(3, id="recurrent-T3"), pytest.param(70, id="chunk-T70")])
+def test_gates_computed_in_kernel(T):
+    x = gdn_inputs(2, T, 1, 2, 16, 16, dtype=torch.bfloat16, device=DEVICE)
+    a, b = (torch.randn(2, T, 2, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    A_log, dt_bias = torch.randn(2, device=DEVICE) * 0.5, torch.randn(2, device=DEVICE)
+    g = -A_log.exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    beta = torch.sigmoid(b.float())
+    ref = dict(x, g=g, beta=beta)
+    ro, rs = recurrent_gated_delta_rule(**{n: t.cpu() for n, t in ref.items()}, use_qk_l2norm=True)
+    o, s = gated_delta_rule_from_gates(x["q"], x["k"], x["v"], a, b, A_log, dt_bias,
+                                       x["initial_state"], use_qk_l2norm=True)
+    assert_close_rms(o.cpu(), ro, torch.bfloat16, "o")
+    assert_close_rms(s.cpu(), rs, torch.bfloat16, "final_state")
+
+
+def test_rejects_more_key_heads_than_fit():
+    x = gdn_inputs(1, 4, 2, 3, 16, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"value heads \(3\) must be a multiple of key heads \(2\)"):
+        chunk_gated_delta_rule(**x)
+
+
+def test_triton_backend_through_the_op():
+    from gdn_export.ops import gated_delta_rule, use_backend
+
+    x = gdn_inputs(1, 20, 1, 2, 16, 16, device=DEVICE)
+    with use_backend("triton"):
+        o, s = gated_delta_rule(**x, use_qk_l2norm=True)
+    ro, rs = recurrent_gated_delta_rule(**{n: t.cpu() for n, t in x.items()}, use_qk_l2norm=True)
+    assert_close_rms(o.cpu(), ro, torch.float32, "o")
+    assert_close_rms(s.cpu(), rs, torch.float32, "final_state")

@@ -1,0 +1,53 @@
+"""Export one gdn op alone (a module that only calls it) and run it in ONNX Runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from gdn_export.onnx import attach_reference_functions
+from gdn_export.onnx.schemas import custom_translation_table
+
+
+def export_single_op(module: torch.nn.Module, args: tuple, dynamic_shapes, input_names,
+                     opset: int = 18) -> onnx.ModelProto:
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module.eval(), args, dynamo=True, dynamic_shapes=dynamic_shapes,
+            input_names=list(input_names), opset_version=opset,
+            custom_translation_table=custom_translation_table(), verbose=False,
+        )
+    return program.model_proto
+
+
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    full = attach_reference_functions(model)
+    return ort.InferenceSession(full.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def run(session: ort.InferenceSession, feeds: dict[str, torch.Tensor]) -> list[np.ndarray]:
+    """Run with the torch tensors of `feeds` (only the graph's inputs are passed)."""
+    names = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: v.numpy() for k, v in feeds.items() if k in names})
+
+
+def output_dims(model: onnx.ModelProto) -> list[list[int | str]]:
+    """Output shapes after strict shape inference, dims as ints or dim_param strings."""
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    return [[d.dim_param if d.HasField("dim_param") else d.dim_value for d in o.type.tensor_type.shape.dim]
+            for o in inferred.graph.output]
+
+
+def gdn_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain == "gdn"]
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -1,0 +1,65 @@
+"""TorchRunner and OrtRunner on a tiny exported checkpoint: same interface, same answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from gdn_export.errors import InputError
+from gdn_export.runtime.base import generate
+from gdn_export.runtime.ort_runner import OrtRunner
+from gdn_export.runtime.torch_runner import TorchRunner
+from tests.onnx._tiny import tiny_export
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_root):
+    model, path = tiny_export("qwen3_5", tiny_root)
+    return TorchRunner(model), OrtRunner(path)
+
+
+def test_ort_reads_state_specs_from_the_file(runners):
+    torch_runner, ort_runner = runners
+    assert ort_runner.state_specs == torch_runner.state_specs
+    assert ort_runner.vocab_size == torch_runner.vocab_size
+    assert (torch_runner.backend, ort_runner.backend) == ("torch", "ort")
+
+
+def test_generate_agrees(runners):
+    ids = np.random.default_rng(1).integers(0, runners[0].vocab_size, (2, 7))
+    a, b = (generate(r, ids, 5) for r in runners)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert a.tokens.shape == (2, 12)
+    for x, y in zip(a.step_logits, b.step_logits):
+        np.testing.assert_allclose(y, x, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("which", ["torch", "ort"])
+def test_state_errors(runners, which):
+    runner = runners[0] if which == "torch" else runners[1]
+    states = list(runner.empty_states(2))
+    ids = np.ones((2, 1), np.int64)
+    conv = runner.state_specs[0]
+    assert conv.name == "past.0.conv"
+    with pytest.raises(InputError, match="past.0.conv must be"):
+        runner.forward(ids, 0, [states[0][:, :-1], *states[1:]])
+    wrong_dtype = states[1].double() if which == "torch" else states[1].astype(np.float64)
+    with pytest.raises(InputError, match="past.0.recurrent must be float32, got float64"):
+        runner.forward(ids, 0, [states[0], wrong_dtype, *states[2:]])
+    with pytest.raises(InputError, match="past length 4"):  # K/V hold 0 tokens, caller says 4
+        runner.forward(ids, 4, states)
+    with pytest.raises(InputError, match="expected 8 state tensors"):
+        runner.forward(ids, 0, states[:-1])
+
+
+def test_ort_runner_rejects_other_files(tmp_path):
+    with pytest.raises(InputError, match="no such ONNX file"):
+        OrtRunner(tmp_path / "absent.onnx")
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [x],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    path = tmp_path / "other.onnx"
+    onnx.save(onnx.helper.make_model(graph), path)
+    with pytest.raises(InputError, match="not a gdn-export graph"):
+        OrtRunner(path)

@@ -1,0 +1,66 @@
+"""build_engine makes real engines (TensorRT-RTX builds them without a GPU) whose plugin layers
+are the gdn plugins: a hand-made two-node graph in each activation dtype, and the exported tiny
+checkpoints of both families."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from onnx import TensorProto
+
+from gdn_export.trt import build_engine, inspect_engine
+from gdn_export.trt.build import layers_path
+from tests.trt.graphs import NAME_CONV, NAME_GDR, make_plugin_graph
+
+DTYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+
+
+def _plugin_layers(info):
+    return {layer.name: layer.plugin for layer in info.plugin_layers()}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_handmade_graph_builds_with_both_plugins(plugins_lib, tmp_path, dtype):
+    onnx_path = make_plugin_graph(tmp_path / "graph.onnx", DTYPES[dtype])
+    messages = []
+    engine = build_engine(onnx_path, tmp_path / "graph.engine", plugins=plugins_lib, progress=messages.append,
+                          min_shapes="x:[1,1,32]", opt_shapes="x:[2,16,32]", max_shapes="x:[4,128,32]",
+                          workspace=64 << 20)
+    assert engine == tmp_path / "graph.engine" and engine.stat().st_size > 10_000
+    assert not list(tmp_path.glob(".*tmp*")), "temporary files left behind"
+    assert any("building" in m for m in messages) and messages[-1].startswith("wrote ")
+    info = inspect_engine(engine, plugins=plugins_lib)
+    assert _plugin_layers(info) == {NAME_CONV: ("CausalConv1d", "1", "gdn"),
+                                    NAME_GDR: ("GatedDeltaRule", "1", "gdn")}
+    # The plugins are serialized into the plan itself, not only named in the build record.
+    assert info.plan_plugin_names["GatedDeltaRule"] >= 1 and info.plan_plugin_names["CausalConv1d"] >= 1
+    record = json.loads(layers_path(engine).read_text())
+    assert record["inputs"] == ["x", "past.0.conv", "past.0.recurrent"]
+    assert record["outputs"] == ["out", "present.0.conv", "present.0.recurrent"]
+
+
+def test_engine_is_replaced_atomically(plugins_lib, tmp_path):
+    onnx_path = make_plugin_graph(tmp_path / "graph.onnx")
+    target = tmp_path / "graph.engine"
+    target.write_bytes(b"old engine")
+    build_engine(onnx_path, target, plugins=plugins_lib)
+    assert target.read_bytes() != b"old engine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.engine", "graph.engine.layers.json", "graph.onnx"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_tiny_checkpoint_engine_has_the_plugin_layers(plugins_lib, tiny_root, family):
+    from tests.onnx._tiny import tiny_export
+
+    model, onnx_path = tiny_export(family, tiny_root)
+    engine = build_engine(onnx_path, tiny_root / f"{family}.engine", plugins=plugins_lib)
+    info = inspect_engine(engine, plugins=plugins_lib)
+    gdn_layers = [i for i, kind in enumerate(model.config.layer_kinds) if kind != "full_attention"]
+    kinds = sorted(layer.plugin[0] for layer in info.plugin_layers())
+    assert kinds == sorted(["CausalConv1d", "GatedDeltaRule"] * len(gdn_layers)), info.table()
+    assert info.plan_plugin_names["GatedDeltaRule"] >= len(gdn_layers)
+    record = json.loads(layers_path(engine).read_text())
+    assert "gdn_export.state_specs" in record["metadata"]  # what TrtRunner reads
+    assert record["inputs"][:2] == ["input_ids", "position_ids"]

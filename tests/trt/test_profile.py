@@ -1,0 +1,62 @@
+"""Shape specs and optimisation-profile defaults (pure Python: no TensorRT needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn_export.errors import GdnExportError
+from gdn_export.trt.profile import InputInfo, make_profile, parse_shape_specs
+
+INPUTS = [
+    InputInfo("input_ids", ("batch", "seq")),
+    InputInfo("past.0.conv", ("batch", 96, 3)),
+    InputInfo("past.3.key", ("batch", 2, "past", 16)),
+]
+
+
+@pytest.mark.parametrize("specs,want", [
+    ("input_ids:[1,1]", {"input_ids": (1, 1)}),
+    (["input_ids:[1, 7]", "past.3.key:[1,2,0,16]"], {"input_ids": (1, 7), "past.3.key": (1, 2, 0, 16)}),
+    ("input_ids:[2,3],past.3.key:[2,2,5,16]", {"input_ids": (2, 3), "past.3.key": (2, 2, 5, 16)}),
+    ({"input_ids": [4, 4]}, {"input_ids": (4, 4)}),
+    (None, {}),
+], ids=["one", "list-with-spaces", "comma-joined", "mapping", "none"])
+def test_parse_shape_specs(specs, want):
+    assert parse_shape_specs(specs) == want
+
+
+@pytest.mark.parametrize("bad", ["input_ids", "input_ids:[1,x]", ":[1,2]", "input_ids:(1,2)"],
+                         ids=["no-dims", "non-int", "no-name", "parentheses"])
+def test_parse_shape_specs_rejects(bad):
+    with pytest.raises(GdnExportError, match="NAME:\\[d0,d1,...\\]|not an integer"):
+        parse_shape_specs(bad, "--trt-min-shapes")
+
+
+def test_defaults_from_dim_names():
+    profile = make_profile(INPUTS)
+    assert profile["input_ids"] == ((1, 1), (1, 64), (8, 512))
+    assert profile["past.0.conv"] == ((1, 96, 3), (1, 96, 3), (8, 96, 3))
+    assert profile["past.3.key"] == ((1, 2, 0, 16), (1, 2, 256, 16), (8, 2, 2048, 16))
+
+
+def test_explicit_specs_fill_missing_from_given():
+    profile = make_profile(INPUTS, min_shapes="input_ids:[1,1]", max_shapes={"input_ids": (2, 33)})
+    assert profile["input_ids"] == ((1, 1), (2, 33), (2, 33))  # opt copies max when only min/max given
+    assert profile["past.3.key"][2] == (8, 2, 2048, 16)  # untouched inputs keep their defaults
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(min_shapes="nope:[1]"), "names nope, which the ONNX does not have"),
+    (dict(max_shapes="input_ids:[1,2,3]"), "has rank 3"),
+    (dict(opt_shapes="past.0.conv:[1,95,3]"), "dim 1 is static \\(96\\)"),
+    (dict(min_shapes="input_ids:[2,2]", max_shapes="input_ids:[1,2]"), "min <= opt <= max"),
+], ids=["unknown-input", "wrong-rank", "static-dim", "min-above-max"])
+def test_bad_specs_name_the_problem(kwargs, match):
+    with pytest.raises(GdnExportError, match=match):
+        make_profile(INPUTS, **kwargs)
+
+
+def test_unknown_dynamic_dim_needs_a_spec():
+    with pytest.raises(GdnExportError, match="input pixels dim 1 is dynamic \\('height'\\)"):
+        make_profile([InputInfo("pixels", (1, "height"))])
+    assert make_profile([InputInfo("pixels", (1, "height"))], max_shapes="pixels:[1,9]")["pixels"][0] == (1, 9)

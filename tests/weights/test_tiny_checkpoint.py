@@ -1,0 +1,86 @@
+"""make_tiny_checkpoint: HF layout on disk, single-file and sharded, written atomically."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from gdn_export.errors import CheckpointError
+from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
+
+
+def _tensors(directory):
+    out = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
+LAYOUTS = [
+    ("qwen3_5", None, 1, "Qwen3_5ForCausalLM", "model.layers.0.linear_attn.in_proj_qkv.weight"),
+    ("qwen3_5", None, 3, "Qwen3_5ForCausalLM", "model.layers.0.linear_attn.in_proj_qkv.weight"),
+    ("qwen3_5", "qwen3_5", 2, "Qwen3_5ForConditionalGeneration",
+     "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"),
+    ("qwen3_next", None, 1, "Qwen3NextForCausalLM", "model.layers.0.mlp.experts.3.down_proj.weight"),
+    ("qwen3_next", None, 4, "Qwen3NextForCausalLM", "model.layers.0.linear_attn.in_proj_qkvz.weight"),
+]
+
+
+@pytest.mark.parametrize("family, model_type, shards, arch, key", LAYOUTS,
+                         ids=["qwen3_5-single", "qwen3_5-3shards", "qwen3_5-composite-2shards",
+                              "qwen3_next-single", "qwen3_next-4shards"])
+def test_round_trip(tmp_path, family, model_type, shards, arch, key):
+    d = make_tiny_checkpoint(tmp_path / "ckpt", family, seed=1, shards=shards, model_type=model_type)
+    config = json.loads((d / "config.json").read_text())
+    assert config["architectures"] == [arch]
+    files = sorted(p.name for p in d.glob("*.safetensors"))
+    if shards == 1:
+        assert files == ["model.safetensors"]
+    else:
+        assert files == [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"].values()) == set(files)
+    stored = _tensors(d)
+    assert key in stored
+    model = load_checkpoint(d)
+    loaded = model.state_dict()
+    prefix = "model.language_model." if model_type == "qwen3_5" else "model."
+    for name, t in stored.items():
+        assert torch.equal(loaded["model." + name[len(prefix):] if name.startswith(prefix) else name], t), name
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dir left behind
+
+
+def test_same_seed_same_weights_and_logits_not_degenerate(tmp_path):
+    a = _tensors(make_tiny_checkpoint(tmp_path / "a", "qwen3_next", seed=3))
+    b = _tensors(make_tiny_checkpoint(tmp_path / "b", "qwen3_next", seed=3, shards=2))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    model = load_checkpoint(tmp_path / "a")
+    ids = torch.randint(0, 256, (2, 16))
+    logits = model(ids, torch.arange(16)[None].expand(2, 16), *model.empty_states(2))[0]
+    assert torch.isfinite(logits).all()
+    assert 0.3 < logits.std() < 5, f"logit std {logits.std():.3g}"
+    assert (logits.argmax(-1) != logits.argmax(-1)[0, 0]).any()  # not one token everywhere
+
+
+def test_tied_and_bf16(tmp_path):
+    d = make_tiny_checkpoint(tmp_path / "t", "qwen3_5", tie_word_embeddings=True, dtype="bfloat16")
+    stored = _tensors(d)
+    assert "lm_head.weight" not in stored
+    assert {t.dtype for t in stored.values()} == {torch.bfloat16}
+    model = load_checkpoint(d)
+    assert model.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_refuses_non_empty_directory(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "keep.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="not empty"):
+        make_tiny_checkpoint(tmp_path / "ckpt")
+    make_tiny_checkpoint(tmp_path / "ckpt", overwrite=True)
+    assert not (tmp_path / "ckpt" / "keep.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
