@@ -130,6 +130,8 @@ def run_gdn(args, device, copy, rows, notes, save):
                     continue
                 gbps = nbytes / ms / 1e6
                 rows.append(dict(case=case, impl=name, ms=ms, gbps=gbps, pct_copy=100 * gbps / copy, bytes=nbytes))
+            if not decode:
+                split(x, case, rows, args.smoke)
             base = outs.get("fla", outs.get("reference"))
             for r in rows:
                 if r["case"] == case and r["impl"] in outs and base is not None:
@@ -137,6 +139,22 @@ def run_gdn(args, device, copy, rows, notes, save):
             del x, outs
             torch.cuda.empty_cache() if device == "cuda" else None
             save()
+
+
+def split(x, case, rows, smoke):
+    """Our prefill's two launches timed apart (default launch parameters)."""
+    from gdn_kernels.chunk import chunk_state_output_fwd
+    from gdn_kernels.wy import chunk_wy_fwd
+
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    scale = q.shape[-1] ** -0.5
+    ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True), smoke)
+    rows.append(dict(case=case, impl="ours: wy.py kernel alone", ms=ms))
+    ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, num_warps=8), smoke)
+    rows.append(dict(case=case, impl="ours: wy.py kernel alone, 8 warps", ms=ms))
+    w, u, Aqk, gc = chunk_wy_fwd(q, k, v, g, beta, scale, True)
+    ms = bench(lambda: chunk_state_output_fwd(q, k, w, u, Aqk, gc, h0, scale, True), smoke)
+    rows.append(dict(case=case, impl="ours: chunk.py kernel alone", ms=ms))
 
 
 def run_conv(args, device, copy, rows, save):

@@ -59,12 +59,13 @@ def copy_bandwidth():
     return 2 * x.numel() * 4 / ms / 1e9  # TB/s (read + write)
 
 
-def bench_decode(rows, bw):
-    try:
-        from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
-    except Exception as exc:  # noqa: BLE001
-        print("triton decode unavailable:", exc)
-        fused_recurrent_gated_delta_rule = None
+def bench_decode(rows, bw, with_triton=True):
+    fused_recurrent_gated_delta_rule = None
+    if with_triton:
+        try:
+            from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+        except Exception as exc:  # noqa: BLE001
+            print("triton decode unavailable:", exc)
     for B in (1, 64, 256):
         q, k, v, g, beta = _inputs(B, 1, 16, HV)
         state = torch.randn(B, HV, D, D, device="cuda") * 0.1
@@ -172,6 +173,7 @@ def bench_conv(rows, bw):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", help="markdown file for the table")
+    ap.add_argument("--only-cuda", action="store_true", help="skip the Triton and FLA columns")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
@@ -197,15 +199,16 @@ def main(argv=None):
                 f.write(table)
         return table
 
-    bench_decode(rows, bw)
+    bench_decode(rows, bw, not args.only_cuda)
     bench_conv(rows, bw)
     bench_prefill(rows, 0, emit)
     try:
         kernel_breakdown()
     except Exception as exc:  # noqa: BLE001
         print("profiler failed:", exc)
-    bench_prefill(rows, 1, emit)
-    bench_prefill(rows, 2, emit)
+    if not args.only_cuda:
+        bench_prefill(rows, 1, emit)
+        bench_prefill(rows, 2, emit)
     print(emit())
 
 

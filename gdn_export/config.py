@@ -236,6 +236,9 @@ class HybridConfig:
             raise CheckpointError(f"{path}: config file not found") from None
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot read config ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                                  f"offset {exc.start}); config.json must be UTF-8 JSON") from None
         try:
             d = json.loads(text)
         except json.JSONDecodeError as exc:

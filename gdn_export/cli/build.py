@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gdn_export.cli.common import Progress, add_quiet, parse_shape_specs
+from gdn_export.cli.common import Progress, add_quiet, check_at_least
 
 
 def add_parser(sub) -> None:
@@ -25,7 +25,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from gdn_export.trt.build import build_engine
+    from gdn_export.trt.profile import parse_shape_specs
 
+    if args.workspace is not None:
+        check_at_least(args.workspace, 1, "--workspace (MiB)")
     progress = Progress("build", args.quiet)
     shapes = {w: parse_shape_specs(getattr(args, f"trt_{w}_shapes"), f"--trt-{w}-shapes")
               for w in ("min", "opt", "max")}

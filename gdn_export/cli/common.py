@@ -6,8 +6,9 @@ import argparse
 import re
 import sys
 import time
+from pathlib import Path
 
-from gdn_export.errors import GdnExportError, InputError
+from gdn_export.errors import InputError
 
 DTYPES = ("fp32", "fp16", "bf16")
 TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -65,22 +66,6 @@ def parse_tolerances(atol_args, rtol_args, default_atol: float, default_rtol: fl
     return tol
 
 
-_SHAPE = re.compile(r"^(?P<name>[^:]+):\[(?P<dims>[0-9, ]*)\]$")
-
-
-def parse_shape_specs(specs: list[str], flag: str) -> dict[str, tuple[int, ...]]:
-    """trtexec / Polygraphy `name:[d0,d1,...]` (several per flag, or comma-joined)."""
-    out: dict[str, tuple[int, ...]] = {}
-    for spec in specs:
-        for part in re.findall(r"[^,\[\]]+:\[[^\]]*\]", spec) or [spec]:
-            m = _SHAPE.match(part.strip())
-            if not m:
-                raise InputError(f"{flag} {part!r}: expected NAME:[d0,d1,...]")
-            dims = tuple(int(d) for d in m["dims"].replace(" ", "").split(",") if d)
-            out[m["name"]] = dims
-    return out
-
-
 def parse_input_ids(rows: list[str]):
     """`--input-ids 1,2,3 --input-ids 4,5,6` into an int64 array [B, T] (rows of equal length)."""
     import numpy as np
@@ -89,17 +74,36 @@ def parse_input_ids(rows: list[str]):
         raise InputError("--input-ids is empty: give at least one token id")
     parsed = []
     for row in rows:
-        try:
-            ids = [int(tok) for tok in row.replace(" ", ",").split(",") if tok]
-        except ValueError:
-            raise InputError(f"--input-ids {row!r}: token ids must be integers") from None
+        tokens = [tok for tok in row.replace(" ", ",").split(",") if tok]
+        # ASCII digits only: int() would also take "1_0" and full-width digits.
+        bad = next((tok for tok in tokens if not re.fullmatch(r"-?[0-9]+", tok)), None)
+        if bad is not None:
+            raise InputError(f"--input-ids {row!r}: token ids must be integers, got {bad!r}")
+        ids = [int(tok) for tok in tokens]
+        big = next((i for i in ids if not -2**63 <= i < 2**63), None)
+        if big is not None:  # numpy would raise OverflowError
+            raise InputError(f"--input-ids {row!r}: token id {big} is out of range")
         if not ids:
             raise InputError("--input-ids is empty: give at least one token id")
         parsed.append(ids)
     if len({len(r) for r in parsed}) != 1:
-        raise InputError(f"--input-ids rows differ in length ({[len(r) for r in parsed]}); pad them to one length")
+        raise InputError(f"--input-ids rows differ in length ({[len(r) for r in parsed]}); "
+                         f"give rows of one length")
     return np.asarray(parsed, dtype=np.int64)
 
 
-def fail(message: str) -> "GdnExportError":
-    return GdnExportError(message)
+def check_output_file(path: str, flag: str) -> Path:
+    """Fail before any slow work when `path` cannot be written: its folder is missing or it is
+    a folder itself (otherwise the mistake would surface only after loading / running)."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {path}: is a folder")
+    if not p.parent.is_dir():
+        raise InputError(f"{flag} {path}: folder {p.parent} does not exist")
+    return p
+
+
+def check_at_least(value: int, low: int, flag: str) -> int:
+    if value < low:
+        raise InputError(f"{flag} must be >= {low}, got {value}")
+    return value

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from gdn_export.cli.common import Progress, add_quiet
-from gdn_export.cli.make_tiny import FAMILIES
+from gdn_export.cli.make_tiny import FAMILIES, check_target
 
 
 def add_parser(sub) -> None:
@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
                        "parity table. Exit status 1 if parity fails.")
     p.add_argument("--family", choices=FAMILIES, default="qwen3_5")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", metavar="DIR", help="keep the checkpoint and ONNX file in DIR")
+    p.add_argument("--keep", metavar="DIR", help="keep the checkpoint and ONNX file in DIR "
+                   "(replacing those of an earlier demo there)")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -32,10 +33,11 @@ def run(args) -> int:
     progress = Progress("demo", args.quiet)
     with tempfile.TemporaryDirectory(prefix="gdn-export-demo-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
         ckpt = root / f"tiny-{args.family}"
+        check_target(ckpt, overwrite=True)  # a rerun with the same --keep replaces its checkpoint
+        root.mkdir(parents=True, exist_ok=True)
         progress(f"writing a tiny random {args.family} checkpoint to {ckpt}")
-        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed)
+        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed, overwrite=True)
         model = load_checkpoint(ckpt)
         onnx_path = root / f"tiny-{args.family}.onnx"
         export_onnx(model, onnx_path, progress=progress)

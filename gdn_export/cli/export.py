@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gdn_export.cli.common import DTYPES, Progress, add_quiet, torch_dtype
+from gdn_export.errors import InputError
 
 
 def add_parser(sub) -> None:
@@ -19,9 +22,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from gdn_export.onnx.export import export_onnx
+    from gdn_export.onnx.export import ONNX_OPSET, check_export_target, export_onnx
     from gdn_export.weights import load_checkpoint
 
+    # export_onnx checks the target too, but only after the (possibly minutes long) checkpoint load.
+    check_export_target(args.output, ONNX_OPSET if args.opset is None else args.opset)
+    if not Path(args.checkpoint).is_dir():
+        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
     progress = Progress("export", args.quiet)
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))

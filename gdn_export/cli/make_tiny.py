@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from gdn_export.cli.common import check_at_least
+from gdn_export.errors import InputError
+
 FAMILIES = ("qwen3_5", "qwen3_next")
 
 
@@ -9,16 +14,34 @@ def add_parser(sub) -> None:
     p = sub.add_parser("make-tiny", help="write a tiny random checkpoint (config.json + safetensors)",
                        description="Write a tiny random checkpoint of a model family, in the layout "
                        "Hugging Face uses, for tests and demos. Nothing is downloaded.")
-    p.add_argument("directory", help="output folder (must not exist, or be empty)")
+    p.add_argument("directory", help="output folder (must not exist, or be empty, unless --overwrite)")
     p.add_argument("--family", choices=FAMILIES, default="qwen3_5")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shards", type=int, default=1, help="write N safetensors shards with an index")
+    p.add_argument("--shards", type=int, default=1,
+                   help="write N safetensors shards with an index (at most one per tensor)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DIRECTORY if it holds a checkpoint (a config.json)")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from gdn_export.weights.tiny import make_tiny_checkpoint
 
-    path = make_tiny_checkpoint(args.directory, family=args.family, seed=args.seed, shards=args.shards)
+    # make_tiny_checkpoint checks both too (the target, shards >= 1 and <= the tensor count);
+    # these two spell the flags the way the user typed them.
+    check_at_least(args.shards, 1, "--shards")
+    directory = Path(args.directory)
+    if not args.overwrite and directory.is_dir() and any(directory.iterdir()):
+        raise InputError(f"{directory}: exists and is not empty (pass --overwrite to replace it)")
+    path = make_tiny_checkpoint(directory, family=args.family, seed=args.seed, shards=args.shards,
+                                overwrite=args.overwrite)
     print(f"wrote {args.family} checkpoint to {path}")
     return 0
+
+
+def check_target(directory: Path, overwrite: bool) -> None:
+    """gdn_export.weights.tiny.check_target, imported late (torch); `demo` checks its target
+    through this name before the slow part."""
+    from gdn_export.weights.tiny import check_target as check
+
+    check(directory, overwrite)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gdn_export.cli.common import torch_dtype
@@ -34,8 +35,11 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
 
         if not Path(path).is_dir():
             raise InputError(f"--backend torch needs a checkpoint folder, got {path}")
+        check_device(device, op_backend)
         model = load_checkpoint(path, dtype=torch_dtype(dtype))
         return TorchRunner(model, device=device, op_backend=op_backend)
+    if backend in ("ort", "trt") and Path(path).is_dir():
+        raise InputError(f"--backend {backend} needs a .onnx / .engine file, got the folder {path}")
     if backend == "ort":
         from gdn_export.runtime.ort_runner import OrtRunner
 
@@ -45,3 +49,21 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
 
         return TrtRunner(path, plugins=plugins)
     raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def check_device(device: str, op_backend: str | None = None) -> None:
+    """InputError for a --device torch cannot use here, or an --op-backend that cannot run on it
+    (torch and triton would raise AssertionError / RuntimeError with a traceback)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise InputError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: torch sees no CUDA GPU here")
+    if dev.type != "cuda" and op_backend == "cuda":
+        raise InputError(f"--op-backend cuda needs --device cuda, got --device {device}")
+    if dev.type != "cuda" and op_backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InputError(f"--op-backend triton needs --device cuda (or TRITON_INTERPRET=1 on the CPU), "
+                         f"got --device {device}")

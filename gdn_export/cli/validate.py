@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from gdn_export.cli.common import DTYPES, Progress, add_quiet, add_tolerances, parse_tolerances
-from gdn_export.cli.runners import open_runner
+from pathlib import Path
+
+from gdn_export.cli.common import (DTYPES, TORCH_DTYPE_NAMES, Progress, add_quiet, add_tolerances,
+                                   check_output_file, parse_tolerances)
+from gdn_export.cli.runners import check_device, open_runner
 from gdn_export.errors import InputError
+
+_FLAGS = {"batch": "--batch", "prompt_len": "--prompt-len", "decode_steps": "--decode-steps"}
 
 
 def add_parser(sub) -> None:
@@ -31,24 +36,40 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from gdn_export.validate import DEFAULT_TOLERANCES, format_table, run_parity, write_json
+    from gdn_export.validate import (DEFAULT_TOLERANCES, check_parity_sizes, format_table, run_parity,
+                                     write_json)
 
     if not (args.onnx or args.engine):
         raise InputError("nothing to validate: give --onnx and/or --engine")
+    # run_parity and write_json check these too, but only after the (slow) model loads.
+    check_parity_sizes(args.batch, args.prompt_len, args.decode_steps, spelling=_FLAGS)
+    if args.json:
+        check_output_file(args.json, "--json")
+    check_device(args.device)
+    for flag, path in (("--onnx", args.onnx), ("--engine", args.engine)):
+        if path and not Path(path).is_file():
+            raise InputError(f"{flag} {path}: no such file")
+    if not Path(args.checkpoint).is_dir():
+        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    parse_tolerances(args.atol, args.rtol, 0.0, 0.0)  # their syntax; the defaults need the dtype
     progress = Progress("validate", args.quiet)
-    candidates = []
+    candidates = {}  # what the user gave -> runner
     if args.onnx:
         progress(f"loading {args.onnx} in ONNX Runtime")
-        candidates.append(open_runner(args.onnx, "ort"))
+        candidates[f"--onnx {args.onnx}"] = open_runner(args.onnx, "ort")
     if args.engine:
         progress(f"loading {args.engine} in TensorRT")
-        candidates.append(open_runner(args.engine, "trt", plugins=args.plugins))
-    dtype = args.dtype or _dtype_of(candidates[0]) or "fp32"
+        candidates[f"--engine {args.engine}"] = open_runner(args.engine, "trt", plugins=args.plugins)
+    first = next(iter(candidates.values()))
+    dtype = args.dtype or _dtype_of(first) or "fp32"
+    atol, rtol = DEFAULT_TOLERANCES[TORCH_DTYPE_NAMES[dtype]]
+    tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
+    _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
     reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device)
-    atol, rtol = DEFAULT_TOLERANCES[{"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[dtype]]
-    tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
-    report = run_parity(reference, candidates, vocab_size=reference.vocab_size, tolerances=tolerances,
+    for what, runner in candidates.items():
+        _check_same_model(reference, runner, what)
+    report = run_parity(reference, list(candidates.values()), vocab_size=reference.vocab_size, tolerances=tolerances,
                         batch=args.batch, prompt_len=args.prompt_len,
                         decode_steps=args.decode_steps, seed=args.seed, progress=progress)
     print(format_table(report, states=not args.logits_only))
@@ -59,5 +80,47 @@ def run(args) -> int:
 
 
 def _dtype_of(runner) -> str | None:
-    """The activation precision a runner reports (fp32 / fp16 / bf16), if it knows."""
-    return getattr(runner, "dtype_name", None)
+    """The model precision (fp32 / fp16 / bf16) of an exported runner, if it can tell."""
+    from gdn_export.onnx.metadata import KEY_DTYPE
+
+    name = getattr(runner, "metadata", {}).get(KEY_DTYPE)
+    if name is None:
+        # conv and key / value states are kept in the model's dtype (recurrent states in fp32).
+        name = next((s.dtype for s in runner.state_specs if s.kind != "recurrent"), None)
+    return {v: k for k, v in TORCH_DTYPE_NAMES.items()}.get(name)
+
+
+def _check_tensor_names(tolerances, runner) -> None:
+    """A per-tensor override whose name matches no row would be ignored without a word."""
+    known = {"logits", *(s.name for s in runner.state_specs)}
+    for name in tolerances.per_tensor:
+        if name not in known:
+            raise InputError(f"--atol/--rtol {name}: no such tensor; use logits or a state name "
+                             f"such as {runner.state_specs[0].name} (past.LAYER.KIND)")
+
+
+def _check_same_model(reference, runner, what: str) -> None:
+    """A file exported from another checkpoint would end in "missing" rows (other layers) or in an
+    out-of-range token id (smaller vocab) inside run_parity, after the slow part; say what differs
+    instead, before it. Dtypes may differ on purpose (an fp16 export against an fp32 reference
+    with --dtype fp32)."""
+    from gdn_export.onnx.metadata import KEY_FAMILY
+
+    hint = "; was it exported from this checkpoint?"
+    family, want_family = getattr(runner, "metadata", {}).get(KEY_FAMILY), reference.model.config.family
+    if family is not None and family != want_family:
+        raise InputError(f"{what} is a {family} model, the checkpoint {want_family}{hint}")
+    if runner.vocab_size != reference.vocab_size:
+        raise InputError(f"{what} has vocab size {runner.vocab_size}, the checkpoint "
+                         f"{reference.vocab_size}{hint}")
+    want = {s.name: s.shape for s in reference.state_specs}
+    got = {s.name: s.shape for s in runner.state_specs}
+    for name in want:
+        if name not in got:
+            raise InputError(f"{what} has no state {name}, which the checkpoint's model has{hint}")
+        if got[name] != want[name]:
+            raise InputError(f"state {name} is {list(got[name])} in {what}, {list(want[name])} in the "
+                             f"checkpoint's model{hint}")
+    extra = sorted(got.keys() - want.keys())
+    if extra:
+        raise InputError(f"{what} has a state {extra[0]} that the checkpoint's model lacks{hint}")

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from gdn_export.errors import GdnExportError
+from gdn_export.ops.causal_conv1d import check_inputs as _check_conv_inputs
+from gdn_export.ops.gated_delta_rule import check_inputs as _check_gdr_inputs
 
 PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
 SOURCES = (
@@ -40,6 +42,7 @@ _HEADERS = (
 )
 BUILD_DIR_ENV = "GDN_EXPORT_CUDA_BUILD_DIR"
 _ACTIVATIONS = (torch.float32, torch.float16, torch.bfloat16)
+MAX_CONV_KERNEL = 8  # kMAX_K in causalConv1dKernels.cu
 # Kernel path selector of the extension (tests and benchmarks pin one).
 PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED = 0, 1, 2
 
@@ -78,7 +81,9 @@ def load():
 
             arch = _arch()
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
-            flags = ["-O3", "-std=c++17"]
+            # No -std flag: the binding includes torch headers and must use torch's own standard
+            # (C++20 since torch 2.10); a -std=c++17 here made every TORCH_CHECK failure segfault.
+            flags = ["-O3"]
             _module = cpp_extension.load(
                 name="gdn_export_cuda_ext",
                 sources=[str(s) for s in SOURCES],
@@ -107,7 +112,21 @@ def _compute_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
     return dtype
 
 
+def _check_out(name, t, shape, dtype, device) -> None:
+    """An output buffer given by the caller: exact shape, dtype, device, contiguous."""
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device or not t.is_contiguous():
+        raise GdnExportError(
+            f"cuda backend: {name} must be a contiguous {dtype} tensor of shape {tuple(shape)} on {device}, "
+            f"got {t.dtype} {tuple(t.shape)} on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}"
+        )
+
+
 def _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens):
+    # Shapes are checked here, before the extension: its own checks are a second line of defence.
+    try:
+        _check_gdr_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    except ValueError as exc:
+        raise GdnExportError(f"cuda backend: {exc}") from exc
     _require_cuda(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens)
     dt = _compute_dtype(v.dtype, "v")
     q, k, v, beta = (x.to(dt).contiguous() for x in (q, k, v, beta))
@@ -133,6 +152,13 @@ def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, 
                          path=PATH_AUTO):
     """Writes into the given o and final_state (final_state may be initial_state: in place)."""
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
+    B, T, _, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    _check_out("o", o, (B, T, Hv, Dv), v.dtype, v.device)
+    _check_out("final_state", final_state, (N, Hv, Dk, Dv), torch.float32, v.device)
+    if initial_state is not None:
+        _check_out("initial_state", initial_state, (N, Hv, Dk, Dv), torch.float32, v.device)
     load().gated_delta_rule(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
                             o, final_state, path)
     return o, final_state
@@ -148,6 +174,12 @@ def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_s
 
 
 def _conv_args(x, weight, bias, conv_state):
+    try:
+        _check_conv_inputs(x, weight, bias, conv_state)
+    except ValueError as exc:
+        raise GdnExportError(f"cuda backend: {exc}") from exc
+    if weight.shape[1] > MAX_CONV_KERNEL:
+        raise GdnExportError(f"cuda backend: conv kernel size must be 1..{MAX_CONV_KERNEL}, got {weight.shape[1]}")
     _require_cuda(x=x, weight=weight, bias=bias, conv_state=conv_state)
     dt = _compute_dtype(x.dtype, "x")
     cast = lambda t: None if t is None else t.to(dt).contiguous()  # noqa: E731
@@ -164,7 +196,13 @@ def causal_conv1d(x, weight, bias, conv_state, silu):
 
 def causal_conv1d_out(x, weight, bias, conv_state, silu, y, new_conv_state):
     """Writes into y and new_conv_state (which may be conv_state itself)."""
-    x, weight, bias, _ = _conv_args(x, weight, bias, None)
+    x, weight, bias, _ = _conv_args(x, weight, bias, conv_state)
+    B, T, C = x.shape
+    K = weight.shape[1]
+    _check_out("y", y, (B, T, C), x.dtype, x.device)
+    _check_out("new_conv_state", new_conv_state, (B, C, K - 1), x.dtype, x.device)
+    if conv_state is not None:
+        _check_out("conv_state", conv_state, (B, C, K - 1), x.dtype, x.device)
     load().causal_conv1d(x, weight, bias, conv_state, bool(silu), y, new_conv_state)
     return y, new_conv_state
 

@@ -137,16 +137,22 @@ def _verify(onnx_path: Path, external: bool) -> None:
     check_plugin_mappable(proto)
 
 
-def _check_target(path: Path, opset: int) -> None:
-    if not MIN_EXPORT_OPSET <= opset <= MAX_EXPORT_OPSET:
-        raise GdnExportError(f"opset {opset} is outside the range gdn-export writes and TensorRT "
+def check_export_target(path: str | os.PathLike, opset: int = ONNX_OPSET) -> Path:
+    """GdnExportError unless `export_onnx` can write `path` at `opset`: the opset is in
+    [MIN_EXPORT_OPSET, MAX_EXPORT_OPSET], the name ends in .onnx, its folder exists and it is not
+    a folder itself. Cheap: callers may check before loading a checkpoint. Returns Path(path)."""
+    path = Path(path)
+    if isinstance(opset, bool) or not isinstance(opset, int) \
+            or not MIN_EXPORT_OPSET <= opset <= MAX_EXPORT_OPSET:
+        raise GdnExportError(f"opset {opset!r} is outside the range gdn-export writes and TensorRT "
                              f"parses [{MIN_EXPORT_OPSET}, {MAX_EXPORT_OPSET}]")
     if path.suffix != ".onnx":
         raise GdnExportError(f"{path}: the output file name must end in .onnx")
     if not path.parent.is_dir():
-        raise GdnExportError(f"{path.parent}: output folder does not exist")
+        raise GdnExportError(f"{path}: folder {path.parent} does not exist")
     if path.is_dir():
         raise GdnExportError(f"{path}: is a folder")
+    return path
 
 
 def export_onnx(model, path: str | os.PathLike, *, opset: int = ONNX_OPSET,
@@ -157,9 +163,8 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int = ONNX_OPSET,
     gdn-export version, family, dtype, opset, vocab size and the state layout
     (`gdn_export.onnx.metadata`).
     """
-    path = Path(path)
+    path = check_export_target(path, opset)
     say = progress or (lambda _msg: None)
-    _check_target(path, opset)
     model.eval()
     specs = model.state_specs()
     say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}")
@@ -181,12 +186,12 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int = ONNX_OPSET,
         onnx_ir.save(ir_model, tmp_path, external_data=data_name if external else None)
         say("checking (onnx.checker full_check, strict shape inference, plugin mapping)")
         _verify(tmp_path, external)
-        if external:
+        if external:  # the weights first, so that the new .onnx never points at missing data
             os.replace(tmpdir / data_name, path.parent / data_name)
-        else:
-            # A sidecar left by an earlier large export of the same name would be stale.
-            (path.parent / data_name).unlink(missing_ok=True)
         os.replace(tmp_path, path)
+        if not external:
+            # A sidecar left by an earlier large export of the same name is stale now.
+            (path.parent / data_name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     say(f"wrote {path}")

@@ -13,7 +13,9 @@ Backends:
     cuda       our CUDA kernels (plugins/) built as a PyTorch extension; CUDA tensors
 
 The active backend is, in order: the innermost `use_backend(...)` block, the environment variable
-GDN_EXPORT_BACKEND, then "reference".
+GDN_EXPORT_BACKEND, then "reference". The ops check the device of their tensors against it
+(`check_device`): CPU tensors through a GPU-only backend are a one-line GdnExportError, not a
+compiler traceback.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ _MODULES = {
     "cuda": "gdn_export.cuda.backend",
 }
 _LOADED: dict[str, Backend] = {}
+# GPU-only backends -> what to do instead on CPU tensors. Triton's interpreter runs its kernels on
+# the CPU (kernels/ tests rely on it); our CUDA kernels have no such mode.
+_CPU_WORKAROUND = {
+    "triton": "use the reference backend or set TRITON_INTERPRET=1",
+    "cuda": "use the reference backend",
+}
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_backend", default=None)
 
 
@@ -79,6 +87,33 @@ def get(name: str | None = None) -> Backend:
             raise GdnExportError(f"gdn backend {name!r} is not available here: {exc}") from exc
         _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d)
     return _LOADED[name]
+
+
+def _triton_interprets() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return bool(knobs.runtime.interpret)
+
+
+def check_device(name: str, device) -> None:
+    """GdnExportError when backend `name` cannot run on tensors on `device` (a torch.device):
+    triton and cuda need CUDA tensors, except triton under TRITON_INTERPRET=1."""
+    if device.type != "cpu" or name not in _CPU_WORKAROUND:
+        return
+    if name == "triton" and _triton_interprets():
+        return
+    raise GdnExportError(f"gdn backend {name!r} needs CUDA tensors (got {device.type}); "
+                         f"{_CPU_WORKAROUND[name]}")
+
+
+def for_device(device) -> Backend:
+    """The active backend, after `check_device` said it can run on `device` (checked before the
+    backend is imported: a CPU-only machine never loads kernels it cannot run)."""
+    name = current_name()
+    check_device(name, device)
+    return get(name)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 
 from gdn_export.errors import InputError
 from gdn_export.onnx import metadata
@@ -27,8 +28,10 @@ _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64
 
 
 def _elem_name(elem_type: int) -> str:
-    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type != onnx.TensorProto.BFLOAT16 \
-        else "bfloat16"
+    """onnx.TensorProto.FLOAT16 -> "float16" (the names StateInfo uses)."""
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        return "bfloat16"
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
 
 
 def _shape(value: onnx.ValueInfoProto) -> tuple[int | str, ...]:
@@ -39,19 +42,18 @@ def _shape(value: onnx.ValueInfoProto) -> tuple[int | str, ...]:
 def read_state_specs(model: onnx.ModelProto) -> list[StateInfo]:
     """State specs from the graph I/O (past.* inputs, present.* outputs in the same order),
     cross-checked with the layout recorded in metadata_props when the file has one."""
-    inputs = [v for v in model.graph.input if v.name not in (INPUT_IDS, POSITION_IDS)]
-    outputs = [v for v in model.graph.output if v.name != LOGITS]
-    if [v.name for v in model.graph.input[:2]] != [INPUT_IDS, POSITION_IDS] or \
-            model.graph.output[0].name != LOGITS or len(inputs) != len(outputs):
+    inputs, outputs = list(model.graph.input), list(model.graph.output)
+    if [v.name for v in inputs[:2]] != [INPUT_IDS, POSITION_IDS] or \
+            [v.name for v in outputs[:1]] != [LOGITS] or len(inputs) != len(outputs) + 1:
         raise InputError("not a gdn-export graph: expected inputs input_ids, position_ids, past.* "
                          "and outputs logits, present.*")
     specs = []
-    for inp, out in zip(inputs, outputs):
+    for inp, out in zip(inputs[2:], outputs[1:]):
         m = _STATE_NAME.match(inp.name)
         if m is None or out.name != "present" + inp.name[len("past"):]:
             raise InputError(f"not a gdn-export graph: state input {inp.name!r} / output {out.name!r}")
-        specs.append(StateInfo(inp.name, out.name, _shape(inp), _elem_name(inp.type.tensor_type.elem_type),
-                               int(m["layer"]), m["kind"]))
+        dtype = _elem_name(inp.type.tensor_type.elem_type)
+        specs.append(StateInfo(inp.name, out.name, _shape(inp), dtype, int(m["layer"]), m["kind"]))
     recorded = metadata.read_state_layouts({p.key: p.value for p in model.metadata_props})
     if recorded is not None:
         got = [(s.name, s.output_name, s.shape, s.dtype) for s in specs]
@@ -70,15 +72,23 @@ class OrtRunner(Runner):
 
     backend = "ort"
 
-    def __init__(self, onnx_path: str | os.PathLike, providers: Sequence[str] = ("CPUExecutionProvider",),
-                 session_options=None):
+    def __init__(self, onnx_path: str | os.PathLike,
+                 providers: Sequence[str] = ("CPUExecutionProvider",), session_options=None):
         import onnxruntime as ort
 
         self.path = Path(onnx_path)
         if not self.path.is_file():
             raise InputError(f"{self.path}: no such ONNX file")
-        model = onnx.load(str(self.path), load_external_data=False)
-        self.state_specs = read_state_specs(model)
+        try:
+            model = onnx.load(str(self.path), load_external_data=False)
+        except DecodeError as exc:
+            raise InputError(f"{self.path}: not an ONNX model (protobuf could not parse it: {exc})") from None
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot read ({exc.strerror})") from None
+        try:
+            self.state_specs = read_state_specs(model)
+        except InputError as exc:
+            raise InputError(f"{self.path}: {exc}") from None
         self.metadata = {p.key: p.value for p in model.metadata_props}
         logits_dims = _shape(model.graph.output[0])
         vocab = logits_dims[-1] if logits_dims else None
@@ -96,7 +106,8 @@ class OrtRunner(Runner):
         if _uses_external_data(model):
             # External data resolves relative to the model file: the session must load a file
             # beside it. The copy with functions attached lives only until the session is built.
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.stem}.", suffix=".ort.onnx", dir=self.path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.stem}.", suffix=".ort.onnx",
+                                       dir=self.path.parent)
             os.close(fd)
             try:
                 onnx.save(full, tmp)
@@ -104,11 +115,12 @@ class OrtRunner(Runner):
             finally:
                 Path(tmp).unlink(missing_ok=True)
         else:
-            self.session = ort.InferenceSession(full.SerializeToString(), options, providers=list(providers))
+            self.session = ort.InferenceSession(full.SerializeToString(), options,
+                                                providers=list(providers))
         self._output_names = [LOGITS, *(s.output_name for s in self.state_specs)]
 
     def empty_states(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros(s.concrete_shape(batch, 0), dtype=_NUMPY_DTYPES[s.dtype]) for s in self.state_specs]
+        return [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.state_specs]
 
     def _forward(self, input_ids: np.ndarray, past_len: int, states):
         states = [np.asarray(s) for s in states]

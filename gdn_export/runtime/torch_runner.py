@@ -7,6 +7,7 @@ import contextlib
 import numpy as np
 import torch
 
+from gdn_export.errors import InputError
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 
 
@@ -39,6 +40,12 @@ class TorchRunner(Runner):
     def _forward(self, input_ids: np.ndarray, past_len: int, states):
         states = list(states)
         batch, seq = input_ids.shape
+        # States are opaque per backend (runtime/base.py): this runner's are torch tensors, and
+        # converting another backend's would hide a mix-up of runners.
+        for spec, t in zip(self.state_specs, states):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"state {spec.name} must be a torch.Tensor for the torch runner, got "
+                                 f"{type(t).__module__}.{type(t).__qualname__}")
         check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states],
                      batch, past_len)
         ids = torch.from_numpy(input_ids).to(self.device)

@@ -33,6 +33,10 @@ def emit(**event) -> None:
     _OUT.flush()
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _make_logger(trt, errors: list[str]):
     class Logger(trt.ILogger):
         def __init__(self):
@@ -89,7 +93,7 @@ def _load_plugins(trt, path: str, errors: list[str]):
     registry = trt.get_plugin_registry()
     handle = registry.load_library(path)
     if handle is None:
-        detail = f": {errors[-1]}" if errors else ""
+        detail = f": {_one_line(errors[-1])}" if errors else ""
         raise GdnExportError(f"TensorRT could not load the plugin library {path}{detail}")
     provided = []
     for name, version, namespace in GDN_PLUGINS:
@@ -116,7 +120,7 @@ def _parse(trt, builder, onnx_path: str, logger):
         for i in range(parser.num_errors):
             err = parser.get_error(i)
             where = f"node {err.node_name()!r} ({err.node_operator()})" if err.node() >= 0 else "graph"
-            problems.append(f"{where}: {err.desc().strip()}")
+            problems.append(f"{where}: {_one_line(err.desc())}")
         raise GdnExportError(f"TensorRT's ONNX parser rejected {onnx_path}: " + "; ".join(problems or ["no detail"]))
     return network, parser
 
@@ -148,7 +152,8 @@ def build(request: dict) -> dict:
     _check_creators(registry, model, request["plugins"], provided)
     emit(progress=f"parsing {request['onnx']}")
     builder = trt.Builder(logger)
-    network, _parser = _parse(trt, builder, request["onnx"], logger)
+    # The parser owns the weights the network points at: it must live until the build is done.
+    network, parser = _parse(trt, builder, request["onnx"], logger)
     layers = _layers(trt, network, model)
 
     config = builder.create_builder_config()
@@ -182,10 +187,11 @@ def build(request: dict) -> dict:
                   f"{sum('plugin' in layer for layer in layers)} gdn plugin layers)")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        detail = errors[-1] if errors else "no error message from TensorRT"
+        detail = _one_line(errors[-1]) if errors else "no error message from TensorRT"
         raise GdnExportError(f"TensorRT could not build the engine: {detail}")
     with open(request["engine_tmp"], "wb") as f:
         f.write(memoryview(serialized))
+    del parser
     return {"layers": layers, "bytes": serialized.nbytes, "trt": trt.__name__, "trt_version": trt.__version__,
             "seconds": round(time.perf_counter() - t0, 3),
             "inputs": [network.get_input(i).name for i in range(network.num_inputs)],

@@ -4,10 +4,13 @@
     make_profile(onnx_inputs(path), min_shapes, opt_shapes, max_shapes)
         -> {input name: (min, opt, max)} for every graph input
 
-An input named in any of the three specs takes them (a missing one copies a given one: min from
-opt, then max; opt from max, then min; max from opt, then min); every other input gets
-its static dims as they are and, for its symbolic dims, DEFAULT_RANGES by dim name (the exporter
-names them batch / seq / past). A symbolic dim with another name needs an explicit spec.
+An input named in any of the three specs takes them; a missing one takes the defaults below,
+moved to stay consistent with the given ones (`--trt-max-shapes input_ids:[4,256]` alone gives
+min [1, 1], opt [1, 64]), or for a dim without a default a copy of a given one. Every other
+input keeps its static dims and gives each symbolic dim the range that dim name got from the
+named inputs (so `--trt-max-shapes input_ids:[4,256]` also caps batch at 4 in every past.*
+input), else DEFAULT_RANGES by dim name (the exporter names them batch / seq / past). A symbolic
+dim with another name needs an explicit spec.
 """
 
 from __future__ import annotations
@@ -91,15 +94,42 @@ def onnx_inputs(onnx_path: str | os.PathLike) -> list[InputInfo]:
     return inputs
 
 
-def _fill(name: str, given: dict[str, Shape | None]) -> tuple[Shape, Shape, Shape]:
-    order = {"min": ("opt", "max"), "opt": ("max", "min"), "max": ("opt", "min")}
+def _default_range(dim, named: dict[str, tuple[int, int, int]]) -> tuple[int, int, int] | None:
+    if isinstance(dim, int) and dim > 0:
+        return (dim, dim, dim)
+    if isinstance(dim, str):
+        return named.get(dim) or DEFAULT_RANGES.get(dim)
+    return None
+
+
+def _fill(info: InputInfo, given: dict[str, Shape | None]) -> tuple[Shape, Shape, Shape]:
+    """min / opt / max of an input named in the specs; missing ones from the dim defaults, kept
+    consistent with the given ones (min <= opt <= max), else copied from a given one."""
+    copy_order = {"min": ("opt", "max"), "opt": ("max", "min"), "max": ("opt", "min")}
+    rank = len(next(s for s in given.values() if s is not None))
     filled = {}
-    for which, fallbacks in order.items():
-        shape = given[which]
-        for other in fallbacks:
-            if shape is None:
-                shape = given[other]
-        filled[which] = shape
+    for which, fallbacks in copy_order.items():
+        if given[which] is not None:
+            filled[which] = tuple(given[which])
+            continue
+        copied = next(given[o] for o in fallbacks if given[o] is not None)
+        dims = []
+        for axis in range(rank):
+            default = _default_range(info.shape[axis], {}) if axis < len(info.shape) else None
+            if default is None:
+                dims.append(copied[axis])
+                continue
+            lo = [given[w][axis] for w in ("min", "opt") if given[w] is not None]
+            hi = [given[w][axis] for w in ("opt", "max") if given[w] is not None]
+            if which == "min":
+                dims.append(min([default[0], *hi]))
+            elif which == "max":
+                dims.append(max([default[2], *lo]))
+            else:
+                low = given["min"][axis] if given["min"] is not None else min(default[0], given["max"][axis])
+                high = given["max"][axis] if given["max"] is not None else max(default[2], given["min"][axis])
+                dims.append(min(max(default[1], low), high))
+        filled[which] = tuple(dims)
     return filled["min"], filled["opt"], filled["max"]
 
 
@@ -132,24 +162,39 @@ def make_profile(inputs: list[InputInfo], min_shapes: ShapeSpecs = None, opt_sha
         if unknown:
             raise GdnExportError(f"--trt-{which}-shapes names {', '.join(unknown)}, which the ONNX does not have "
                                  f"as inputs (it has {', '.join(by_name) or 'none'})")
-    profile = {}
+    # Inputs named in the specs first: their symbolic dims fix the range of that dim name for the
+    # inputs that are not named (TensorRT requires one value per dim name in each of min/opt/max).
+    profile, named_ranges, source = {}, {}, {}
     for info in inputs:
         given = {which: specs[which].get(info.name) for which in specs}
-        if any(s is not None for s in given.values()):
-            mn, opt, mx = _fill(info.name, given)
-        else:
-            dims = []
-            for axis, d in enumerate(info.shape):
-                if isinstance(d, int) and d > 0:
-                    dims.append((d, d, d))
-                elif isinstance(d, str) and d in DEFAULT_RANGES:
-                    dims.append(DEFAULT_RANGES[d])
-                else:
-                    what = f"'{d}'" if isinstance(d, str) else "unnamed"
-                    raise GdnExportError(
-                        f"input {info.name} dim {axis} is dynamic ({what}) with no default range; pass "
-                        f"--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes {info.name}:[...]")
-            mn, opt, mx = (tuple(r[i] for r in dims) for i in range(3))
+        if all(s is None for s in given.values()):
+            continue
+        mn, opt, mx = _fill(info, given)
         _check(info, mn, opt, mx)
         profile[info.name] = (tuple(mn), tuple(opt), tuple(mx))
+        for axis, d in enumerate(info.shape):
+            if isinstance(d, str):
+                rng = (mn[axis], opt[axis], mx[axis])
+                if named_ranges.setdefault(d, rng) != rng:
+                    raise GdnExportError(f"dim '{d}' gets min/opt/max {list(named_ranges[d])} from {source[d]} but "
+                                         f"{list(rng)} from {info.name}; give the same values")
+                source.setdefault(d, info.name)
+    for info in inputs:
+        if info.name in profile:
+            continue
+        dims = []
+        for axis, d in enumerate(info.shape):
+            if isinstance(d, int) and d > 0:
+                dims.append((d, d, d))
+            elif isinstance(d, str) and (d in named_ranges or d in DEFAULT_RANGES):
+                dims.append(named_ranges.get(d) or DEFAULT_RANGES[d])
+            else:
+                what = f"'{d}'" if isinstance(d, str) else "unnamed"
+                raise GdnExportError(
+                    f"input {info.name} dim {axis} is dynamic ({what}) with no default range; pass "
+                    f"--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes {info.name}:[...]")
+        mn, opt, mx = (tuple(r[i] for r in dims) for i in range(3))
+        _check(info, mn, opt, mx)
+        profile[info.name] = (tuple(mn), tuple(opt), tuple(mx))
+    profile = {info.name: profile[info.name] for info in inputs}  # graph order
     return profile

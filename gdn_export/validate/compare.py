@@ -24,6 +24,9 @@ DEFAULT_TOLERANCES = {
 
 @dataclass
 class Row:
+    """One compared tensor. `note` says why a row failed without numbers ("missing": the
+    candidate has no such state; the errors are then NaN)."""
+
     backend: str
     phase: str
     tensor: str
@@ -32,6 +35,7 @@ class Row:
     atol: float
     rtol: float
     passed: bool
+    note: str = ""
 
 
 @dataclass
@@ -45,7 +49,8 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.rows)
+        """Every row within tolerance; a report that compared nothing has not passed."""
+        return bool(self.rows) and all(r.passed for r in self.rows)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -55,7 +60,8 @@ class Report:
 
 @dataclass
 class Tolerances:
-    """Default (atol, rtol) plus per-tensor overrides keyed by tensor name ("logits", "present.0.conv")."""
+    """Default (atol, rtol) plus per-tensor overrides keyed by row name: "logits" or a state's
+    input name such as "past.0.conv" (rows name states past.LAYER.KIND, never present.*)."""
 
     atol: float
     rtol: float
@@ -81,9 +87,26 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
     return max_abs, max_rel, bool((diff <= atol + rtol * np.abs(e)).all())
 
 
+def check_parity_sizes(batch: int, prompt_len: int, decode_steps: int,
+                       spelling: dict[str, str] | None = None) -> None:
+    """InputError unless batch >= 1, prompt_len >= 1 and decode_steps >= 0 (all integers).
+
+    `spelling` maps a parameter name to the caller's (e.g. {"decode_steps": "--decode-steps"}),
+    so that a command line can check early and name its own flags.
+    """
+    spelling = spelling or {}
+    for name, value, low in (("batch", batch, 1), ("prompt_len", prompt_len, 1),
+                             ("decode_steps", decode_steps, 0)):
+        label = spelling.get(name, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"{label} must be an integer, got {value!r}")
+        if value < low:
+            raise InputError(f"{label} must be >= {low}, got {value}")
+
+
 def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> np.ndarray:
-    if batch < 1 or prompt_len < 1:
-        raise InputError(f"--batch and --prompt-len must be >= 1, got {batch} and {prompt_len}")
+    """Token ids [batch, prompt_len] int64, uniform in [0, vocab_size), from `seed`."""
+    check_parity_sizes(batch, prompt_len, 0)
     return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, prompt_len), dtype=np.int64)
 
 
@@ -102,7 +125,9 @@ def run_parity(
     """Prefill `batch` random prompts, then `decode_steps` forced steps, on every runner.
 
     Compares the logits of each step and every state after the prefill and after the last step.
+    A state of the reference that a candidate lacks is a failed row with note "missing".
     """
+    check_parity_sizes(batch, prompt_len, decode_steps)
     say = progress or (lambda _msg: None)
     ids = random_prompts(vocab_size, batch, prompt_len, seed)
     report = Report(reference.backend, batch, prompt_len, decode_steps, seed)
@@ -122,7 +147,12 @@ def run_parity(
             if last:
                 got = runner.states_to_numpy(new_states)
                 for name, expected in ref_states.items():
-                    _add(report, runner.backend, phase, name, got[name], expected, tolerances)
+                    if name in got:
+                        _add(report, runner.backend, phase, name, got[name], expected, tolerances)
+                    else:
+                        atol, rtol = tolerances.get(name)
+                        report.rows.append(Row(runner.backend, phase, name, float("nan"),
+                                               float("nan"), atol, rtol, False, "missing"))
         past += ids.shape[1]
         ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
     return report

@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from gdn_export.errors import GdnExportError
 from gdn_export.validate.compare import Report
 
 
@@ -16,26 +17,38 @@ def format_table(report: Report, *, states: bool = True) -> str:
     head = ("backend", "phase", "tensor", "max abs", "max rel", "atol", "rtol", "")
     body = [
         (r.backend, r.phase, r.tensor, f"{r.max_abs:.3e}", f"{r.max_rel:.3e}", f"{r.atol:g}",
-         f"{r.rtol:g}", "ok" if r.passed else "FAIL")
+         f"{r.rtol:g}", "ok" if r.passed else f"FAIL ({r.note})" if r.note else "FAIL")
         for r in rows
     ]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     failed = sum(not r.passed for r in report.rows)
-    verdict = (
-        f"PASS: {len(report.rows)} tensors within tolerance"
-        if failed == 0
-        else f"FAIL: {failed} of {len(report.rows)} tensors over tolerance"
-    )
+    if not report.rows:
+        verdict = "FAIL: no tensors were compared"
+    elif failed == 0:
+        verdict = f"PASS: {len(report.rows)} tensors within tolerance"
+    else:
+        verdict = f"FAIL: {failed} of {len(report.rows)} tensors over tolerance"
     summary = (f"reference {report.reference}, batch {report.batch}, prompt {report.prompt_len} "
                f"tokens, {report.decode_steps} decode steps, seed {report.seed}")
     return "\n".join([summary, line(head), line(["-" * w for w in widths]), *map(line, body), verdict])
 
 
 def write_json(report: Report, path: str | os.PathLike) -> None:
-    """Write the report atomically (temp file in the same folder, then rename)."""
+    """Write the report atomically (temp file in the same folder, then rename).
+
+    A missing folder, a folder in the file's place or an unwritable folder is a GdnExportError
+    naming it.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    if not path.parent.is_dir():
+        raise GdnExportError(f"{path.parent}: folder for the JSON report does not exist")
+    if path.is_dir():
+        raise GdnExportError(f"{path}: is a folder, not a file name for the JSON report")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise GdnExportError(f"{path.parent}: cannot write the JSON report there ({exc.strerror})") from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(report.to_dict(), f, indent=2, allow_nan=True)

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from gdn_export.config import HybridConfig
-from gdn_export.errors import CheckpointError
+from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import qwen3_5, qwen3_next
 from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
@@ -108,14 +108,40 @@ def init_tiny_weights(model: HybridForCausalLM, seed: int = 0) -> None:
 
 
 def _shard(names: list[str], tensors: dict[str, torch.Tensor], shards: int) -> list[list[str]]:
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    budget, groups, size = total / shards, [[]], 0
-    for name in names:
-        if size >= budget * len(groups) and len(groups) < shards:
+    """Exactly `shards` non-empty groups of consecutive names, of roughly equal bytes
+    (needs len(names) >= shards)."""
+    nbytes = [tensors[n].numel() * tensors[n].element_size() for n in names]
+    budget, groups, size = sum(nbytes) / shards, [[]], 0
+    for i, (name, n) in enumerate(zip(names, nbytes)):
+        to_open = shards - len(groups)
+        # Open the next shard when this one has its share, or when every name left must start
+        # one of the shards still to open (no shard may be empty).
+        if groups[-1] and to_open and (size >= budget * len(groups) or len(names) - i <= to_open):
             groups.append([])
         groups[-1].append(name)
-        size += tensors[name].numel() * tensors[name].element_size()
+        size += n
     return groups
+
+
+def check_target(directory: str | Path, overwrite: bool = False) -> Path:
+    """CheckpointError unless a checkpoint may be written to `directory`: it does not exist, is an
+    empty folder, or (with overwrite) holds a checkpoint (a config.json), and no folder on the way
+    to it is a file. Replacing is limited to checkpoints so that a mistyped path never deletes an
+    unrelated folder."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{directory}: exists and is not a folder")
+    if directory.is_dir() and any(directory.iterdir()):
+        if not overwrite:
+            raise CheckpointError(f"{directory}: exists and is not empty (pass overwrite=True to replace it)")
+        if not (directory / "config.json").is_file():
+            raise CheckpointError(f"{directory}: holds no config.json, so it is not a checkpoint to replace")
+    parent = directory.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise CheckpointError(f"{directory}: {parent} is a file, not a folder")
+    return directory
 
 
 def make_tiny_checkpoint(
@@ -132,16 +158,16 @@ def make_tiny_checkpoint(
     """Write a random checkpoint (config.json + safetensors) to `directory` and return its path.
 
     family: "qwen3_5" (default model_type qwen3_5_text; "qwen3_5" writes the composite layout with
-    model.language_model. names) or "qwen3_next". shards > 1 writes model-0000i-of-0000N files with
-    model.safetensors.index.json. extra_tensors are written as they are (e.g. vision/mtp tensors).
-    overrides replace config fields (e.g. num_hidden_layers=6, tie_word_embeddings=True,
-    dtype="bfloat16"). The directory appears complete or not at all.
+    model.language_model. names) or "qwen3_next". shards > 1 writes exactly that many
+    model-0000i-of-0000N files with model.safetensors.index.json (at most one per tensor).
+    extra_tensors are written as they are (e.g. vision/mtp tensors). overrides replace config
+    fields (e.g. num_hidden_layers=6, tie_word_embeddings=True, dtype="bfloat16"). overwrite
+    replaces a folder that holds a checkpoint (see `check_target`). The directory appears
+    complete or not at all.
     """
-    if shards < 1:
-        raise ValueError(f"shards must be >= 1, got {shards}")
-    directory = Path(directory)
-    if directory.exists() and any(directory.iterdir()) and not overwrite:
-        raise CheckpointError(f"{directory}: exists and is not empty (pass overwrite=True)")
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise InputError(f"shards must be an integer >= 1, got {shards!r}")
+    directory = check_target(directory, overwrite)
     cfg_dict = tiny_config_dict(family, model_type, **overrides)
     config = HybridConfig.from_dict(cfg_dict)
     model = HybridForCausalLM(config)
@@ -156,9 +182,15 @@ def make_tiny_checkpoint(
         tensors[naming.checkpoint_name(name, config)] = t.detach().clone().contiguous()
     for name, t in (extra_tensors or {}).items():
         tensors[name] = t.detach().clone().contiguous()
+    if shards > len(tensors):
+        raise InputError(f"{shards} shards asked for, but this checkpoint has only {len(tensors)} "
+                         f"tensors (each shard holds at least one)")
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    except OSError as exc:
+        raise CheckpointError(f"{directory}: cannot create it ({exc.strerror})") from None
     try:
         (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
         names = sorted(tensors)
@@ -166,9 +198,8 @@ def make_tiny_checkpoint(
             save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
         else:
             weight_map = {}
-            groups = _shard(names, tensors, shards)
-            for i, group in enumerate(groups, 1):
-                file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+            for i, group in enumerate(_shard(names, tensors, shards), 1):
+                file = f"model-{i:05d}-of-{shards:05d}.safetensors"
                 save_file({n: tensors[n] for n in group}, str(tmp / file), metadata={"format": "pt"})
                 weight_map.update({n: file for n in group})
             total = sum(t.numel() * t.element_size() for t in tensors.values())

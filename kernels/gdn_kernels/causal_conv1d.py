@@ -46,9 +46,15 @@ def causal_conv1d_fwd_kernel(
         b_y = tl.zeros([BT, BC], dtype=tl.float32) + tl.load(bias + o_c, mask=m_c, other=0).to(tl.float32)[None, :]
     else:
         b_y = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(K):
-        b_w = tl.load(weight + o_c * K + j, mask=m_c, other=0).to(tl.float32)
-        b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, K, HAS_STATE) * b_w[None, :]
+    if HAS_STATE and i_t * BT < K - 1:
+        # only the first time block reaches back into the state
+        for j in tl.static_range(K):
+            b_w = tl.load(weight + o_c * K + j, mask=m_c, other=0).to(tl.float32)
+            b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, K, True) * b_w[None, :]
+    else:
+        for j in tl.static_range(K):
+            b_w = tl.load(weight + o_c * K + j, mask=m_c, other=0).to(tl.float32)
+            b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, K, False) * b_w[None, :]
     if SILU:
         b_y = b_y * tl.sigmoid(b_y)
     tl.store(y + (i_b * T + o_t[:, None]) * C + o_c[None, :], b_y.to(y.dtype.element_ty),
@@ -93,8 +99,9 @@ def causal_conv1d(
     conv_state = None if conv_state is None else conv_state.contiguous()
     y = out if out is not None else torch.empty_like(x)
     s = new_conv_state if new_conv_state is not None else x.new_empty(B, C, K - 1)
-    BT = min(max(next_pow2(T), 16), 64)
-    BC = 64 if T > 1 else 256
+    # decode: a couple of rows per program and wide channel blocks; prefill: 64 x 128 tiles
+    BT = min(next_pow2(max(T, 2)), 64)
+    BC = 128 if T > 1 else 256
     grid = (triton.cdiv(C, BC), triton.cdiv(T, BT), B)
     causal_conv1d_fwd_kernel[grid](
         x, weight, bias, conv_state, y, s, T, C,

@@ -9,9 +9,10 @@ at once. This kernel then walks the chunks of one sequence in order, one program
     h     = exp(G_last) h + (k exp(G_last - G))^T v_new
 
 so the states between chunks never leave the SM and the only traffic is q, k, w, u, Aqk in and o
-out. The products take fp32 operands: exact (ieee) for fp32 inputs, TF32 tensor cores for 16-bit
-inputs, because rounding the state or v_new to bf16 for bf16 tensor cores alone cost ~0.5e-2
-relative RMS of the 1e-2 budget (measured under the interpreter).
+out. Products: exact fp32 (ieee) for fp32 inputs. For 16-bit inputs w h and q h read the state
+rounded to the input dtype (bf16/fp16 tensor cores), while Aqk v_new and the state update stay on
+TF32 with fp32 operands: rounding v_new for the update alone cost ~6e-3 relative RMS of the final
+state (of the 1e-2 budget), the rest costs ~4e-4 on o (measured under the interpreter).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import triton
 import triton.language as tl
 
 from gdn_kernels.utils import (
-    CHUNK, as_kernel_input, check_cu_seqlens, check_head_dims, chunk_indices, compute_dtype,
-    next_pow2,
+    as_kernel_input, check_cu_seqlens, check_head_dims, chunk_indices, compute_dtype, next_pow2,
 )
 from gdn_kernels.wy import _dot, chunk_wy_fwd
 
@@ -66,7 +66,7 @@ def chunk_state_output_fwd_kernel(
         o_r = i_t * BT + o_t
         m_r = o_r < Tn
         m_rk, m_rv = m_r[:, None] & m_k[None, :], m_r[:, None] & m_v[None, :]
-        b_w = tl.load(w + (r0 + o_r[:, None]) * DK + o_k[None, :], mask=m_rk, other=0).to(tl.float32)
+        b_w = tl.load(w + (r0 + o_r[:, None]) * DK + o_k[None, :], mask=m_rk, other=0)
         b_u = tl.load(u + (r0 + o_r[:, None]) * DV + o_v[None, :], mask=m_rv, other=0).to(tl.float32)
         b_A = tl.load(Aqk + (r0 + o_r[:, None]) * BT + o_t[None, :], mask=m_r[:, None], other=0).to(tl.float32)
         b_G = tl.load(gcum + r0 + o_r, mask=m_r, other=0)
@@ -78,18 +78,20 @@ def chunk_state_output_fwd_kernel(
             b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
             b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
 
-        if HALF_DOTS:  # speed probe only (benchmarks --sweep): too coarse for the 1e-2 bound
+        if HALF_DOTS:
+            # The two [64, Dk] x [Dk, BV] products read the state rounded to the input dtype
+            # (costs ~4e-4 on o); the state update below stays TF32, because rounding v_new
+            # and k there costs ~6e-3 on the final state (measured).
             dt = q.dtype.element_ty
             b_hd = b_h.to(dt)
-            b_vn = b_u - _dot(b_w.to(dt), b_hd, IEEE)
+            b_vn = b_u - _dot(b_w, b_hd, IEEE)
             b_o = _dot((b_q * (scale * tl.exp(b_G))[:, None]).to(dt), b_hd, IEEE) + _dot(b_A, b_vn, IEEE)
-            b_vn = b_vn.to(dt)
         else:
-            b_vn = b_u - _dot(b_w, b_h, IEEE)
+            b_vn = b_u - _dot(b_w.to(tl.float32), b_h, IEEE)
             b_o = _dot(b_q * (scale * tl.exp(b_G))[:, None], b_h, IEEE) + _dot(b_A, b_vn, IEEE)
         tl.store(o + ((bos + o_r[:, None]) * HV + i_h) * DV + o_v[None, :],
                  b_o.to(o.dtype.element_ty), mask=m_rv)
-        b_kd = (b_k * tl.exp(b_Gl - b_G)[:, None]).to(b_vn.dtype)
+        b_kd = b_k * tl.exp(b_Gl - b_G)[:, None]
         b_h = b_h * tl.exp(b_Gl) + _dot(tl.trans(b_kd), b_vn, IEEE)
 
     tl.store(ht + i_nh * DK * DV + p_h, b_h, mask=m_kv)
@@ -97,7 +99,7 @@ def chunk_state_output_fwd_kernel(
 
 def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, initial_state, scale, use_qk_l2norm,
                            cu_seqlens=None, out=None, final_state=None, block_v=None,
-                           num_warps=4, num_stages=2, half_dots=False):
+                           num_warps=None, num_stages=None, half_dots=None):
     """Launch the sequential kernel; returns o [B, T, Hv, Dv] and final_state [N, Hv, Dk, Dv] fp32."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = u.shape[1], u.shape[3]
@@ -105,10 +107,18 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, initial_state, scale, use_qk_l
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
         N, Hv, Dk, Dv, dtype=torch.float32, device=u.device)
+    few = N * Hv * triton.cdiv(Dv, 64) < 2 * _num_sms(u.device)
     if block_v is None:
         # B = 1 prefill has only Hv sequential programs per 64 value columns: split the value
-        # axis finer so that every SM gets one.
-        block_v = 32 if N * Hv * triton.cdiv(Dv, 64) < 2 * _num_sms(u.device) else 64
+        # axis finer so that every SM gets one (run 1 sweep: BV=32 3 stages best at B=1, BV=64
+        # 8 warps at B=8).
+        block_v = 32 if few else 64
+    if num_warps is None:
+        num_warps = 4 if block_v <= 32 else 8
+    if num_stages is None:
+        num_stages = 3 if few else 2
+    if half_dots is None:
+        half_dots = q.dtype != torch.float32
     BV = max(min(block_v, next_pow2(Dv)), 16)
     BK = max(next_pow2(Dk), 16)
     key = (BK, BV, q.dtype, num_warps, num_stages, half_dots)
@@ -179,10 +189,10 @@ def chunk_gated_delta_rule(
     dtype = compute_dtype(v)
     q, k, v = (as_kernel_input(x, dtype) for x in (q, k, v))
     if gates is None:
-        g, beta = g.float().contiguous(), as_kernel_input(beta, dtype)
+        g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
     else:
         gates = tuple(x.contiguous() for x in gates)
-    h0 = None if initial_state is None else initial_state.float().contiguous()
+    h0 = None if initial_state is None else as_kernel_input(initial_state, torch.float32)
     cu, idx = None, None
     if cu_seqlens is not None:
         if B != 1:

@@ -4,7 +4,7 @@ Per chunk of 64 tokens and value head (one program each), from k, v, g (or the r
 
     G      = cumsum(g) inside the chunk                                  gcum [B, Hv, T]    fp32
     A      = strictly_lower(beta_i k_i.k_j exp(G_i - G_j))               (64 x 64, registers)
-    X      = (I + A)^-1, from four 16 x 16 diagonal inverses merged by block substitution
+    X      = (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...(I + A^32)  (A nilpotent: ten 64^3 products)
     w      = X (beta exp(G) k)                                           w    [B, Hv, T, Dk] dtype
     u      = X (beta v)                                                  u    [B, Hv, T, Dv] fp32
     Aqk    = scale * lower(q_i.k_j exp(G_i - G_j)), diagonal included    Aqk  [B, Hv, T, 64] fp32
@@ -44,21 +44,6 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_lower_16(b_L, IEEE: tl.constexpr):
-    # (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8) for strictly lower 16 x 16 L (L^16 = 0):
-    # five small products instead of 15 dependent substitution steps.
-    o_i = tl.arange(0, 16)
-    b_X = (o_i[:, None] == o_i[None, :]).to(tl.float32) - b_L
-    b_P = _dot(b_L, b_L, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    b_P = _dot(b_P, b_P, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    b_P = _dot(b_P, b_P, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    return b_X
-
-
-@triton.jit
 def _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_r, n_rows, HV: tl.constexpr,
            USE_GATE: tl.constexpr):
     # Rows o_r (< n_rows valid) of g and beta; padded rows get g = 0, beta = 0 (no write, no decay).
@@ -82,18 +67,6 @@ def _load_rows(p, o_r, n_rows, stride, D: tl.constexpr, BD: tl.constexpr, L2NORM
     if L2NORM:
         b = b * tl.rsqrt(tl.sum(b * b, 1) + 1e-6)[:, None]
     return b
-
-
-@triton.jit
-def _a_block(b_ki, b_kj, b_bi, b_Gi, b_Gj, DIAG: tl.constexpr, IEEE: tl.constexpr):
-    # beta_i k_i.k_j exp(G_i - G_j), strictly lower on the diagonal block.
-    b_A = _dot(b_ki, tl.trans(b_kj), IEEE)
-    o_i = tl.arange(0, 16)
-    if DIAG:
-        m = o_i[:, None] > o_i[None, :]
-        return tl.where(m, b_A * b_bi[:, None] * tl.exp(tl.where(m, b_Gi[:, None] - b_Gj[None, :], 0.0)), 0.0)
-    else:
-        return b_A * b_bi[:, None] * tl.exp(b_Gi[:, None] - b_Gj[None, :])
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -124,91 +97,48 @@ def chunk_wy_fwd_kernel(
     p_q = q + (t0 * HK + i_hk) * DK
     p_k = k + (t0 * HK + i_hk) * DK
     p_v = v + (t0 * HV + i_h) * DV
-    p_g, p_beta = g + t0 * HV + i_h, beta + t0 * HV + i_h
-    p_a, p_b = a + t0 * HV + i_h, b + t0 * HV + i_h
-
-    # ---- whole chunk: G and the causal q.k matrix of the output kernel
     o_t = tl.arange(0, BT)
-    b_g, _ = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_t, n_rows, HV, USE_GATE)
+    m_t = o_t < n_rows
+    b_g, b_beta = _gates(g + t0 * HV + i_h, beta + t0 * HV + i_h, a + t0 * HV + i_h, b + t0 * HV + i_h,
+                         A_log, dt_bias, i_h, o_t, n_rows, HV, USE_GATE)
     b_G = tl.cumsum(b_g, 0)
-    tl.store(gcum + r0 + o_t, b_G, mask=o_t < n_rows)
+    tl.store(gcum + r0 + o_t, b_G, mask=m_t)
+    m_low = o_t[:, None] > o_t[None, :]
+    m_causal = o_t[:, None] >= o_t[None, :]
+    # exp only where i >= j: above the diagonal G_i - G_j > 0 could overflow
+    b_decay = tl.exp(tl.where(m_causal, b_G[:, None] - b_G[None, :], 0.0))
+
+    b_k = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
     b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_kf = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    m_c = o_t[:, None] >= o_t[None, :]
-    b_Aqk = _dot(b_q, tl.trans(b_kf), IEEE) * scale
-    b_Aqk = tl.where(m_c, b_Aqk * tl.exp(tl.where(m_c, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+    b_Aqk = tl.where(m_causal, _dot(b_q, tl.trans(b_k), IEEE) * b_decay * scale, 0.0)
     tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
-             mask=o_t[:, None] < n_rows)
+             mask=m_t[:, None])
 
-    # ---- four 16-row sub-blocks: A, its inverse X, then w and u
-    o_s = tl.arange(0, 16)
-    b_g0, b_b0 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s, n_rows, HV, USE_GATE)
-    b_g1, b_b1 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s + 16, n_rows, HV, USE_GATE)
-    b_g2, b_b2 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s + 32, n_rows, HV, USE_GATE)
-    b_g3, b_b3 = _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_s + 48, n_rows, HV, USE_GATE)
-    b_G0 = tl.cumsum(b_g0, 0)
-    b_G1 = tl.cumsum(b_g1, 0) + tl.sum(b_g0, 0)
-    b_G2 = tl.cumsum(b_g2, 0) + tl.sum(b_g0, 0) + tl.sum(b_g1, 0)
-    b_G3 = tl.cumsum(b_g3, 0) + tl.sum(b_g0, 0) + tl.sum(b_g1, 0) + tl.sum(b_g2, 0)
-    b_k0 = _load_rows(p_k, o_s, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_k1 = _load_rows(p_k, o_s + 16, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_k2 = _load_rows(p_k, o_s + 32, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_k3 = _load_rows(p_k, o_s + 48, n_rows, HK * DK, DK, BK, USE_L2NORM)
-
-    b_X00 = _inv_unit_lower_16(_a_block(b_k0, b_k0, b_b0, b_G0, b_G0, True, IEEE), IEEE)
-    b_X11 = _inv_unit_lower_16(_a_block(b_k1, b_k1, b_b1, b_G1, b_G1, True, IEEE), IEEE)
-    b_X22 = _inv_unit_lower_16(_a_block(b_k2, b_k2, b_b2, b_G2, b_G2, True, IEEE), IEEE)
-    b_X33 = _inv_unit_lower_16(_a_block(b_k3, b_k3, b_b3, b_G3, b_G3, True, IEEE), IEEE)
-    b_A10 = _a_block(b_k1, b_k0, b_b1, b_G1, b_G0, False, IEEE)
-    b_A20 = _a_block(b_k2, b_k0, b_b2, b_G2, b_G0, False, IEEE)
-    b_A21 = _a_block(b_k2, b_k1, b_b2, b_G2, b_G1, False, IEEE)
-    b_A30 = _a_block(b_k3, b_k0, b_b3, b_G3, b_G0, False, IEEE)
-    b_A31 = _a_block(b_k3, b_k1, b_b3, b_G3, b_G1, False, IEEE)
-    b_A32 = _a_block(b_k3, b_k2, b_b3, b_G3, b_G2, False, IEEE)
-    # block forward substitution: X_ij = -X_ii sum_{j <= m < i} A_im X_mj
-    b_X10 = -_dot(b_X11, _dot(b_A10, b_X00, IEEE), IEEE)
-    b_X21 = -_dot(b_X22, _dot(b_A21, b_X11, IEEE), IEEE)
-    b_X20 = -_dot(b_X22, _dot(b_A20, b_X00, IEEE) + _dot(b_A21, b_X10, IEEE), IEEE)
-    b_X32 = -_dot(b_X33, _dot(b_A32, b_X22, IEEE), IEEE)
-    b_X31 = -_dot(b_X33, _dot(b_A31, b_X11, IEEE) + _dot(b_A32, b_X21, IEEE), IEEE)
-    b_X30 = -_dot(b_X33, _dot(b_A30, b_X00, IEEE) + _dot(b_A31, b_X10, IEEE)
-                  + _dot(b_A32, b_X20, IEEE), IEEE)
+    # (I + A)^-1 for strictly lower A (A^64 = 0) as (I - A)(I + A^2)(I + A^4)...(I + A^32):
+    # ten 64 x 64 tensor-core products instead of 63 dependent substitution steps.
+    b_A = tl.where(m_low, _dot(b_k, tl.trans(b_k), IEEE) * b_decay * b_beta[:, None], 0.0)
+    b_X = (o_t[:, None] == o_t[None, :]).to(tl.float32) - b_A
+    b_P = _dot(b_A, b_A, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    b_P = _dot(b_P, b_P, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    b_P = _dot(b_P, b_P, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    b_P = _dot(b_P, b_P, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
+    b_P = _dot(b_P, b_P, IEEE)
+    b_X += _dot(b_X, b_P, IEEE)
 
     o_k = tl.arange(0, BK)
-    m_k = o_k[None, :] < DK
-    b_k0 *= (b_b0 * tl.exp(b_G0))[:, None]
-    b_k1 *= (b_b1 * tl.exp(b_G1))[:, None]
-    b_k2 *= (b_b2 * tl.exp(b_G2))[:, None]
-    b_k3 *= (b_b3 * tl.exp(b_G3))[:, None]
-    p_w = w + (r0 + o_s[:, None]) * DK + o_k[None, :]
-    b_w = _dot(b_X00, b_k0, IEEE)
-    tl.store(p_w, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] < n_rows) & m_k)
-    b_w = _dot(b_X10, b_k0, IEEE) + _dot(b_X11, b_k1, IEEE)
-    tl.store(p_w + 16 * DK, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] + 16 < n_rows) & m_k)
-    b_w = _dot(b_X20, b_k0, IEEE) + _dot(b_X21, b_k1, IEEE) + _dot(b_X22, b_k2, IEEE)
-    tl.store(p_w + 32 * DK, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] + 32 < n_rows) & m_k)
-    b_w = (_dot(b_X30, b_k0, IEEE) + _dot(b_X31, b_k1, IEEE) + _dot(b_X32, b_k2, IEEE)
-           + _dot(b_X33, b_k3, IEEE))
-    tl.store(p_w + 48 * DK, b_w.to(w.dtype.element_ty), mask=(o_s[:, None] + 48 < n_rows) & m_k)
-
+    b_w = _dot(b_X, b_k * (b_beta * tl.exp(b_G))[:, None], IEEE)
+    tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(w.dtype.element_ty),
+             mask=m_t[:, None] & (o_k[None, :] < DK))
     for i_v in tl.static_range(0, DV, BV):
         o_v = i_v + tl.arange(0, BV)
-        m_v = o_v[None, :] < DV
-        p_vi = p_v + i_v
-        b_v0 = _load_rows(p_vi, o_s, n_rows, HV * DV, DV - i_v, BV, False) * b_b0[:, None]
-        b_v1 = _load_rows(p_vi, o_s + 16, n_rows, HV * DV, DV - i_v, BV, False) * b_b1[:, None]
-        b_v2 = _load_rows(p_vi, o_s + 32, n_rows, HV * DV, DV - i_v, BV, False) * b_b2[:, None]
-        b_v3 = _load_rows(p_vi, o_s + 48, n_rows, HV * DV, DV - i_v, BV, False) * b_b3[:, None]
-        p_u = u + (r0 + o_s[:, None]) * DV + o_v[None, :]
-        b_u = _dot(b_X00, b_v0, IEEE)
-        tl.store(p_u, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] < n_rows) & m_v)
-        b_u = _dot(b_X10, b_v0, IEEE) + _dot(b_X11, b_v1, IEEE)
-        tl.store(p_u + 16 * DV, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] + 16 < n_rows) & m_v)
-        b_u = _dot(b_X20, b_v0, IEEE) + _dot(b_X21, b_v1, IEEE) + _dot(b_X22, b_v2, IEEE)
-        tl.store(p_u + 32 * DV, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] + 32 < n_rows) & m_v)
-        b_u = (_dot(b_X30, b_v0, IEEE) + _dot(b_X31, b_v1, IEEE) + _dot(b_X32, b_v2, IEEE)
-               + _dot(b_X33, b_v3, IEEE))
-        tl.store(p_u + 48 * DV, b_u.to(u.dtype.element_ty), mask=(o_s[:, None] + 48 < n_rows) & m_v)
+        b_v = _load_rows(p_v + i_v, o_t, n_rows, HV * DV, DV - i_v, BV, False)
+        b_u = _dot(b_X, b_v * b_beta[:, None], IEEE)
+        tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u.to(u.dtype.element_ty),
+                 mask=m_t[:, None] & (o_v[None, :] < DV))
 
 
 def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None,

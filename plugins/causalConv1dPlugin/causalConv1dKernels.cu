@@ -20,6 +20,8 @@ namespace
 constexpr int32_t kTHREADS = 128;
 constexpr int32_t kTILE = 64;  // tokens per thread; must be >= kMAX_K - 1
 constexpr int32_t kMAX_K = 8;  // longest supported kernel
+constexpr int32_t kBATCH = 8;  // tokens loaded together
+static_assert(kTILE % kBATCH == 0, "a tile is whole batches");
 static_assert(kTILE >= kMAX_K - 1, "tile 0 must be the only reader of the old state");
 
 template <typename T>
@@ -67,12 +69,12 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
     {
         return;
     }
-    T const* x = static_cast<T const*>(p.x) + static_cast<int64_t>(b) * seqLen * C + c;
+    T const* __restrict__ x = static_cast<T const*>(p.x) + static_cast<int64_t>(b) * seqLen * C + c;
     T const* w = static_cast<T const*>(p.weight) + static_cast<int64_t>(c) * K;
     T const* state = p.convState == nullptr
         ? nullptr
         : static_cast<T const*>(p.convState) + (static_cast<int64_t>(b) * C + c) * (K - 1);
-    T* y = static_cast<T*>(p.y) + static_cast<int64_t>(b) * seqLen * C + c;
+    T* __restrict__ y = static_cast<T*>(p.y) + static_cast<int64_t>(b) * seqLen * C + c;
 
     // wr[m] multiplies x_{t - m}; win[kMAX_K - 1 - m] holds x_{t - m}.
     float wr[kMAX_K];
@@ -115,9 +117,9 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
         win[kMAX_K - 1 - m] = val;
     }
 
-    for (int32_t t = t0; t < t1; ++t)
-    {
-        win[kMAX_K - 1] = load(x + static_cast<int64_t>(t) * C);
+    // One output from the window (whose newest entry is x_t), then slide it.
+    auto step = [&](float xt, int32_t t) {
+        win[kMAX_K - 1] = xt;
         float acc = bias;
 #pragma unroll
         for (int32_t m = 0; m < kMAX_K; ++m)
@@ -134,6 +136,27 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
         {
             win[m] = win[m + 1];
         }
+    };
+    // Whole batches with kBATCH loads in flight before the first use (the loop is latency-bound
+    // otherwise), then the remainder one token at a time (all of a decode step).
+    int32_t t = t0;
+    for (; t + kBATCH <= t1; t += kBATCH)
+    {
+        float xb[kBATCH];
+#pragma unroll
+        for (int32_t u = 0; u < kBATCH; ++u)
+        {
+            xb[u] = load(x + static_cast<int64_t>(t + u) * C);
+        }
+#pragma unroll
+        for (int32_t u = 0; u < kBATCH; ++u)
+        {
+            step(xb[u], t + u);
+        }
+    }
+    for (; t < t1; ++t)
+    {
+        step(load(x + static_cast<int64_t>(t) * C), t);
     }
 
     if (tile == 0)

@@ -40,6 +40,15 @@ public:
         }                                                                                                              \
     } while (0)
 
+//! Throw PluginError("<streamed message>") unconditionally.
+#define GDN_PLUGIN_FAIL(msg)                                                                                           \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        std::ostringstream gdnFailStream_;                                                                             \
+        gdnFailStream_ << msg;                                                                                         \
+        throw ::gdn::plugin::PluginError(gdnFailStream_.str());                                                        \
+    } while (0)
+
 #define GDN_PLUGIN_TRY try
 
 #define GDN_PLUGIN_CATCH(where)                                                                                        \

@@ -59,8 +59,7 @@ PluginField const& FieldReader::find(char const* name, char const* expected) con
             }
         }
     }
-    GDN_PLUGIN_CHECK(false, mPluginName << ": field '" << name << "' (" << expected << ") is missing");
-    throw PluginError("unreachable");
+    GDN_PLUGIN_FAIL(mPluginName << ": field '" << name << "' (" << expected << ") is missing");
 }
 
 float FieldReader::getFloat32(char const* name) const
@@ -72,9 +71,7 @@ float FieldReader::getFloat32(char const* name) const
     case PluginFieldType::kFLOAT64: return static_cast<float>(*static_cast<double const*>(field.data));
     default: break;
     }
-    GDN_PLUGIN_CHECK(false,
-        mPluginName << ": field '" << name << "' must be kFLOAT32, got " << fieldTypeName(field.type));
-    throw PluginError("unreachable");
+    GDN_PLUGIN_FAIL(mPluginName << ": field '" << name << "' must be kFLOAT32, got " << fieldTypeName(field.type));
 }
 
 int32_t FieldReader::getInt32(char const* name) const
@@ -88,8 +85,7 @@ int32_t FieldReader::getInt32(char const* name) const
     case PluginFieldType::kINT16: value = *static_cast<int16_t const*>(field.data); break;
     case PluginFieldType::kINT8: value = *static_cast<int8_t const*>(field.data); break;
     default:
-        GDN_PLUGIN_CHECK(false,
-            mPluginName << ": field '" << name << "' must be kINT32, got " << fieldTypeName(field.type));
+        GDN_PLUGIN_FAIL(mPluginName << ": field '" << name << "' must be kINT32, got " << fieldTypeName(field.type));
     }
     GDN_PLUGIN_CHECK(value >= std::numeric_limits<int32_t>::min() && value <= std::numeric_limits<int32_t>::max(),
         mPluginName << ": field '" << name << "' = " << value << " does not fit in int32");

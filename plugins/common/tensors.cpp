@@ -43,8 +43,7 @@ gdn::DataType toKernelDataType(DataType type, char const* what)
     case DataType::kBF16: return gdn::DataType::kBFLOAT16;
     default: break;
     }
-    GDN_PLUGIN_CHECK(false, what << " has dtype " << dataTypeName(type) << "; only kFLOAT, kHALF and kBF16 are supported");
-    throw PluginError("unreachable");
+    GDN_PLUGIN_FAIL(what << " has dtype " << dataTypeName(type) << "; only kFLOAT, kHALF and kBF16 are supported");
 }
 
 std::string dimsToString(nvinfer1::Dims const& dims)

@@ -2,13 +2,15 @@
  * Chunked (WY) gated delta rule prefill: two kernels and a small varlen helper.
  *
  *   gatedDeltaRuleChunkOffsetsKernel   varlen only: chunkOffsets[n] = sum_{m<n} ceil(L_m / 64)
- *   gatedDeltaRulePrepareKernel        one block per (chunk, value head), all chunks in parallel:
- *       A = strictly_lower(beta_i k_i.k_j exp(G_i - G_j)),  Tm = (I + A)^-1 (fp32, blocked),
- *       w = Tm diag(beta exp(G)) k,  u = Tm diag(beta) v     -> workspace (activation dtype)
+ *   gatedDeltaRulePrepareKernel        one block per (chunk, value head), all chunks in parallel;
+ *       everything that does not depend on the state, written to the workspace:
+ *         A = strictly_lower(beta_i k~_i.k~_j exp(G_i - G_j)),  Tm = (I + A)^-1 (fp32, blocked),
+ *         w = Tm diag(beta exp(G)) k~,  u = Tm diag(beta) v,
+ *         P = causal(q~ k~^T exp(G_i - G_j)),  fq_i = exp(G_i) rq_i scale,  fk_i = exp(G_last - G_i) rk_i
+ *       (k~ = rk k, q~ = rq scale q: the L2 norms are row factors rq, rk, so q and k stay raw)
  *   gatedDeltaRuleChunkStateKernel     one block per (sequence, value head, 32 state columns), the
- *       sequential pass over chunks with the state tile in shared memory (fp32):
- *       v_new = u - w S,  o = diag(exp(G)) q~ S + (q~ k^T o decay)_causal v_new,
- *       S = exp(G_last) S + (diag(exp(G_last - G)) k)^T v_new
+ *       sequential pass over chunks with the state tile in shared memory (fp32), matrix products only:
+ *         v_new = u - w S,  o = diag(fq) q S + P v_new,  S = exp(G_last) S + k^T diag(fk) v_new
  *
  * Chunk matrix products run on tensor cores (wmma: bf16 / fp16 operands, or tf32 for fp32 inputs)
  * with fp32 accumulation; the triangular solve and all decays stay in fp32. Needs Dk, Dv multiples
@@ -31,7 +33,8 @@ constexpr int32_t kCHUNK_WARPS = kCHUNK_THREADS / kWARP;
 constexpr int32_t kSTATE_BV = 32; // state columns per block of the sequential pass
 constexpr int32_t kOFFSETS_THREADS = 1024;
 
-//! Where the prepare kernel leaves w and u: [Hv, maxChunks, 64, D] in the activation dtype.
+//! Where the prepare kernel leaves its results, per value head and chunk slot (maxChunks slots):
+//! w [64, Dk], u [64, Dv], P [64, 64] in the activation dtype, and kSCALARS fp32 (fq, fk, exp(G_last)).
 struct ChunkWorkspace
 {
     int32_t const* chunkOffsets{nullptr}; // varlen: [numSeqs + 1]; else nullptr
@@ -39,7 +42,12 @@ struct ChunkWorkspace
     int64_t maxChunks{0};                 // chunk slots per value head
     void* w{nullptr};
     void* u{nullptr};
+    void* p{nullptr};
+    float* scalars{nullptr};
 };
+
+constexpr int32_t kSCALARS = 3 * kCHUNK; // fq[64], fk[64], exp(G_last) and padding
+constexpr int32_t kSCALAR_DECAY = 2 * kCHUNK;
 
 __host__ __device__ constexpr size_t alignUp(size_t x, size_t a)
 {
@@ -58,9 +66,10 @@ struct PrepareSmem
     static constexpr int32_t kMAXD = kDK > kDV ? kDK : kDV;
     static constexpr int32_t kLDSTAGE = kMAXD + 4;
     static constexpr size_t kK = 0;
-    static constexpr size_t kV = alignUp(kK + sizeof(T) * kCHUNK * kLDK, 128);
-    // fp32 A and Tm; once Tm has been turned into the two operand matrices, the same bytes stage
-    // the w / u results on their way to global memory.
+    static constexpr size_t kQ = alignUp(kK + sizeof(T) * kCHUNK * kLDK, 128);
+    static constexpr size_t kV = alignUp(kQ + sizeof(T) * kCHUNK * kLDK, 128);
+    // fp32 A and Tm (Tm's bytes first hold q k^T); once Tm has been turned into the two operand
+    // matrices, the same bytes stage the w / u results on their way to global memory.
     static constexpr size_t kA32 = alignUp(kV + sizeof(T) * kCHUNK * kLDV, 128);
     static constexpr size_t kT32 = alignUp(kA32 + sizeof(float) * kCHUNK * kLDCF, 128);
     static constexpr size_t kREGION_END = alignUp(
@@ -71,11 +80,11 @@ struct PrepareSmem
     static constexpr size_t kTK = kREGION_END;
     static constexpr size_t kTV = alignUp(kTK + sizeof(T) * kCHUNK * kLDC, 128);
     static constexpr size_t kM = alignUp(kTV + sizeof(T) * kCHUNK * kLDC, 128);
-    static constexpr size_t kVEC = alignUp(kM + sizeof(float) * 3 * 16 * 16, 128); // G raw, G, beta, rk
-    static constexpr size_t kBYTES = kVEC + sizeof(float) * 4 * kCHUNK;
+    static constexpr size_t kVEC = alignUp(kM + sizeof(float) * 3 * 16 * 16, 128); // G raw, G, beta, rk, rq
+    static constexpr size_t kBYTES = kVEC + sizeof(float) * 5 * kCHUNK;
 };
 
-//! Shared memory of the sequential state kernel.
+//! Shared memory of the sequential state kernel; k, P and the chunk scalars have kSTAGES buffers.
 template <typename T, int32_t kDK, int32_t kSTAGES>
 struct StateSmem
 {
@@ -83,22 +92,23 @@ struct StateSmem
     static constexpr int32_t kLDK = kDK + kPAD;
     static constexpr int32_t kLDV = kSTATE_BV + kPAD;
     static constexpr int32_t kLDC = kCHUNK + kPAD;
-    static constexpr int32_t kLDCF = kCHUNK + 4;
     static constexpr int32_t kLDVF = kSTATE_BV + 4;
+    static constexpr size_t kKBYTES = alignUp(sizeof(T) * kCHUNK * kLDK, 128);
+    static constexpr size_t kPBYTES = alignUp(sizeof(T) * kCHUNK * kLDC, 128);
+    static constexpr size_t kSCALAR_BYTES = alignUp(sizeof(float) * kSCALARS, 128);
     static constexpr size_t kQ = 0;
-    static constexpr size_t kK = alignUp(kQ + sizeof(T) * kCHUNK * kLDK, 128);
-    static constexpr size_t kKSTAGE = alignUp(sizeof(T) * kCHUNK * kLDK, 128);
-    static constexpr size_t kW = alignUp(kK + kSTAGES * kKSTAGE, 128);
-    static constexpr size_t kU = alignUp(kW + sizeof(T) * kCHUNK * kLDK, 128);
-    static constexpr size_t kSOP = alignUp(kU + sizeof(T) * kCHUNK * kLDV, 128);
-    static constexpr size_t kVOP = alignUp(kSOP + sizeof(T) * kDK * kLDV, 128);
-    static constexpr size_t kPOP = alignUp(kVOP + sizeof(T) * kCHUNK * kLDV, 128);
-    static constexpr size_t kS32 = alignUp(kPOP + sizeof(T) * kCHUNK * kLDC, 128);
-    static constexpr size_t kP32 = alignUp(kS32 + sizeof(float) * kDK * kLDVF, 128);
-    static constexpr size_t kX32 = alignUp(kP32 + sizeof(float) * kCHUNK * kLDCF, 128);
+    static constexpr size_t kW = kQ + kKBYTES;
+    static constexpr size_t kK = kW + kKBYTES;
+    static constexpr size_t kP = kK + kSTAGES * kKBYTES;
+    static constexpr size_t kSC = kP + kSTAGES * kPBYTES;
+    static constexpr size_t kU = kSC + kSTAGES * kSCALAR_BYTES;
+    static constexpr size_t kVOP = alignUp(kU + sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kVK = alignUp(kVOP + sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kSOP = alignUp(kVK + sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kS32 = alignUp(kSOP + sizeof(T) * kDK * kLDV, 128);
+    static constexpr size_t kX32 = alignUp(kS32 + sizeof(float) * kDK * kLDVF, 128);
     static constexpr size_t kY32 = alignUp(kX32 + sizeof(float) * kCHUNK * kLDVF, 128);
-    static constexpr size_t kVEC = alignUp(kY32 + sizeof(float) * kCHUNK * kLDVF, 128); // G raw, G, rq, rk
-    static constexpr size_t kBYTES = kVEC + sizeof(float) * 4 * kCHUNK;
+    static constexpr size_t kBYTES = kY32 + sizeof(float) * kCHUNK * kLDVF;
 };
 
 //! chunkOffsets[n] = number of 64-token chunks in sequences 0 .. n-1 (one block).
@@ -159,27 +169,83 @@ __device__ __forceinline__ void warpCumsum64(float const* src, float* dst, int32
     dst[2 * lane + 1] = incl;
 }
 
-//! rNorm[r] = factor * (l2norm ? rsqrt(sum_d x[r, d]^2 + eps) : 1) for the 64 rows, 8 rows a warp.
+//! rNorm[r] = factor * (l2norm ? rsqrt(sum_d x[r, d]^2 + eps) : 1) for the 64 rows, 8 rows a warp
+//! (the rows' loads and shuffles interleave, so a warp pays one reduction latency, not eight).
 template <typename T, int32_t kD>
 __device__ __forceinline__ void rowNorms(T const* x, int32_t ld, bool l2norm, float factor, float* rNorm)
 {
+    constexpr int32_t kROWS = kCHUNK / kCHUNK_WARPS;
+    constexpr int32_t kPER_LANE = (kD + kWARP - 1) / kWARP;
     int32_t const warp = threadIdx.x / kWARP;
     int32_t const lane = threadIdx.x % kWARP;
-    for (int32_t r = warp; r < kCHUNK; r += kCHUNK_WARPS)
+    if (!l2norm)
     {
-        float ss = 0.F;
-        if (l2norm)
+        if (lane < kROWS)
         {
-            for (int32_t d = lane; d < kD; d += kWARP)
-            {
-                float const e = toFloat(x[r * ld + d]);
-                ss += e * e;
-            }
-            ss = warpSum(ss);
+            rNorm[warp * kROWS + lane] = factor;
         }
-        if (lane == 0)
+        return;
+    }
+    float ss[kROWS];
+#pragma unroll
+    for (int32_t i = 0; i < kROWS; ++i)
+    {
+        ss[i] = 0.F;
+#pragma unroll
+        for (int32_t j = 0; j < kPER_LANE; ++j)
         {
-            rNorm[r] = l2norm ? factor * rsqrtf(ss + kL2NORM_EPS) : factor;
+            int32_t const d = lane + j * kWARP;
+            if (d < kD)
+            {
+                float const e = toFloat(x[(warp * kROWS + i) * ld + d]);
+                ss[i] += e * e;
+            }
+        }
+    }
+#pragma unroll
+    for (int32_t o = kWARP / 2; o > 0; o >>= 1)
+    {
+#pragma unroll
+        for (int32_t i = 0; i < kROWS; ++i)
+        {
+            ss[i] += __shfl_xor_sync(0xffffffffU, ss[i], o);
+        }
+    }
+    if (lane == 0)
+    {
+#pragma unroll
+        for (int32_t i = 0; i < kROWS; ++i)
+        {
+            rNorm[warp * kROWS + i] = factor * rsqrtf(ss[i] + kL2NORM_EPS);
+        }
+    }
+}
+
+//! Converts rows [0, validRows) x columns [0, validCols) of a [64, kCOLS] fp32 shared tile to T and
+//! stores them with 16-byte writes (validCols and the row strides are multiples of the vector).
+template <typename T, int32_t kCOLS>
+__device__ __forceinline__ void storeTile(
+    T* dst, int64_t dstStride, float const* src, int32_t srcStride, int32_t validRows, int32_t validCols)
+{
+    constexpr int32_t kVEC = 16 / sizeof(T);
+    constexpr int32_t kPER_ROW = kCOLS / kVEC;
+    constexpr int32_t kITERS = kCHUNK * kPER_ROW / kCHUNK_THREADS;
+    static_assert(kCHUNK * kPER_ROW % kCHUNK_THREADS == 0, "tile must split evenly over the block");
+#pragma unroll
+    for (int32_t it = 0; it < kITERS; ++it)
+    {
+        int32_t const e = threadIdx.x + it * kCHUNK_THREADS;
+        int32_t const r = e / kPER_ROW;
+        int32_t const c = (e % kPER_ROW) * kVEC;
+        if (r < validRows && c < validCols)
+        {
+            alignas(16) T packed[kVEC];
+#pragma unroll
+            for (int32_t v = 0; v < kVEC; ++v)
+            {
+                packed[v] = fromFloat<T>(src[r * srcStride + c + v]);
+            }
+            *reinterpret_cast<uint4*>(dst + r * dstStride + c) = *reinterpret_cast<uint4 const*>(packed);
         }
     }
 }
@@ -191,6 +257,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     using L = PrepareSmem<T, kDK, kDV>;
     extern __shared__ __align__(128) unsigned char smem[];
     T* sK = reinterpret_cast<T*>(smem + L::kK);
+    T* sQ = reinterpret_cast<T*>(smem + L::kQ);
     T* sV = reinterpret_cast<T*>(smem + L::kV);
     float* sA = reinterpret_cast<float*>(smem + L::kA32);
     float* sT = reinterpret_cast<float*>(smem + L::kT32);
@@ -202,6 +269,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     float* sG = sGraw + kCHUNK;
     float* sBeta = sG + kCHUNK;
     float* sRk = sBeta + kCHUNK;
+    float* sRq = sRk + kCHUNK;
 
     int32_t const dk = p.keyDim;
     int32_t const dv = p.valueDim;
@@ -251,10 +319,13 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
     int32_t const valid = min(kCHUNK, len - c * kCHUNK);
 
+    T const* q = static_cast<T const*>(p.q);
     T const* k = static_cast<T const*>(p.k);
     T const* v = static_cast<T const*>(p.v);
     T const* beta = static_cast<T const*>(p.beta);
-    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + (t0 * hk + kh) * dk, int64_t{hk} * dk, valid, dk);
+    int64_t const qkStride = int64_t{hk} * dk;
+    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid, dk);
+    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sQ, L::kLDK, q + t0 * qkStride + kh * dk, qkStride, valid, dk);
     loadTileAsync<T, kCHUNK, kDV, kCHUNK_THREADS>(sV, L::kLDV, v + (t0 * hv + h) * dv, int64_t{hv} * dv, valid, dv);
     if (tid < kCHUNK)
     {
@@ -272,38 +343,59 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
         warpCumsum64(sGraw, sG, lane);
     }
     rowNorms<T, kDK>(sK, L::kLDK, p.useQkL2norm, 1.F, sRk);
+    rowNorms<T, kDK>(sQ, L::kLDK, p.useQkL2norm, p.scale, sRq);
     __syncthreads();
 
-    // k k^T on and below the diagonal tiles.
-    for (int32_t t = warp; t < 16; t += kCHUNK_WARPS)
+    // k k^T into sA and q k^T into sT, tiles on and below the diagonal.
+    for (int32_t t = warp; t < 32; t += kCHUNK_WARPS)
     {
-        int32_t const rt = t / 4;
+        int32_t const rt = (t % 16) / 4;
         int32_t const ct = t % 4;
         if (ct <= rt)
         {
+            T const* lhs = t < 16 ? sK : sQ;
+            float* dst = t < 16 ? sA : sT;
             AccFragT<T> acc;
             wmma::fill_fragment(acc, 0.F);
             mmaTile<T, wmma::row_major, wmma::col_major>(
-                acc, sK + rt * 16 * L::kLDK, L::kLDK, sK + ct * 16 * L::kLDK, L::kLDK, kDK);
-            wmma::store_matrix_sync(sA + rt * 16 * L::kLDCF + ct * 16, acc, L::kLDCF, wmma::mem_row_major);
+                acc, lhs + rt * 16 * L::kLDK, L::kLDK, sK + ct * 16 * L::kLDK, L::kLDK, kDK);
+            wmma::store_matrix_sync(dst + rt * 16 * L::kLDCF + ct * 16, acc, L::kLDCF, wmma::mem_row_major);
         }
     }
     __syncthreads();
 
-    for (int32_t e = tid; e < kCHUNK * kCHUNK; e += kCHUNK_THREADS)
+    size_t const slot = static_cast<size_t>(h) * ws.maxChunks + chunkId;
+    T* pOut = static_cast<T*>(ws.p) + slot * kCHUNK * kCHUNK;
+#pragma unroll
+    for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
     {
+        int32_t const e = tid + it * kCHUNK_THREADS;
         int32_t const i = e / kCHUNK;
         int32_t const j = e % kCHUNK;
         float a = 0.F;
+        float pv = 0.F;
         if (j < i)
         {
-            a = sBeta[i] * sA[i * L::kLDCF + j] * sRk[i] * sRk[j] * expf(sG[i] - sG[j]);
+            a = sBeta[i] * sA[i * L::kLDCF + j] * sRk[i] * sRk[j] * __expf(sG[i] - sG[j]);
+        }
+        if (j <= i)
+        {
+            pv = sT[i * L::kLDCF + j] * sRq[i] * sRk[j] * __expf(sG[i] - sG[j]);
         }
         sA[i * L::kLDCF + j] = a;
+        pOut[e] = fromFloat<T>(pv);
         if (j / 16 > i / 16)
         {
-            sT[i * L::kLDCF + j] = 0.F; // above the diagonal blocks
+            sT[i * L::kLDCF + j] = 0.F; // above the diagonal blocks of Tm
         }
+    }
+    if (tid < kCHUNK)
+    {
+        float const gLast = sG[kCHUNK - 1]; // padded tokens have g = 0: the last real G
+        float* sc = ws.scalars + slot * kSCALARS;
+        sc[tid] = sRq[tid] * __expf(sG[tid]);
+        sc[kCHUNK + tid] = sRk[tid] * __expf(gLast - sG[tid]);
+        sc[kSCALAR_DECAY + tid] = tid == 0 ? __expf(gLast) : 0.F;
     }
     __syncthreads();
 
@@ -329,14 +421,16 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     }
     __syncthreads();
     // ... then block rows below: Tm[bi][bj] = -Tm[bi][bi] * sum_{bj <= bk < bi} A[bi][bk] Tm[bk][bj].
+#pragma unroll
     for (int32_t bi = 1; bi < 4; ++bi)
     {
-        for (int32_t e = tid; e < bi * 256; e += kCHUNK_THREADS)
+        int32_t const r = tid / 16;
+        int32_t const cc = tid % 16;
+#pragma unroll
+        for (int32_t bj = 0; bj < bi; ++bj)
         {
-            int32_t const bj = e / 256;
-            int32_t const r = (e % 256) / 16;
-            int32_t const cc = e % 16;
             float acc = 0.F;
+#pragma unroll
             for (int32_t kk = bj * 16; kk < bi * 16; ++kk)
             {
                 acc += sA[(bi * 16 + r) * L::kLDCF + kk] * sT[kk * L::kLDCF + bj * 16 + cc];
@@ -344,11 +438,9 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
             sM[bj * 256 + r * 16 + cc] = acc;
         }
         __syncthreads();
-        for (int32_t e = tid; e < bi * 256; e += kCHUNK_THREADS)
+#pragma unroll
+        for (int32_t bj = 0; bj < bi; ++bj)
         {
-            int32_t const bj = e / 256;
-            int32_t const r = (e % 256) / 16;
-            int32_t const cc = e % 16;
             float acc = 0.F;
 #pragma unroll
             for (int32_t kk = 0; kk < 16; ++kk)
@@ -361,17 +453,18 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     }
 
     // Fold the right-hand-side row scalings into Tm so that w and u come straight from raw k and v.
-    for (int32_t e = tid; e < kCHUNK * kCHUNK; e += kCHUNK_THREADS)
+#pragma unroll
+    for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
     {
+        int32_t const e = tid + it * kCHUNK_THREADS;
         int32_t const i = e / kCHUNK;
         int32_t const j = e % kCHUNK;
         float const t = sT[i * L::kLDCF + j];
-        sTk[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j] * expf(sG[j]) * sRk[j]);
+        sTk[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j] * __expf(sG[j]) * sRk[j]);
         sTv[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j]);
     }
     __syncthreads();
 
-    size_t const slot = (static_cast<size_t>(h) * ws.maxChunks + chunkId) * kCHUNK;
     // w = Tk k  [64, Dk]; Tk is lower triangular, so row tile rt needs only (rt + 1) * 16 columns.
     for (int32_t t = warp; t < 4 * (kDK / 16); t += kCHUNK_WARPS)
     {
@@ -384,16 +477,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
         wmma::store_matrix_sync(sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc, L::kLDSTAGE, wmma::mem_row_major);
     }
     __syncthreads();
-    T* w = static_cast<T*>(ws.w) + slot * dk;
-    for (int32_t e = tid; e < kCHUNK * kDK; e += kCHUNK_THREADS)
-    {
-        int32_t const i = e / kDK;
-        int32_t const d = e % kDK;
-        if (d < dk)
-        {
-            w[i * dk + d] = fromFloat<T>(sStage[i * L::kLDSTAGE + d]);
-        }
-    }
+    storeTile<T, kDK>(static_cast<T*>(ws.w) + slot * kCHUNK * dk, dk, sStage, L::kLDSTAGE, kCHUNK, dk);
     __syncthreads();
     // u = Tv v  [64, Dv]
     for (int32_t t = warp; t < 4 * (kDV / 16); t += kCHUNK_WARPS)
@@ -407,16 +491,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
         wmma::store_matrix_sync(sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc, L::kLDSTAGE, wmma::mem_row_major);
     }
     __syncthreads();
-    T* u = static_cast<T*>(ws.u) + slot * dv;
-    for (int32_t e = tid; e < kCHUNK * kDV; e += kCHUNK_THREADS)
-    {
-        int32_t const i = e / kDV;
-        int32_t const d = e % kDV;
-        if (d < dv)
-        {
-            u[i * dv + d] = fromFloat<T>(sStage[i * L::kLDSTAGE + d]);
-        }
-    }
+    storeTile<T, kDV>(static_cast<T*>(ws.u) + slot * kCHUNK * dv, dv, sStage, L::kLDSTAGE, kCHUNK, dv);
 }
 
 template <typename T, int32_t kDK, int32_t kSTAGES>
@@ -428,17 +503,12 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     T* sQ = reinterpret_cast<T*>(smem + L::kQ);
     T* sW = reinterpret_cast<T*>(smem + L::kW);
     T* sU = reinterpret_cast<T*>(smem + L::kU);
-    T* sSop = reinterpret_cast<T*>(smem + L::kSOP);
     T* sVop = reinterpret_cast<T*>(smem + L::kVOP);
-    T* sPop = reinterpret_cast<T*>(smem + L::kPOP);
+    T* sVk = reinterpret_cast<T*>(smem + L::kVK);
+    T* sSop = reinterpret_cast<T*>(smem + L::kSOP);
     float* sS = reinterpret_cast<float*>(smem + L::kS32);
-    float* sP = reinterpret_cast<float*>(smem + L::kP32);
     float* sX = reinterpret_cast<float*>(smem + L::kX32);
     float* sY = reinterpret_cast<float*>(smem + L::kY32);
-    float* sGraw = reinterpret_cast<float*>(smem + L::kVEC);
-    float* sG = sGraw + kCHUNK;
-    float* sRq = sG + kCHUNK;
-    float* sRk = sRq + kCHUNK;
 
     int32_t const dk = p.keyDim;
     int32_t const dv = p.valueDim;
@@ -450,7 +520,6 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     int32_t const kh = h / (hv / hk);
     int32_t const tid = threadIdx.x;
     int32_t const warp = tid / kWARP;
-    int32_t const lane = tid % kWARP;
     int32_t const validV = min(kSTATE_BV, dv - col0);
 
     int64_t bos;
@@ -459,42 +528,49 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     int32_t const numChunks = (len + kCHUNK - 1) / kCHUNK;
     int64_t const chunkBase
         = ws.chunkOffsets != nullptr ? ws.chunkOffsets[n] : static_cast<int64_t>(n) * ws.chunksPerSeq;
+    size_t const slot0 = static_cast<size_t>(h) * ws.maxChunks + chunkBase;
 
     T const* q = static_cast<T const*>(p.q);
     T const* k = static_cast<T const*>(p.k);
     T const* wAll = static_cast<T const*>(ws.w);
     T const* uAll = static_cast<T const*>(ws.u);
+    T const* pAll = static_cast<T const*>(ws.p);
     T* o = static_cast<T*>(p.o);
     int64_t const qkStride = int64_t{hk} * dk;
 
-    auto issueQWG = [&](int32_t c) {
+    // Three load groups, each issued as soon as its buffers are free: q and w (free after the
+    // w S / q S products), u (free after v_new), and k, P and the scalars (double-buffered).
+    auto issueQW = [&](int32_t c) {
         int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
-        size_t const slot = (static_cast<size_t>(h) * ws.maxChunks + chunkBase + c) * kCHUNK;
         loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sQ, L::kLDK, q + t0 * qkStride + kh * dk, qkStride, valid, dk);
-        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sW, L::kLDK, wAll + slot * dk, dk, valid, dk);
-        if (tid < kCHUNK)
-        {
-            bool const ok = tid < valid;
-            cpAsync4(sGraw + tid, p.g + (ok ? (t0 + tid) * hv + h : 0), ok ? 4 : 0);
-        }
-    };
-    auto issueK = [&](int32_t c, int32_t stage) {
-        int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
-        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
-        T* sK = reinterpret_cast<T*>(smem + L::kK + stage * L::kKSTAGE);
-        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid, dk);
+        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(
+            sW, L::kLDK, wAll + (slot0 + c) * kCHUNK * dk, dk, valid, dk);
     };
     auto issueU = [&](int32_t c) {
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
-        size_t const slot = (static_cast<size_t>(h) * ws.maxChunks + chunkBase + c) * kCHUNK;
-        loadTileAsync<T, kCHUNK, kSTATE_BV, kCHUNK_THREADS>(sU, L::kLDV, uAll + slot * dv + col0, dv, valid, validV);
+        loadTileAsync<T, kCHUNK, kSTATE_BV, kCHUNK_THREADS>(
+            sU, L::kLDV, uAll + (slot0 + c) * kCHUNK * dv + col0, dv, valid, validV);
+    };
+    auto issueKPS = [&](int32_t c, int32_t stage) {
+        int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
+        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+        T* sK = reinterpret_cast<T*>(smem + L::kK + stage * L::kKBYTES);
+        T* sP = reinterpret_cast<T*>(smem + L::kP + stage * L::kPBYTES);
+        float* sSc = reinterpret_cast<float*>(smem + L::kSC + stage * L::kSCALAR_BYTES);
+        loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid, dk);
+        loadTileAsync<T, kCHUNK, kCHUNK, kCHUNK_THREADS>(
+            sP, L::kLDC, pAll + (slot0 + c) * kCHUNK * kCHUNK, kCHUNK, kCHUNK, kCHUNK);
+        if (tid < kSCALARS / 4)
+        {
+            cpAsync16(sSc + 4 * tid, ws.scalars + (slot0 + c) * kSCALARS + 4 * tid, 16);
+        }
     };
 
     if (numChunks > 0)
     {
-        issueQWG(0);
-        issueK(0, 0);
+        issueQW(0);
+        issueKPS(0, 0);
         issueU(0);
         cpAsyncCommit();
     }
@@ -517,39 +593,20 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     for (int32_t c = 0; c < numChunks; ++c)
     {
         int32_t const stage = kSTAGES == 2 ? (c & 1) : 0;
-        T* sK = reinterpret_cast<T*>(smem + L::kK + stage * L::kKSTAGE);
+        T const* sK = reinterpret_cast<T const*>(smem + L::kK + stage * L::kKBYTES);
+        T const* sP = reinterpret_cast<T const*>(smem + L::kP + stage * L::kPBYTES);
+        float const* sSc = reinterpret_cast<float const*>(smem + L::kSC + stage * L::kSCALAR_BYTES);
         bool const hasNext = c + 1 < numChunks;
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
         cpAsyncWaitAll();
         __syncthreads();
         if (kSTAGES == 2 && hasNext)
         {
-            issueK(c + 1, stage ^ 1);
+            issueKPS(c + 1, stage ^ 1);
             cpAsyncCommit();
         }
 
-        if (warp == 0)
-        {
-            warpCumsum64(sGraw, sG, lane);
-        }
-        rowNorms<T, kDK>(sQ, L::kLDK, p.useQkL2norm, p.scale, sRq);
-        rowNorms<T, kDK>(sK, L::kLDK, p.useQkL2norm, 1.F, sRk);
-        __syncthreads();
-
-        // q k^T (causal tiles), w S and q S.
-        for (int32_t t = warp; t < 16; t += kCHUNK_WARPS)
-        {
-            int32_t const rt = t / 4;
-            int32_t const ct = t % 4;
-            if (ct <= rt)
-            {
-                AccFragT<T> acc;
-                wmma::fill_fragment(acc, 0.F);
-                mmaTile<T, wmma::row_major, wmma::col_major>(
-                    acc, sQ + rt * 16 * L::kLDK, L::kLDK, sK + ct * 16 * L::kLDK, L::kLDK, kDK);
-                wmma::store_matrix_sync(sP + rt * 16 * L::kLDCF + ct * 16, acc, L::kLDCF, wmma::mem_row_major);
-            }
-        }
+        // X = w S and Y = q S, one 16 x 16 tile of each per warp.
         {
             int32_t const rt = warp / 2;
             int32_t const ct = warp % 2;
@@ -566,36 +623,22 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
         __syncthreads();
         if (hasNext)
         {
-            issueQWG(c + 1); // sQ, sW and sGraw are free from here on
+            issueQW(c + 1);
             cpAsyncCommit();
         }
 
-        float const gLast = sG[kCHUNK - 1]; // padded tokens have g = 0, so this is the last real G
-        for (int32_t e = tid; e < kCHUNK * kCHUNK; e += kCHUNK_THREADS)
+        // v_new = u - X; the state update takes diag(fk) v_new, the output diag(fq) Y.
+        float const decayLast = sSc[kSCALAR_DECAY];
+#pragma unroll
+        for (int32_t it = 0; it < kCHUNK * kSTATE_BV / kCHUNK_THREADS; ++it)
         {
-            int32_t const i = e / kCHUNK;
-            int32_t const j = e % kCHUNK;
-            float val = 0.F;
-            if (j <= i)
-            {
-                val = sP[i * L::kLDCF + j] * sRq[i] * sRk[j] * expf(sG[i] - sG[j]);
-            }
-            sPop[i * L::kLDC + j] = fromFloat<T>(val);
-        }
-        for (int32_t e = tid; e < kCHUNK * kSTATE_BV; e += kCHUNK_THREADS)
-        {
+            int32_t const e = tid + it * kCHUNK_THREADS;
             int32_t const i = e / kSTATE_BV;
             int32_t const j = e % kSTATE_BV;
             float const vNew = toFloat(sU[i * L::kLDV + j]) - sX[i * L::kLDVF + j];
             sVop[i * L::kLDV + j] = fromFloat<T>(vNew);
-            sY[i * L::kLDVF + j] *= sRq[i] * __expf(sG[i]);
-        }
-        for (int32_t e = tid; e < kCHUNK * kDK; e += kCHUNK_THREADS)
-        {
-            int32_t const i = e / kDK;
-            int32_t const d = e % kDK;
-            T& x = sK[i * L::kLDK + d];
-            x = fromFloat<T>(toFloat(x) * sRk[i] * __expf(gLast - sG[i]));
+            sVk[i * L::kLDV + j] = fromFloat<T>(vNew * sSc[kCHUNK + i]);
+            sY[i * L::kLDVF + j] *= sSc[i];
         }
         __syncthreads();
         if (hasNext)
@@ -604,17 +647,17 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             cpAsyncCommit();
         }
 
-        // o = (decayed q S) + P v_new;  S = exp(G_last) S + k~^T v_new.
+        // o = Y + P v_new (P is causal: row tile rt needs (rt + 1) * 16 columns);
+        // S = exp(G_last) S + k^T (diag(fk) v_new).
         {
             int32_t const rt = warp / 2;
             int32_t const ct = warp % 2;
             AccFragT<T> acc;
             wmma::load_matrix_sync(acc, sY + rt * 16 * L::kLDVF + ct * 16, L::kLDVF, wmma::mem_row_major);
             mmaTile<T, wmma::row_major, wmma::row_major>(
-                acc, sPop + rt * 16 * L::kLDC, L::kLDC, sVop + ct * 16, L::kLDV, (rt + 1) * 16);
+                acc, sP + rt * 16 * L::kLDC, L::kLDC, sVop + ct * 16, L::kLDV, (rt + 1) * 16);
             wmma::store_matrix_sync(sY + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
         }
-        float const decayLast = expf(gLast);
         for (int32_t t = warp; t < (kDK / 16) * 2; t += kCHUNK_WARPS)
         {
             int32_t const rt = t / 2;
@@ -627,28 +670,22 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
                 acc.x[i] *= decayLast;
             }
             mmaTile<T, wmma::col_major, wmma::row_major>(
-                acc, sK + rt * 16, L::kLDK, sVop + ct * 16, L::kLDV, kCHUNK);
+                acc, sK + rt * 16, L::kLDK, sVk + ct * 16, L::kLDV, kCHUNK);
             wmma::store_matrix_sync(sS + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
         }
         __syncthreads();
         if (kSTAGES == 1 && hasNext)
         {
-            issueK(c + 1, 0);
+            issueKPS(c + 1, 0);
             cpAsyncCommit();
         }
 
         int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
-        for (int32_t e = tid; e < kCHUNK * kSTATE_BV; e += kCHUNK_THREADS)
+        storeTile<T, kSTATE_BV>(o + (t0 * hv + h) * dv + col0, int64_t{hv} * dv, sY, L::kLDVF, valid, validV);
+#pragma unroll
+        for (int32_t it = 0; it < kDK * kSTATE_BV / kCHUNK_THREADS; ++it)
         {
-            int32_t const i = e / kSTATE_BV;
-            int32_t const j = e % kSTATE_BV;
-            if (i < valid && j < validV)
-            {
-                o[((t0 + i) * hv + h) * dv + col0 + j] = fromFloat<T>(sY[i * L::kLDVF + j]);
-            }
-        }
-        for (int32_t e = tid; e < kDK * kSTATE_BV; e += kCHUNK_THREADS)
-        {
+            int32_t const e = tid + it * kCHUNK_THREADS;
             int32_t const r = e / kSTATE_BV;
             int32_t const cc = e % kSTATE_BV;
             sSop[r * L::kLDV + cc] = fromFloat<T>(sS[r * L::kLDVF + cc]);

@@ -7,7 +7,10 @@
  *              also the fallback where the chunked kernels do not fit (odd dims, > 128, or a GPU
  *              with too little shared memory per block). No workspace.
  *   chunked    otherwise: Dk, Dv multiples of 8 and <= 128. Workspace: [varlen chunk offsets]
- *              [w: Hv x maxChunks x 64 x Dk][u: Hv x maxChunks x 64 x Dv] in the activation dtype.
+ *              [w: Hv x maxChunks x 64 x Dk][u: ... x 64 x Dv][P: ... x 64 x 64] in the activation
+ *              dtype, [scalars: Hv x maxChunks x 192] fp32; maxChunks = B ceil(T / 64), or
+ *              T / 64 + N for packed sequences (about (Dk + Dv + 64) * 2 + 12 bytes per token and
+ *              value head in bf16).
  */
 #include "gatedDeltaRuleChunk.cuh"
 #include "gatedDeltaRuleKernels.h"
@@ -80,9 +83,11 @@ struct WorkspaceLayout
     size_t offsetsBytes{0};
     size_t wBytes{0};
     size_t uBytes{0};
+    size_t pBytes{0};
+    size_t scalarBytes{0};
     size_t total() const
     {
-        return offsetsBytes + wBytes + uBytes;
+        return offsetsBytes + wBytes + uBytes + pBytes + scalarBytes;
     }
 };
 
@@ -93,6 +98,9 @@ WorkspaceLayout workspaceLayout(GatedDeltaRuleParams const& p)
     l.offsetsBytes = p.cuSeqlens != nullptr ? kernels::alignUp((p.numSeqs + 1) * sizeof(int32_t), kWORKSPACE_ALIGN) : 0;
     l.wBytes = kernels::alignUp(rows * p.keyDim * elementSize(p.dtype), kWORKSPACE_ALIGN);
     l.uBytes = kernels::alignUp(rows * p.valueDim * elementSize(p.dtype), kWORKSPACE_ALIGN);
+    l.pBytes = kernels::alignUp(rows * kCHUNK * elementSize(p.dtype), kWORKSPACE_ALIGN);
+    l.scalarBytes = kernels::alignUp(
+        static_cast<size_t>(p.numValueHeads) * maxChunks(p) * kernels::kSCALARS * sizeof(float), kWORKSPACE_ALIGN);
     return l;
 }
 
@@ -235,6 +243,8 @@ cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_
     ws.chunksPerSeq = (p.seqLen + kCHUNK - 1) / kCHUNK;
     ws.w = base + l.offsetsBytes;
     ws.u = base + l.offsetsBytes + l.wBytes;
+    ws.p = base + l.offsetsBytes + l.wBytes + l.uBytes;
+    ws.scalars = reinterpret_cast<float*>(base + l.offsetsBytes + l.wBytes + l.uBytes + l.pBytes);
     if (p.cuSeqlens != nullptr)
     {
         auto* offsets = reinterpret_cast<int32_t*>(base);

@@ -39,8 +39,10 @@ __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, in
     }
 }
 
+// At most 64 registers up to Dk = 128: eight blocks per multiprocessor keep enough state loads in
+// flight for a bandwidth-bound decode step.
 template <typename T, int32_t kDK>
-__global__ void __launch_bounds__(kREC_THREADS) gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
+__global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
 {
     constexpr int32_t kROWS = kDK / kREC_KGROUPS;
     constexpr int32_t kLANE_ELEMS = (kDK + kWARP - 1) / kWARP;

@@ -151,6 +151,12 @@ def test_large_model_writes_sidecar_data(retrace_free, tmp_path, monkeypatch):
     np.testing.assert_array_equal(big.forward(ids, 0, big.empty_states(2))[0],
                                   small.forward(ids, 0, small.empty_states(2))[0])
     assert sorted(os.listdir(tmp_path)) == ["big.onnx", "big.onnx.data"]  # no temp copy left
+    # Re-exported small under the same name: the old sidecar goes.
+    monkeypatch.setattr(export_module, "EXTERNAL_DATA_THRESHOLD", 2**40)
+    export_onnx(model, target)
+    assert os.listdir(tmp_path) == ["big.onnx"]
+    np.testing.assert_array_equal(OrtRunner(target).forward(ids, 0, big.empty_states(2))[0],
+                                  small.forward(ids, 0, small.empty_states(2))[0])
 
 
 @pytest.mark.parametrize("name,opset,message", [

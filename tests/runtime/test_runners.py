@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -35,6 +37,20 @@ def test_generate_agrees(runners):
         np.testing.assert_allclose(y, x, rtol=0, atol=1e-4)
 
 
+def test_prefill_in_two_pieces_equals_one(runners):
+    """T > 1 on top of P > 0 (a continued prefill) gives what one prefill of the whole prompt gives."""
+    ids = np.random.default_rng(2).integers(0, runners[0].vocab_size, (2, 11))
+    for runner in runners:
+        whole, whole_states = runner.forward(ids, 0, runner.empty_states(2))
+        first, states = runner.forward(ids[:, :6], 0, runner.empty_states(2))
+        second, states = runner.forward(ids[:, 6:], 6, states)
+        np.testing.assert_allclose(np.concatenate([first, second], 1), whole, rtol=0, atol=1e-4,
+                                   err_msg=runner.backend)
+        got, want = runner.states_to_numpy(states), runner.states_to_numpy(whole_states)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-4, err_msg=name)
+
+
 @pytest.mark.parametrize("which", ["torch", "ort"])
 def test_state_errors(runners, which):
     runner = runners[0] if which == "torch" else runners[1]
@@ -61,5 +77,13 @@ def test_ort_runner_rejects_other_files(tmp_path):
                                    [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     path = tmp_path / "other.onnx"
     onnx.save(onnx.helper.make_model(graph), path)
-    with pytest.raises(InputError, match="not a gdn-export graph"):
+    with pytest.raises(InputError, match=f"^{re.escape(str(path))}: not a gdn-export graph"):
+        OrtRunner(path)
+
+
+@pytest.mark.parametrize("data", [b"not protobuf \xff\xfe", b"\x08"], ids=["junk", "truncated"])
+def test_ort_runner_names_a_corrupt_file(tmp_path, data):
+    path = tmp_path / "corrupt.onnx"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match=f"^{re.escape(str(path))}: not an ONNX model"):
         OrtRunner(path)

@@ -60,3 +60,19 @@ def test_build_env_puts_the_rtx_symlink_first(trt_flavour, tmp_path, monkeypatch
     assert link.resolve().is_file()
     assert env["LD_LIBRARY_PATH"].split(os.pathsep) == [str(folder), "/opt/somewhere"]
     assert loader.rtx_symlink_dir() == folder  # idempotent
+
+
+def test_plugin_identities_match_the_op_contract():
+    """gdn_export.trt keeps torch out of the build process, so it repeats the plugin identities;
+    they must be the contract's (gdn_export/ops/*/__init__.py)."""
+    import importlib
+
+    from gdn_export.trt import _worker, inspect
+
+    # importlib: gdn_export.ops re-exports the op functions under the module names.
+    gdr = importlib.import_module("gdn_export.ops.gated_delta_rule")
+    conv = importlib.import_module("gdn_export.ops.causal_conv1d")
+
+    want = tuple((m.PLUGIN_NAME, m.PLUGIN_VERSION, m.PLUGIN_NAMESPACE) for m in (gdr, conv))
+    assert _worker.GDN_PLUGINS == want
+    assert inspect.GDN_PLUGIN_NAMES == tuple(name for name, _, _ in want)

@@ -39,10 +39,10 @@ def test_defaults_from_dim_names():
     assert profile["past.3.key"] == ((1, 2, 0, 16), (1, 2, 256, 16), (8, 2, 2048, 16))
 
 
-def test_explicit_specs_fill_missing_from_given():
+def test_explicit_specs_fill_missing_from_defaults():
     profile = make_profile(INPUTS, min_shapes="input_ids:[1,1]", max_shapes={"input_ids": (2, 33)})
-    assert profile["input_ids"] == ((1, 1), (2, 33), (2, 33))  # opt copies max when only min/max given
-    assert profile["past.3.key"][2] == (8, 2, 2048, 16)  # untouched inputs keep their defaults
+    assert profile["input_ids"] == ((1, 1), (1, 33), (2, 33))  # opt: the default (1, 64) inside [min, max]
+    assert profile["past.3.key"][2] == (2, 2, 2048, 16)  # batch follows input_ids, past keeps its default
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -60,3 +60,25 @@ def test_unknown_dynamic_dim_needs_a_spec():
     with pytest.raises(GdnExportError, match="input pixels dim 1 is dynamic \\('height'\\)"):
         make_profile([InputInfo("pixels", (1, "height"))])
     assert make_profile([InputInfo("pixels", (1, "height"))], max_shapes="pixels:[1,9]")["pixels"][0] == (1, 9)
+
+
+@pytest.mark.parametrize("kwargs,want", [
+    (dict(max_shapes="input_ids:[4,256]"), ((1, 1), (1, 64), (4, 256))),
+    (dict(opt_shapes="input_ids:[2,1000]"), ((1, 1), (2, 1000), (8, 1000))),
+    (dict(min_shapes="input_ids:[16,600]"), ((16, 600), (16, 600), (16, 600))),
+    (dict(opt_shapes="input_ids:[1,1]", max_shapes="input_ids:[1,1]"), ((1, 1), (1, 1), (1, 1))),
+], ids=["max-only", "opt-beyond-default-max", "min-beyond-default-max", "decode-only"])
+def test_one_spec_keeps_the_others_consistent(kwargs, want):
+    assert make_profile(INPUTS, **kwargs)["input_ids"] == want
+
+
+def test_named_dims_follow_the_given_specs():
+    profile = make_profile(INPUTS, min_shapes="input_ids:[1,1]", opt_shapes="input_ids:[2,8]",
+                           max_shapes="input_ids:[4,256]")
+    assert profile["past.0.conv"] == ((1, 96, 3), (2, 96, 3), (4, 96, 3))
+    assert profile["past.3.key"] == ((1, 2, 0, 16), (2, 2, 256, 16), (4, 2, 2048, 16))  # past keeps its default
+
+
+def test_conflicting_named_dims_are_refused():
+    with pytest.raises(GdnExportError, match="dim 'batch' gets min/opt/max"):
+        make_profile(INPUTS, max_shapes="input_ids:[4,256],past.0.conv:[2,96,3]")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gdn_export.errors import CheckpointError
+from gdn_export.errors import CheckpointError, InputError
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 
 
@@ -81,6 +81,46 @@ def test_refuses_non_empty_directory(tmp_path):
     (tmp_path / "ckpt" / "keep.txt").write_text("x")
     with pytest.raises(CheckpointError, match="not empty"):
         make_tiny_checkpoint(tmp_path / "ckpt")
+    # overwrite replaces checkpoints only: a folder without config.json is never deleted.
+    with pytest.raises(CheckpointError, match="holds no config.json"):
+        make_tiny_checkpoint(tmp_path / "ckpt", overwrite=True)
+    assert (tmp_path / "ckpt" / "keep.txt").read_text() == "x"
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
     make_tiny_checkpoint(tmp_path / "ckpt", overwrite=True)
     assert not (tmp_path / "ckpt" / "keep.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("target,fragment", [
+    ("a-file", "a-file: exists and is not a folder"),
+    ("a-file/sub/ckpt", "a-file is a file, not a folder"),
+], ids=["target-is-a-file", "ancestor-is-a-file"])
+def test_file_in_the_way_is_a_checkpoint_error(tmp_path, target, fragment):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(CheckpointError, match=fragment):
+        make_tiny_checkpoint(tmp_path / target)
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+@pytest.mark.parametrize("shards,fragment", [
+    (0, "shards must be an integer >= 1, got 0"),
+    (-2, "shards must be an integer >= 1, got -2"),
+    (2.0, "shards must be an integer >= 1, got 2.0"),
+    (100, r"100 shards asked for, but this checkpoint has only 56 tensors \(each shard holds"),
+], ids=["zero", "negative", "float", "more-than-tensors"])
+def test_impossible_shard_counts(tmp_path, shards, fragment):
+    with pytest.raises(InputError, match=fragment):
+        make_tiny_checkpoint(tmp_path / "ckpt", shards=shards)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("shards", [7, 56], ids=["7", "one-tensor-each"])
+def test_writes_exactly_the_shards_asked_for(tmp_path, shards):
+    d = make_tiny_checkpoint(tmp_path / "ckpt", shards=shards)
+    index = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    files = sorted(p.name for p in d.glob("*.safetensors"))
+    assert files == [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    assert sorted(set(index.values())) == files  # none empty
+    assert _tensors(d).keys() == set(index)
+    load_checkpoint(d)

@@ -50,7 +50,8 @@ def _causal_conv1d_op(
     conv_state: torch.Tensor | None,
     silu: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, state = backends.get().causal_conv1d(x, weight, bias, conv_state, silu)
+    # Checked here, where tensors are real (torch.export traces the fake below).
+    y, state = backends.for_device(x.device).causal_conv1d(x, weight, bias, conv_state, silu)
     return y, state
 
 

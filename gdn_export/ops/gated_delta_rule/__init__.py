@@ -76,7 +76,9 @@ def _gated_delta_rule_op(
     use_qk_l2norm: bool,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    o, state = backends.get().gated_delta_rule(
+    # Checked here, where tensors are real: torch.export traces the fake below, so exporting a CPU
+    # model with GDN_EXPORT_BACKEND=triton set still works.
+    o, state = backends.for_device(v.device).gated_delta_rule(
         q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens
     )
     return o, state

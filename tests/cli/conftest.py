@@ -1,0 +1,76 @@
+"""One tiny checkpoint and its exports, made through the CLI once per session, and a `cli`
+fixture that runs `gdn_export.cli.main.main` in-process and captures what it prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gdn_export.cli.main import main
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def error_line(self, command: str) -> str:
+        """The single stderr line of a user mistake (exit 2, no traceback), without its prefix."""
+        lines = self.err.strip().splitlines()
+        assert self.code == 2, (self.code, self.err)
+        assert len(lines) == 1 and "Traceback" not in self.err, self.err
+        prefix = f"gdn-export {command}: error: "
+        assert lines[0].startswith(prefix), lines[0]
+        return lines[0][len(prefix):]
+
+
+@pytest.fixture
+def cli(capsys):
+    def run(*argv) -> CliResult:
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def _main_ok(*argv) -> None:
+    code = main([str(a) for a in argv])
+    assert code == 0, f"gdn-export {' '.join(map(str, argv))} exited {code}"
+
+
+@pytest.fixture(scope="session")
+def cli_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(cli_root) -> Path:
+    """A qwen3_5 tiny checkpoint (vocab 256) written by `gdn-export make-tiny`."""
+    path = cli_root / "ckpt"
+    _main_ok("make-tiny", path, "--seed", 3)
+    return path
+
+
+@pytest.fixture(scope="session")
+def exported(cli_root, tiny_ckpt):
+    """exported(dtype) -> the .onnx `gdn-export export --dtype dtype` wrote (once per dtype)."""
+    cache: dict[str, Path] = {}
+
+    def get(dtype: str = "fp32") -> Path:
+        if dtype not in cache:
+            folder = cli_root / f"export-{dtype}"
+            folder.mkdir()
+            _main_ok("export", tiny_ckpt, "-o", folder / "tiny.onnx", "--dtype", dtype, "-q")
+            cache[dtype] = folder / "tiny.onnx"
+        return cache[dtype]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx(exported) -> Path:
+    return exported("fp32")

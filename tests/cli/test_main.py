@@ -1,0 +1,95 @@
+"""Top-level behaviour: --version, --help of every subcommand, and what a user mistake looks like
+from a real process (exit status, one stderr line, no traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gdn_export import __version__
+from gdn_export.cli.main import main
+
+SUBCOMMANDS = ("demo", "make-tiny", "export", "build", "run", "validate")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gdn-export {__version__}"
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_help_of_each_subcommand(capsys, command):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: gdn-export {command} ")
+    assert "-h, --help" in out
+
+
+def test_top_level_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(command in out for command in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["run", "x.onnx"], ["export", "ckpt"]],
+                         ids=["no-command", "unknown-command", "run-without-ids", "export-without-o"])
+def test_argparse_mistakes_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def _python_m(*argv, cwd):
+    return subprocess.run([sys.executable, "-m", "gdn_export", *map(str, argv)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv,command,fragment", [
+    (["make-tiny", "{ckpt}"], "make-tiny", "exists and is not empty"),
+    (["export", "{ckpt}", "-o", "no/such/folder/m.onnx"], "export", "does not exist"),
+    (["run", "{onnx}", "--input-ids", "1,2,999"], "run", "token id 999 is out of range for vocab size 256"),
+    (["validate", "{ckpt}"], "validate", "give --onnx and/or --engine"),
+    (["build", "missing.onnx", "-o", "m.engine"], "build", "missing.onnx: no such ONNX file"),
+], ids=["make-tiny-exists", "export-no-folder", "run-id-out-of-range", "validate-no-target",
+        "build-no-onnx"])
+def test_user_mistake_in_a_real_process(tmp_path, tiny_ckpt, tiny_onnx, argv, command, fragment):
+    argv = [a.format(ckpt=tiny_ckpt, onnx=tiny_onnx) for a in argv]
+    proc = _python_m(*argv, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"gdn-export {command}: error: ") and fragment in lines[0], lines[0]
+    assert proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even a temp file
+
+
+def test_interrupt_is_one_line_and_130(cli, monkeypatch, tmp_path):
+    import gdn_export.cli.make_tiny as make_tiny
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(make_tiny, "run", interrupted)
+    result = cli("make-tiny", tmp_path / "ckpt")
+    assert result.code == 130 and result.err == "gdn-export make-tiny: interrupted\n"
+
+
+def test_a_bug_keeps_its_traceback(cli, monkeypatch, tmp_path):
+    """Only GdnExportError is a user mistake; anything else must propagate, not become exit 2."""
+    import gdn_export.cli.make_tiny as make_tiny
+
+    def buggy(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(make_tiny, "run", buggy)
+    with pytest.raises(ZeroDivisionError):
+        cli("make-tiny", tmp_path / "ckpt")

@@ -1,0 +1,71 @@
+"""Through the Python API the CLI uses: a state of the wrong shape, dtype, batch or count is an
+InputError that names the state and what was expected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gdn_export.errors import InputError
+from gdn_export.runtime.ort_runner import OrtRunner
+from gdn_export.runtime.torch_runner import TorchRunner
+from gdn_export.weights import load_checkpoint
+
+IDS = np.array([[3, 1, 4]])
+
+
+@pytest.fixture(scope="module", params=["torch", "ort"])
+def runner(request, tiny_ckpt, tiny_onnx):
+    return TorchRunner(load_checkpoint(tiny_ckpt)) if request.param == "torch" else OrtRunner(tiny_onnx)
+
+
+def _cast(runner, x, dtype_name):
+    if isinstance(x, torch.Tensor):
+        return x.to(getattr(torch, dtype_name))
+    return x.astype(dtype_name)
+
+
+def _index(runner, name):
+    return [s.name for s in runner.state_specs].index(name)
+
+
+def test_wrong_shape_names_the_state(runner):
+    states = list(runner.empty_states(1))
+    i = _index(runner, "past.1.recurrent")
+    states[i] = states[i][:, :3]  # 3 value heads instead of 4
+    with pytest.raises(InputError) as info:
+        runner.forward(IDS, 0, states)
+    message = str(info.value)
+    assert "state past.1.recurrent" in message and "(1, 4, 16, 24)" in message and "(1, 3, 16, 24)" in message
+
+
+def test_wrong_dtype_names_the_state(runner):
+    states = list(runner.empty_states(1))
+    i = _index(runner, "past.2.conv")
+    states[i] = _cast(runner, states[i], "float16")
+    with pytest.raises(InputError, match=r"state past\.2\.conv must be float32, got float16"):
+        runner.forward(IDS, 0, states)
+
+
+def test_states_of_another_batch(runner):
+    with pytest.raises(InputError, match=r"state past\.0\.conv must be \(1, .* for batch 1 .* got \(2, "):
+        runner.forward(IDS, 0, runner.empty_states(2))
+
+
+def test_past_length_that_the_cache_does_not_hold(runner):
+    with pytest.raises(InputError, match=r"state past\.3\.key must be .* past length 4, got \(1, 2, 0, 16\)"):
+        runner.forward(IDS, 4, runner.empty_states(1))
+
+
+def test_missing_state(runner):
+    with pytest.raises(InputError, match="expected 8 state tensors, got 7"):
+        runner.forward(IDS, 0, list(runner.empty_states(1))[:-1])
+
+
+def test_torch_runner_given_numpy_states(tiny_ckpt):
+    runner = TorchRunner(load_checkpoint(tiny_ckpt))
+    states = [t.numpy() for t in runner.empty_states(1)]
+    with pytest.raises(InputError, match="^state past.0.conv must be a torch.Tensor for the torch "
+                       "runner, got numpy.ndarray$"):
+        runner.forward(IDS, 0, states)

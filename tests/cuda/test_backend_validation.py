@@ -1,0 +1,51 @@
+"""CPU-runnable: the cuda backend rejects bad tensors with a GdnExportError naming them, before any
+kernel (or the extension build) is involved."""
+
+import pytest
+import torch
+
+from gdn_export.cuda import backend
+from gdn_export.errors import GdnExportError
+from tests.conftest import gdn_inputs
+
+
+@pytest.mark.parametrize(
+    "change,name",
+    [
+        (lambda x: {"initial_state": x["initial_state"][:, :2]}, "initial_state"),
+        (lambda x: {"g": x["g"][:, :, :2]}, "g"),
+        (lambda x: {"beta": x["beta"][:, :3]}, "beta"),
+        (lambda x: {"v": x["v"][:, :, :3]}, "value heads"),
+    ],
+    ids=["state-heads", "g-heads", "beta-time", "heads-not-multiple"],
+)
+def test_gated_delta_rule_bad_shape_is_named(change, name):
+    x = gdn_inputs(1, 5, 2, 4, 16, 8)
+    x.update(change(x))
+    with pytest.raises(GdnExportError, match=name):
+        backend.gated_delta_rule(**x, scale=0.25, use_qk_l2norm=True, cu_seqlens=None)
+
+
+def test_gated_delta_rule_needs_cuda_tensors():
+    x = gdn_inputs(1, 5, 2, 4, 16, 8)
+    with pytest.raises(GdnExportError, match="CUDA tensors, got q on cpu"):
+        backend.gated_delta_rule(**x, scale=0.25, use_qk_l2norm=True, cu_seqlens=None)
+
+
+def test_conv_kernel_too_long_is_named():
+    x = torch.randn(1, 4, 8)
+    with pytest.raises(GdnExportError, match="kernel size must be 1..8, got 9"):
+        backend.causal_conv1d(x, torch.randn(8, 9), None, None, True)
+
+
+def test_conv_bad_state_is_named():
+    x = torch.randn(2, 4, 8)
+    with pytest.raises(GdnExportError, match="conv_state"):
+        backend.causal_conv1d(x, torch.randn(8, 4), None, torch.randn(2, 8, 2), True)
+
+
+def test_unavailable_without_gpu_is_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the extension may build")
+    with pytest.raises(GdnExportError, match="^cuda backend unavailable: "):
+        backend.load()

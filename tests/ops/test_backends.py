@@ -1,0 +1,77 @@
+"""The backend registry: GPU-only backends given CPU tensors fail in one line that says what to do
+(never a Triton compile error or a CUDA extension build), and Triton's interpreter stays usable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_export.errors import GdnExportError
+from gdn_export.ops import backends, causal_conv1d, gated_delta_rule
+from tests.conftest import gdn_inputs
+
+TRITON_MESSAGE = ("gdn backend 'triton' needs CUDA tensors (got cpu); use the reference backend or "
+                  "set TRITON_INTERPRET=1")
+CUDA_MESSAGE = "gdn backend 'cuda' needs CUDA tensors (got cpu); use the reference backend"
+
+
+def _run_gdr():
+    x = gdn_inputs(1, 3, 2, 4, 16, 8)
+    return gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
+
+
+def _run_conv():
+    return causal_conv1d(torch.randn(2, 5, 6), torch.randn(6, 4), torch.randn(6), torch.randn(2, 6, 3))
+
+
+def _pick(how, name, monkeypatch):
+    """Select backend `name` through the environment variable or a use_backend block."""
+    if how == "env":
+        monkeypatch.setenv(backends.ENV_VAR, name)
+        return backends.use_backend(backends.current_name())  # a no-op block on the same backend
+    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    return backends.use_backend(name)
+
+
+@pytest.mark.parametrize("how", ["env", "use_backend"])
+@pytest.mark.parametrize("op", [_run_gdr, _run_conv], ids=["gated_delta_rule", "causal_conv1d"])
+@pytest.mark.parametrize("name,message", [("triton", TRITON_MESSAGE), ("cuda", CUDA_MESSAGE)],
+                         ids=["triton", "cuda"])
+def test_gpu_backend_with_cpu_tensors_is_one_line(monkeypatch, how, op, name, message):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with _pick(how, name, monkeypatch), pytest.raises(GdnExportError) as info:
+        op()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("value,raises", [("1", False), ("0", True)], ids=["interpret", "compiled"])
+def test_triton_interpreter_accepts_cpu_tensors(monkeypatch, value, raises):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    if raises:
+        with pytest.raises(GdnExportError, match="TRITON_INTERPRET=1"):
+            backends.check_device("triton", torch.device("cpu"))
+    else:
+        backends.check_device("triton", torch.device("cpu"))
+    with pytest.raises(GdnExportError, match="'cuda' needs CUDA tensors"):
+        backends.check_device("cuda", torch.device("cpu"))  # no interpreter for our CUDA kernels
+
+
+@pytest.mark.parametrize("name", ["reference", "triton", "cuda"])
+def test_cuda_tensors_pass_every_backend(monkeypatch, name):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    backends.check_device(name, torch.device("cuda", 0))  # only the device type is looked at
+
+
+def test_reference_backend_takes_cpu_tensors():
+    backends.check_device("reference", torch.device("cpu"))
+
+
+def test_reference_backend_runs_on_cpu_under_the_same_check(monkeypatch):
+    monkeypatch.setenv(backends.ENV_VAR, "reference")
+    o, state = _run_gdr()
+    y, conv_state = _run_conv()
+    assert o.shape == (1, 3, 4, 8) and state.shape == (1, 4, 16, 8) and state.dtype == torch.float32
+    assert y.shape == (2, 5, 6) and conv_state.shape == (2, 6, 3)
+    assert torch.isfinite(o).all() and torch.isfinite(y).all()
