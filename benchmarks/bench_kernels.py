@@ -81,7 +81,9 @@ def implementations(args, decode):
         impls["ours"] = lambda x: fused_recurrent_gated_delta_rule(
             **x, scale=scale, use_qk_l2norm=True, inplace=True)
     else:
-        impls["ours"] = lambda x: chunk_gated_delta_rule(**x, scale=scale, use_qk_l2norm=True)
+        impls["ours"] = lambda x: chunk_gated_delta_rule(**x, scale=scale, use_qk_l2norm=True, impl="fused")
+        impls["ours (split)"] = lambda x: chunk_gated_delta_rule(**x, scale=scale, use_qk_l2norm=True,
+                                                                 impl="split")
     if not args.skip_fla:
         try:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
@@ -132,6 +134,7 @@ def run_gdn(args, device, copy, rows, notes, save):
                 rows.append(dict(case=case, impl=name, ms=ms, gbps=gbps, pct_copy=100 * gbps / copy, bytes=nbytes))
             if not decode:
                 split(x, case, rows, args.smoke)
+                split_path(x, case, rows, args.smoke, variants=(B, T) in SPLIT_VARIANT_CASES or args.smoke)
             base = outs.get("fla", outs.get("reference"))
             for r in rows:
                 if r["case"] == case and r["impl"] in outs and base is not None:
@@ -152,9 +155,68 @@ def split(x, case, rows, smoke):
     rows.append(dict(case=case, impl="ours: wy.py kernel alone", ms=ms))
     ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, num_warps=8), smoke)
     rows.append(dict(case=case, impl="ours: wy.py kernel alone, 8 warps", ms=ms))
-    w, u, Aqk, gc = chunk_wy_fwd(q, k, v, g, beta, scale, True)
+    w, u, Aqk, gc, _ = chunk_wy_fwd(q, k, v, g, beta, scale, True)
     ms = bench(lambda: chunk_state_output_fwd(q, k, w, u, Aqk, gc, h0, scale, True), smoke)
     rows.append(dict(case=case, impl="ours: chunk.py kernel alone", ms=ms))
+
+
+# Launch-parameter variants of the split path's kernels, timed at these prefill cases only
+# (one per regime: few sequences, many) to keep the whole run within a few minutes.
+SPLIT_VARIANT_CASES = [(1, 16384), (8, 8192)]
+STATE_VARIANTS = [  # chunk_state_fwd keyword arguments (the default first)
+    ("default", {}),
+    ("BV=16 warps=8 stages=3", dict(block_v=16, num_warps=8, num_stages=3)),
+    ("BV=32 warps=4 stages=2", dict(block_v=32, num_warps=4, num_stages=2)),
+    ("BV=32 warps=8 stages=2", dict(block_v=32, num_warps=8, num_stages=2)),
+    ("BV=64 warps=8 stages=2", dict(block_v=64, num_warps=8, num_stages=2)),
+    ("v_new bf16", dict(vnew_dtype=torch.bfloat16)),
+    ("h fp32", dict(state_dtype=torch.float32)),
+]
+OUTPUT_VARIANTS = [  # chunk_output_fwd keyword arguments (the default first)
+    ("default", {}),
+    ("BV=128 warps=8", dict(block_v=128, num_warps=8)),
+    ("BV=32 warps=8", dict(block_v=32, num_warps=8)),
+    ("BV=64 warps=4", dict(block_v=64, num_warps=4)),
+]
+
+
+def split_path(x, case, rows, smoke, variants):
+    """The split prefill's three launches timed apart (impl="split"), with variants if asked."""
+    from gdn_kernels.chunk_output import chunk_output_fwd
+    from gdn_kernels.chunk_state import chunk_state_fwd
+    from gdn_kernels.wy import chunk_wy_fwd
+
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    scale = q.shape[-1] ** -0.5
+    wy = lambda **kw: chunk_wy_fwd(q, k, v, g, beta, scale, True, store_aqk=False, store_kscale=True, **kw)  # noqa: E731
+
+    def timed(name, fn):
+        try:
+            rows.append(dict(case=case, impl=name, ms=bench(fn, smoke)))
+        except Exception as exc:  # a variant that does not fit must not end the run
+            rows.append(dict(case=case, impl=name, ms=None, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
+
+    timed("ours (split): wy.py kernel alone (no Aqk, kscale)", wy)
+    if variants:
+        timed("ours (split): wy.py kernel alone, u in BV=32 blocks", lambda: wy(block_v=32))
+    w, u, _, gc, ks = wy()
+    for label, kw in STATE_VARIANTS if variants else STATE_VARIANTS[:1]:
+        timed(f"ours (split): chunk_state.py kernel alone, {label}",
+              lambda: chunk_state_fwd(k, w, u, gc, ks, h0, **kw))
+    h, vn, _ = chunk_state_fwd(k, w, u, gc, ks, h0)
+    del w, u
+    for label, kw in OUTPUT_VARIANTS if variants else OUTPUT_VARIANTS[:1]:
+        timed(f"ours (split): chunk_output.py kernel alone, {label}",
+              lambda: chunk_output_fwd(q, k, vn, gc, h, scale, True, **kw))
+    if variants:
+        _, vb, _ = chunk_state_fwd(k, *wy()[:2], gc, ks, h0, vnew_dtype=torch.bfloat16)
+        timed("ours (split): chunk_output.py kernel alone, v_new bf16",
+              lambda: chunk_output_fwd(q, k, vb, gc, h, scale, True))
+        del vb
+        Aqk = chunk_wy_fwd(q, k, v, g, beta, scale, True)[2]
+        timed("ours (split): chunk_output.py kernel alone, Aqk read from wy.py",
+              lambda: chunk_output_fwd(q, k, vn, gc, h, scale, True, Aqk=Aqk))
+        del Aqk
 
 
 def run_conv(args, device, copy, rows, save):
@@ -192,7 +254,7 @@ def run_sweep(args, device, rows, save):
         for nw in (4, 8):
             ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, num_warps=nw), args.smoke)
             rows.append(dict(case=f"sweep wy B={B} T={T}", impl=f"warps={nw}", ms=ms))
-        w, u, Aqk, gc = chunk_wy_fwd(q, k, v, g, beta, scale, True)
+        w, u, Aqk, gc, _ = chunk_wy_fwd(q, k, v, g, beta, scale, True)
         for bv, nw, ns, half in ((16, 4, 2, False), (32, 4, 1, False), (32, 4, 2, False), (32, 4, 3, False),
                                  (32, 8, 2, False), (64, 4, 2, False), (64, 8, 2, False), (64, 8, 3, False),
                                  (32, 4, 2, True), (64, 8, 2, True)):

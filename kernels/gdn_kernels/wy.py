@@ -73,12 +73,13 @@ def _load_rows(p, o_r, n_rows, stride, D: tl.constexpr, BD: tl.constexpr, L2NORM
 @triton.jit(do_not_specialize=["T"])
 def chunk_wy_fwd_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,
-    w, u, Aqk, gcum,
+    w, u, Aqk, gcum, kscale,
     cu_seqlens, chunk_indices,
     scale, T,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
+    STORE_AQK: tl.constexpr, STORE_KSCALE: tl.constexpr,
 ):
     BT: tl.constexpr = 64
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -108,11 +109,21 @@ def chunk_wy_fwd_kernel(
     # exp only where i >= j: above the diagonal G_i - G_j > 0 could overflow
     b_decay = tl.exp(tl.where(m_causal, b_G[:, None] - b_G[None, :], 0.0))
 
-    b_k = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_Aqk = tl.where(m_causal, _dot(b_q, tl.trans(b_k), IEEE) * b_decay * scale, 0.0)
-    tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
-             mask=m_t[:, None])
+    b_k = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, False)
+    if USE_L2NORM:
+        b_kn = tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)
+        b_k = b_k * b_kn[:, None]
+    else:
+        b_kn = tl.full([BT], 1.0, tl.float32)
+    if STORE_KSCALE:
+        # padded rows have g = 0, so row BT - 1 holds the chunk's last G
+        b_Gl = tl.sum(tl.where(o_t == BT - 1, b_G, 0.0), 0)
+        tl.store(kscale + r0 + o_t, b_kn * tl.exp(b_Gl - b_G), mask=m_t)
+    if STORE_AQK:  # the split path (chunk_output.py) recomputes q.k where it is used instead
+        b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
+        b_Aqk = tl.where(m_causal, _dot(b_q, tl.trans(b_k), IEEE) * b_decay * scale, 0.0)
+        tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
+                 mask=m_t[:, None])
 
     # (I + A)^-1 for strictly lower A (A^64 = 0) as (I - A)(I + A^2)(I + A^4)...(I + A^32):
     # ten 64 x 64 tensor-core products instead of 63 dependent substitution steps.
@@ -142,7 +153,7 @@ def chunk_wy_fwd_kernel(
 
 
 def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None,
-                 gates=None, num_warps=4):
+                 gates=None, num_warps=4, store_aqk=True, store_kscale=False, block_v=64):
     """Launch the chunk-local kernel.
 
     Args:
@@ -150,23 +161,29 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
         beta [B, T, Hv], or gates = (a [B, T, Hv], b [B, T, Hv], A_log [Hv], dt_bias [Hv]) with
         g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) computed in the kernel.
         cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices) when packed.
+        store_aqk: False skips the causal q.k matrix (returned as None).
+        store_kscale: also return kscale (else None), the per-row factor that turns the raw key
+            into the state update's k exp(G_last - G) (the L2 norm included).
+        block_v: width of the value blocks u is computed in (32 spills less at 4 warps).
     Returns:
-        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64], gcum [B, Hv, T] fp32.
+        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64], gcum [B, Hv, T] and
+        kscale [B, Hv, T] fp32.
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
     w = v.new_empty(B, Hv, T, Dk)
     u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
-    Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
+    Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32) if store_aqk else None
     gcum = torch.empty(B, Hv, T, dtype=torch.float32, device=v.device)
+    kscale = torch.empty_like(gcum) if store_kscale else None
     NT = chunk_idx.shape[0] if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
-    BV = min(next_pow2(Dv), 64)
+    BV = min(next_pow2(Dv), block_v)
     chunk_wy_fwd_kernel[(NT, B * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-        w, u, Aqk, gcum, cu_seqlens, chunk_idx, scale, T,
+        w, u, Aqk if store_aqk else u, gcum, kscale if store_kscale else gcum, cu_seqlens, chunk_idx, scale, T,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=max(BV, 16),
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
-        IEEE=v.dtype == torch.float32, num_warps=num_warps,
+        IEEE=v.dtype == torch.float32, STORE_AQK=store_aqk, STORE_KSCALE=store_kscale, num_warps=num_warps,
     )
-    return w, u, Aqk, gcum
+    return w, u, Aqk, gcum, kscale
