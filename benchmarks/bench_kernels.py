@@ -155,18 +155,21 @@ def split(x, case, rows, smoke):
     rows.append(dict(case=case, impl="ours: wy.py kernel alone", ms=ms))
     ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, num_warps=8), smoke)
     rows.append(dict(case=case, impl="ours: wy.py kernel alone, 8 warps", ms=ms))
+    ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, block_v=32), smoke)
+    rows.append(dict(case=case, impl="ours: wy.py kernel alone, u in BV=32 blocks", ms=ms))
     w, u, Aqk, gc, _ = chunk_wy_fwd(q, k, v, g, beta, scale, True)
     ms = bench(lambda: chunk_state_output_fwd(q, k, w, u, Aqk, gc, h0, scale, True), smoke)
     rows.append(dict(case=case, impl="ours: chunk.py kernel alone", ms=ms))
 
 
 # Launch-parameter variants of the split path's kernels, timed at these prefill cases only
-# (one per regime: few sequences, many) to keep the whole run within a few minutes.
+# (one per regime: few sequences, many) and few of them: each is one more compilation on the
+# device, and the whole run should stay within about 3 minutes.
 SPLIT_VARIANT_CASES = [(1, 16384), (8, 8192)]
 STATE_VARIANTS = [  # chunk_state_fwd keyword arguments (the default first)
     ("default", {}),
-    ("BV=16 warps=8 stages=3", dict(block_v=16, num_warps=8, num_stages=3)),
-    ("BV=32 warps=4 stages=2", dict(block_v=32, num_warps=4, num_stages=2)),
+    ("BV=16 warps=4 stages=2", dict(block_v=16, num_warps=4, num_stages=2)),
+    ("BV=32 warps=4 stages=3", dict(block_v=32, num_warps=4, num_stages=3)),
     ("BV=32 warps=8 stages=2", dict(block_v=32, num_warps=8, num_stages=2)),
     ("BV=64 warps=8 stages=2", dict(block_v=64, num_warps=8, num_stages=2)),
     ("v_new bf16", dict(vnew_dtype=torch.bfloat16)),
@@ -175,20 +178,19 @@ STATE_VARIANTS = [  # chunk_state_fwd keyword arguments (the default first)
 OUTPUT_VARIANTS = [  # chunk_output_fwd keyword arguments (the default first)
     ("default", {}),
     ("BV=128 warps=8", dict(block_v=128, num_warps=8)),
-    ("BV=32 warps=8", dict(block_v=32, num_warps=8)),
-    ("BV=64 warps=4", dict(block_v=64, num_warps=4)),
 ]
 
 
 def split_path(x, case, rows, smoke, variants):
     """The split prefill's three launches timed apart (impl="split"), with variants if asked."""
+    from gdn_kernels.chunk import SPLIT_WY
     from gdn_kernels.chunk_output import chunk_output_fwd
     from gdn_kernels.chunk_state import chunk_state_fwd
     from gdn_kernels.wy import chunk_wy_fwd
 
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     scale = q.shape[-1] ** -0.5
-    wy = lambda **kw: chunk_wy_fwd(q, k, v, g, beta, scale, True, store_aqk=False, store_kscale=True, **kw)  # noqa: E731
+    wy = lambda **kw: chunk_wy_fwd(q, k, v, g, beta, scale, True, **dict(SPLIT_WY, **kw))  # noqa: E731
 
     def timed(name, fn):
         try:
@@ -196,9 +198,9 @@ def split_path(x, case, rows, smoke, variants):
         except Exception as exc:  # a variant that does not fit must not end the run
             rows.append(dict(case=case, impl=name, ms=None, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
 
-    timed("ours (split): wy.py kernel alone (no Aqk, kscale)", wy)
+    timed("ours (split): wy.py kernel alone (no Aqk, kscale, half_w, u in BV=32 blocks)", wy)
     if variants:
-        timed("ours (split): wy.py kernel alone, u in BV=32 blocks", lambda: wy(block_v=32))
+        timed("ours (split): wy.py kernel alone, no half_w, BV=64", lambda: wy(block_v=64, half_w=False))
     w, u, _, gc, ks = wy()
     for label, kw in STATE_VARIANTS if variants else STATE_VARIANTS[:1]:
         timed(f"ours (split): chunk_state.py kernel alone, {label}",
@@ -213,7 +215,7 @@ def split_path(x, case, rows, smoke, variants):
         timed("ours (split): chunk_output.py kernel alone, v_new bf16",
               lambda: chunk_output_fwd(q, k, vb, gc, h, scale, True))
         del vb
-        Aqk = chunk_wy_fwd(q, k, v, g, beta, scale, True)[2]
+        Aqk = wy(store_aqk=True)[2]
         timed("ours (split): chunk_output.py kernel alone, Aqk read from wy.py",
               lambda: chunk_output_fwd(q, k, vn, gc, h, scale, True, Aqk=Aqk))
         del Aqk

@@ -29,12 +29,16 @@ from gdn_kernels.chunk_output import chunk_output_fwd
 from gdn_kernels.chunk_state import chunk_state_fwd
 from gdn_kernels.utils import (
     as_kernel_input, check_cu_seqlens, check_head_dims, chunk_indices, compute_dtype, next_pow2,
+    num_sms,
 )
 from gdn_kernels.wy import _dot, chunk_wy_fwd
 
 # The two prefill implementations (see the package docstring); the argument wins over the variable.
 PREFILL_IMPLS = ("fused", "split")
 PREFILL_ENV = "GDN_TRITON_PREFILL"
+# wy.py's settings on the split path: no Aqk (chunk_output.py recomputes it), kscale for
+# chunk_state.py; half_w and BV=32 spill least in the sm_90 compile report (not yet measured).
+SPLIT_WY = dict(store_aqk=False, store_kscale=True, half_w=True, block_v=32)
 
 
 def prefill_impl(impl: str | None = None) -> str:
@@ -126,7 +130,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, initial_state, scale, use_qk_l
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
         N, Hv, Dk, Dv, dtype=torch.float32, device=u.device)
-    few = N * Hv * triton.cdiv(Dv, 64) < 2 * _num_sms(u.device)
+    few = N * Hv * triton.cdiv(Dv, 64) < 2 * num_sms(u.device)
     if block_v is None:
         # B = 1 prefill has only Hv sequential programs per 64 value columns: split the value
         # axis finer so that every SM gets one (run 1 sweep: BV=32 3 stages best at B=1, BV=64
@@ -163,12 +167,6 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, initial_state, scale, use_qk_l
 
 
 _STAGES_THAT_FIT: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def chunk_gated_delta_rule(
@@ -224,7 +222,7 @@ def chunk_gated_delta_rule(
         idx = chunk_indices(cu)
     if impl == "split":
         w, u, _, gcum, kscale = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx,
-                                             gates=gates, store_aqk=False, store_kscale=True)
+                                             gates=gates, **SPLIT_WY)
         h, v_new, ht = chunk_state_fwd(k, w, u, gcum, kscale, h0, cu, idx, final_state=final_state)
         del w, u, kscale
         o = chunk_output_fwd(q, k, v_new, gcum, h, scale, use_qk_l2norm, cu, idx, out=out)

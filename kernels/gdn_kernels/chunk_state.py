@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, next_pow2
+from gdn_kernels.utils import CHUNK, next_pow2, num_sms
 from gdn_kernels.wy import _dot
 
 
@@ -103,8 +103,9 @@ def chunk_state_fwd(k, w, u, gcum, kscale, initial_state, cu_seqlens=None, chunk
 
     Args:
         k [B, T, Hk, Dk] (kernel dtype); w [B, Hv, T, Dk], u [B, Hv, T, Dv], gcum [B, Hv, T] and
-        kscale [B, Hv, T] from wy.chunk_wy_fwd(store_kscale=True); initial_state [N, Hv, Dk, Dv] fp32 or None; cu_seqlens [N + 1] int32 and
-        chunk_idx [NT, 2] int32 (utils.chunk_indices) when packed (B = 1).
+        kscale [B, Hv, T] from wy.chunk_wy_fwd(store_kscale=True); initial_state
+        [N, Hv, Dk, Dv] fp32 or None; cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32
+        (utils.chunk_indices) when packed (B = 1).
         state_dtype: dtype of the stored per-chunk states (default: k's, fp32 for fp32 inputs).
         vnew_dtype: dtype of the stored v_new (default fp32: rounding it to bf16 feeds straight
             into o through the causal q.k product).
@@ -127,15 +128,15 @@ def chunk_state_fwd(k, w, u, gcum, kscale, initial_state, cu_seqlens=None, chunk
     v_new = torch.empty(B, Hv, T, Dv, dtype=vnew_dtype, device=u.device)
     ht = final_state if final_state is not None else torch.empty(
         N, Hv, Dk, Dv, dtype=torch.float32, device=u.device)
-    few = N * Hv * triton.cdiv(Dv, 64) < 2 * _num_sms(u.device)
-    # Not yet measured: picked from the sm_90 compile report (Triton 3.9, Dk = Dv = 128, bf16),
-    # spill-free where possible. Few sequences: BV=16, 4 warps, 2 stages (208 registers, 41 KB
-    # shared) fits 2 programs per SM, 256 programs at B=1 Hv=32. Many: BV=64, 8 warps, 2 stages
-    # (96 B of spills), 4x fewer re-reads of w and k than BV=16.
+    few = N * Hv * triton.cdiv(Dv, 64) < 2 * num_sms(u.device)
+    # Not yet measured. The fused walk's best block shapes (run 1 sweep), at 2 stages: 3 spill
+    # 0.8 KB per thread at BV=32 (sm_90 compile report, Triton 3.9, Dk = Dv = 128, bf16).
+    # BV=16 (256 programs at B=1 Hv=32, two per SM, no spills) would read w and k from L2 8 times
+    # per chunk and head, ~2.9 GB at T=16384, likely L2-bound; bench_kernels.py times it.
     if block_v is None:
-        block_v = 16 if few else 64
+        block_v = 32 if few else 64
     if num_warps is None:
-        num_warps = 4 if block_v <= 16 else 8
+        num_warps = 4 if block_v <= 32 else 8
     if num_stages is None:
         num_stages = 2
     if half_dots is None:
@@ -165,9 +166,3 @@ def chunk_state_fwd(k, w, u, gcum, kscale, initial_state, cu_seqlens=None, chunk
 
 
 _STAGES_THAT_FIT: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count

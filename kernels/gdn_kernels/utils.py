@@ -14,6 +14,13 @@ def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (1 elsewhere): launch heuristics count programs per SM."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def compute_dtype(v: torch.Tensor) -> torch.dtype:
     """The dtype the kernels read and write: v's, except float64 which runs in fp32."""
     return torch.float32 if v.dtype == torch.float64 else v.dtype

@@ -62,6 +62,16 @@ def test_chunk_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype, impl):
     _check("chunk", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE), dtype, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_long_memory(dtype, impl):
+    # gdn_inputs' gates forget the state within a chunk; 50x weaker decay makes the state carried
+    # between chunks (and its stored copies on the split path) dominate o and the final state
+    x = gdn_inputs(1, 200, 1, 2, 32, 32, dtype=dtype, device=DEVICE)
+    x["g"] = x["g"] * 0.02
+    _check("chunk", x, dtype, impl=impl)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", SHAPES[:4])
 def test_recurrent_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype):
@@ -147,3 +157,36 @@ def test_triton_backend_through_the_op(impl, monkeypatch):
     ro, rs = recurrent_gated_delta_rule(**{n: t.cpu() for n, t in x.items()}, use_qk_l2norm=True)
     assert_close_rms(o.cpu(), ro, torch.float32, "o")
     assert_close_rms(s.cpu(), rs, torch.float32, "final_state")
+
+
+# Launch options of the split path's kernels that the benchmark times (benchmarks/bench_kernels.py):
+# each must compute the same function, so each is checked against the reference once.
+SPLIT_OPTIONS = [
+    pytest.param({"half_w": False, "block_v": 64}, {}, {}, id="wy-no-half_w-BV64"),
+    pytest.param({}, {"block_v": 16, "num_warps": 4, "num_stages": 2}, {"block_v": 16}, id="BV16"),
+    pytest.param({}, {"vnew_dtype": torch.bfloat16, "state_dtype": torch.float32}, {"half_dots": False},
+                 id="vnew-bf16-h-fp32-tf32"),
+    pytest.param({"store_aqk": True}, {}, {"load_aqk": True}, id="Aqk-from-wy"),
+]
+
+
+@pytest.mark.parametrize("wy_kw,state_kw,out_kw", SPLIT_OPTIONS)
+def test_split_options_match_reference(wy_kw, state_kw, out_kw):
+    from gdn_kernels.chunk import SPLIT_WY
+    from gdn_kernels.chunk_output import chunk_output_fwd
+    from gdn_kernels.chunk_state import chunk_state_fwd
+    from gdn_kernels.wy import chunk_wy_fwd
+
+    x = gdn_inputs(2, 130, 1, 2, 32, 48, dtype=torch.bfloat16, device=DEVICE)
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    scale = 32 ** -0.5
+    w, u, Aqk, gc, ks = chunk_wy_fwd(q, k, v, g, beta, scale, True, **dict(SPLIT_WY, **wy_kw))
+    s = torch.full((2, 2, 32, 48), float("nan"), device=DEVICE)
+    h, vn, _ = chunk_state_fwd(k, w, u, gc, ks, h0, final_state=s, **state_kw)
+    o = torch.full_like(v, float("nan"))
+    out_kw = dict(out_kw)
+    chunk_output_fwd(q, k, vn, gc, h, scale, True, out=o, Aqk=Aqk if out_kw.pop("load_aqk", False) else None,
+                     **out_kw)
+    ro, rs = recurrent_gated_delta_rule(**{n: t.cpu() for n, t in x.items()}, use_qk_l2norm=True)
+    assert_close_rms(o.cpu(), ro, torch.bfloat16, "o")
+    assert_close_rms(s.cpu(), rs, torch.bfloat16, "final_state")

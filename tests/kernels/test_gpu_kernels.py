@@ -1,8 +1,9 @@
 """The Triton kernels on a CUDA GPU at realistic head sizes (skipped without one).
 
 Grid: T in {1, 63, 64, 65, 1000, 4097} x D in {64, 128} x Hv in {Hk, 2 Hk} x B in {1, 3} x
-{fp32, bf16, fp16}, against the fp32 reference computed on the same GPU; packed sequences
-against the per-sequence reference; in-place decode.
+{fp32, bf16, fp16} (x prefill impl fused / split for the chunked kernels), against the fp32
+reference computed on the same GPU; packed sequences against the per-sequence reference;
+in-place decode.
 """
 
 import pytest
@@ -29,6 +30,8 @@ DTYPES = [
     pytest.param(torch.float16, id="fp16"),
 ]
 HEADS = [pytest.param(2, 2, id="Hv=Hk"), pytest.param(2, 4, id="Hv=2Hk")]
+# Both prefill implementations run every chunked test (chunk.py's impl argument).
+IMPLS = [pytest.param("fused", id="fused"), pytest.param("split", id="split")]
 
 
 def _reference(x, cu_seqlens=None):
@@ -46,14 +49,15 @@ def _run(fn, x, cu_seqlens=None, **kw):
     return o, s
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", [1, 3], ids=lambda b: f"B{b}")
 @pytest.mark.parametrize("Hk,Hv", HEADS)
 @pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 1000, 4097], ids=lambda t: f"T{t}")
-def test_chunk_grid(T, D, Hk, Hv, B, dtype):
+def test_chunk_grid(T, D, Hk, Hv, B, dtype, impl):
     x = gdn_inputs(B, T, Hk, Hv, D, D, dtype=dtype, device="cuda")
-    o, s = _run(chunk_gated_delta_rule, x)
+    o, s = _run(chunk_gated_delta_rule, x, impl=impl)
     ro, rs = _reference(x)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")
@@ -72,8 +76,10 @@ def test_recurrent_grid(T, D, Hk, Hv, B, dtype):
     assert_close_rms(s, rs, dtype, "final_state")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dk_ne_dv_through_backend(dtype):
+def test_dk_ne_dv_through_backend(dtype, impl, monkeypatch):
+    monkeypatch.setenv("GDN_TRITON_PREFILL", impl)  # the backend passes no impl: the variable decides
     for T in (1, 300):
         x = gdn_inputs(2, T, 2, 4, 128, 64, dtype=dtype, device="cuda")
         o, s = backend.gated_delta_rule(**x, scale=0.1, use_qk_l2norm=True, cu_seqlens=None)
@@ -83,13 +89,19 @@ def test_dk_ne_dv_through_backend(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lens", [[1000, 1, 64, 65, 4097], [1, 3, 16, 2]], ids=["prefill", "decode"])
-def test_varlen_pack(lens, dtype):
+@pytest.mark.parametrize("lens,impl", [
+    pytest.param([1000, 1, 64, 65, 4097], "fused", id="prefill-fused"),
+    pytest.param([1000, 1, 64, 65, 4097], "split", id="prefill-split"),
+    pytest.param([1, 3, 16, 2], None, id="decode"),
+])
+def test_varlen_pack(lens, impl, dtype):
     x = gdn_inputs(1, sum(lens), 2, 4, 128, 128, dtype=dtype, device="cuda", state=False)
     x["initial_state"] = torch.randn(len(lens), 4, 128, 128, device="cuda") * 0.1
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
-    fn = chunk_gated_delta_rule if max(lens) > 16 else fused_recurrent_gated_delta_rule
-    o, s = _run(fn, x, cu_seqlens=cu)
+    if impl is None:
+        o, s = _run(fused_recurrent_gated_delta_rule, x, cu_seqlens=cu)
+    else:
+        o, s = _run(chunk_gated_delta_rule, x, cu_seqlens=cu, impl=impl)
     ro, rs = _reference(x, cu)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")

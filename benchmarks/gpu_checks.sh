@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every GPU check of the repo in one device call (H200 here): the plugin host test under
+# compute-sanitizer, the GPU tests of the cuda and triton backends and of the whole tiny models,
+# then the kernel benchmark (ours triton / ours cuda / FLA / PyTorch side by side).
+#
+#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models bench triton plugins (default all, in that order)
+#
+# Expects FLA wheels in .whl/ and TensorRT headers in .carry/tensorrt/include (both git-ignored,
+# carried by the device tool). Logs go to OUT_DIR; a summary table is printed last.
+set -u
+out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
+shift
+steps=${*:-cuda models bench triton plugins}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD:$PWD/kernels PYTHONUNBUFFERED=1
+summary=()
+run_step() { # name, timeout seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    local tail_line
+    tail_line=$(grep -E "passed|failed|error|PASS|FAIL" "$out/$name.log" | tail -1 | cut -c1-90)
+    summary+=("$(printf '%-8s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$tail_line")")
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt"
+for s in $steps; do
+    case $s in
+        plugins) run_step plugins 330 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
+        cuda) run_step cuda 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda ;;
+        models) run_step models 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
+        triton) run_step triton 100 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/kernels ;;
+        bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;
+    esac
+done
+echo "GPU: $(cat "$out/gpu.txt")"
+printf '%s\n' "${summary[@]}"

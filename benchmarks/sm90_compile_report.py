@@ -1,0 +1,91 @@
+"""Compile the prefill kernels for sm_90 without a GPU and print their resource use.
+
+    python benchmarks/sm90_compile_report.py
+
+For each kernel and launch configuration (bf16, Dk = Dv = 128, q/k L2 norm, initial state, as in
+bench_kernels.py): registers per thread, stack bytes (spills), spill loads / stores (LDL / STL)
+and wgmma (HGMMA) instructions in the SASS, and shared memory. Uses the ptxas and cuobjdump that
+ship with Triton; costs no device time. The local Triton (3.9) is newer than the device's (3.6),
+so register counts are a guide, not the device's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "kernels")]
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+SHAPE = dict(HK=32, HV=32, DK=128, DV=128, BK=128)
+
+
+def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 64),
+                       options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name],
+                             capture_output=True, text=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True).stdout
+    usage = next(line for line in res.splitlines() if "REG:" in line).split()
+    regs, stack = (next(u for u in usage if u.startswith(p)).split(":")[1] for p in ("REG:", "STACK:"))
+    return (f"{regs:>4} {stack:>5} {sass.count('LDL'):>4} {sass.count('STL'):>4} "
+            f"{sass.count('HGMMA'):>5} {k.metadata.shared:>7}")
+
+
+def main() -> int:
+    from gdn_kernels.chunk import chunk_state_output_fwd_kernel
+    from gdn_kernels.chunk_output import chunk_output_fwd_kernel
+    from gdn_kernels.chunk_state import chunk_state_fwd_kernel
+    from gdn_kernels.wy import chunk_wy_fwd_kernel
+
+    p = lambda names, t: {n: t for n in names.split()}  # noqa: E731
+    wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum kscale", "*fp32"),
+                  **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", T="i32")
+    fused_sig = dict(p("q k w o", "*bf16"), **p("u Aqk gcum h0 ht", "*fp32"), cu_seqlens="*i32",
+                     scale="fp32", T="i32")
+    state_sig = dict(p("k w h", "*bf16"), **p("u gcum kscale h0 v_new ht", "*fp32"),
+                     **p("cu_seqlens chunk_offsets", "*i32"), T="i32", NTT="i32")
+    out_sig = dict(p("q k h o", "*bf16"), **p("v_new gcum Aqk", "*fp32"),
+                   **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", T="i32", NTT="i32")
+    flags = dict(IS_VARLEN=False, IEEE=False)
+    rows = []
+    for aqk, kscale, half_w, bv, nw in ((True, False, False, 64, 4), (True, False, False, 32, 4),
+                                        (False, True, False, 64, 4), (False, True, False, 32, 4),
+                                        (False, True, True, 64, 4), (False, True, True, 32, 4)):
+        c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_GATE=False, STORE_AQK=aqk, STORE_KSCALE=kscale,
+                 HALF_W=half_w, **flags)
+        rows.append((f"wy.py Aqk={aqk} kscale={kscale} half_w={half_w} BV={bv} warps={nw}",
+                     report(chunk_wy_fwd_kernel, wy_sig, c, nw)))
+    for bv, nw, ns in ((32, 4, 3), (64, 8, 2)):
+        c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_INITIAL_STATE=True, NUM_STAGES=ns, HALF_DOTS=True, **flags)
+        rows.append((f"chunk.py BV={bv} warps={nw} stages={ns}",
+                     report(chunk_state_output_fwd_kernel, fused_sig, c, nw, ns)))
+    for bv, nw, ns in ((32, 4, 2), (32, 4, 3), (16, 4, 2), (32, 8, 2), (64, 8, 2)):
+        c = dict(SHAPE, BV=bv, USE_INITIAL_STATE=True, NUM_STAGES=ns, HALF_DOTS=True, **flags)
+        rows.append((f"chunk_state.py BV={bv} warps={nw} stages={ns}",
+                     report(chunk_state_fwd_kernel, state_sig, c, nw, ns)))
+    for bv, nw in ((64, 8), (128, 8), (32, 8), (64, 4)):
+        c = dict(SHAPE, BV=bv, USE_L2NORM=True, HALF_DOTS=True, LOAD_AQK=False, **flags)
+        rows.append((f"chunk_output.py BV={bv} warps={nw}", report(chunk_output_fwd_kernel, out_sig, c, nw, 1)))
+    width = max(len(name) for name, _ in rows)
+    print(f"{'kernel / configuration':<{width}}  REGS STACK  LDL  STL HGMMA  SHARED")
+    for name, line in rows:
+        print(f"{name:<{width}}  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
