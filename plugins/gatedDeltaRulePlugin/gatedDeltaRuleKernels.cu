@@ -42,15 +42,21 @@ int32_t numSequences(GatedDeltaRuleParams const& p)
     return p.cuSeqlens != nullptr ? p.numSeqs : p.batch;
 }
 
-bool paramsValid(GatedDeltaRuleParams const& p)
+//! The shapes, dtype and scale alone: enough to size the workspace before any buffer exists.
+bool shapesValid(GatedDeltaRuleParams const& p)
 {
     bool const dtypeOk = p.dtype == DataType::kFLOAT32 || p.dtype == DataType::kFLOAT16 || p.dtype == DataType::kBFLOAT16;
     bool const shapeOk = p.batch >= 1 && p.seqLen >= 0 && p.numKeyHeads >= 1 && p.numValueHeads >= 1
         && p.numValueHeads % p.numKeyHeads == 0 && p.keyDim >= 1 && p.valueDim >= 1 && p.numValueHeads <= kMAX_GRID_YZ;
     bool const varlenOk = p.cuSeqlens == nullptr || (p.batch == 1 && p.numSeqs >= 1);
+    return dtypeOk && shapeOk && varlenOk && std::isfinite(p.scale) && numSequences(p) <= kMAX_GRID_YZ;
+}
+
+bool paramsValid(GatedDeltaRuleParams const& p)
+{
     bool const pointersOk = p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr
         && p.o != nullptr && p.finalState != nullptr;
-    return dtypeOk && shapeOk && varlenOk && pointersOk && std::isfinite(p.scale) && numSequences(p) <= kMAX_GRID_YZ;
+    return pointersOk && shapesValid(p);
 }
 
 bool chunkShapeOk(GatedDeltaRuleParams const& p)
@@ -304,7 +310,7 @@ cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDel
 
 size_t gatedDeltaRuleChunkedWorkspaceSize(GatedDeltaRuleParams const& params)
 {
-    if (!paramsValid(params) || !chunkShapeOk(params))
+    if (!shapesValid(params) || !chunkShapeOk(params))
     {
         return 0;
     }
@@ -313,8 +319,9 @@ size_t gatedDeltaRuleChunkedWorkspaceSize(GatedDeltaRuleParams const& params)
 
 size_t gatedDeltaRuleWorkspaceSize(GatedDeltaRuleParams const& params)
 {
-    // Independent of the device: where the chunked path falls back, the workspace goes unused.
-    if (!paramsValid(params) || !prefersChunked(params))
+    // Shapes only (no buffers exist when TensorRT asks), independent of the device: where the
+    // chunked path falls back, the workspace goes unused.
+    if (!shapesValid(params) || !prefersChunked(params))
     {
         return 0;
     }

@@ -304,14 +304,6 @@ size_t GatedDeltaRulePlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inp
             maxDims[i] = inputs[i].max;
         }
         GatedDeltaRuleParams p = makeParams(maxDims, inputs[IO::kQ].desc.type, mScale, mUseQkL2norm);
-        // gatedDeltaRuleWorkspaceSize() validates the whole parameter set, pointers included, and
-        // answers 0 for "invalid"; no buffers exist at build time, so stand-in addresses that are
-        // never dereferenced let it size the workspace from the shapes alone.
-        static float sStandIn{0.F};
-        p.q = p.k = p.v = p.beta = &sStandIn;
-        p.g = p.initialState = &sStandIn;
-        p.o = &sStandIn;
-        p.finalState = &sStandIn;
         return gatedDeltaRuleWorkspaceSize(p);
     }
     GDN_PLUGIN_CATCH("GatedDeltaRulePlugin::getWorkspaceSize")
