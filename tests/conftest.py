@@ -8,6 +8,19 @@ import torch
 # Relative RMS bound per dtype for fast paths against the fp32 reference.
 RMS_BOUND = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
+# The activation dtypes every fast path supports, with readable ids.
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+]
+
+# Module-level marks of GPU-only test files: `pytestmark = GPU_ONLY`.
+GPU_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none found)"),
+]
+
 
 def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64; inf if actual has a NaN."""

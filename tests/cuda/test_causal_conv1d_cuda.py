@@ -8,21 +8,13 @@ import pytest
 import torch
 
 from gdn_export.ops.causal_conv1d.naive import causal_conv1d as conv_reference
-from tests.conftest import assert_close_rms
+from tests.conftest import DTYPES, GPU_ONLY, assert_close_rms
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none found)"),
-]
+pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
     from gdn_export.cuda import backend as cuda_backend
 
-DTYPES = [
-    pytest.param(torch.float32, id="fp32"),
-    pytest.param(torch.bfloat16, id="bf16"),
-    pytest.param(torch.float16, id="fp16"),
-]
 
 
 def _inputs(B, T, C, K, dtype, bias=True, state=True):

@@ -11,21 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
-from tests.conftest import assert_close_rms, gdn_inputs
+from tests.conftest import DTYPES, GPU_ONLY, assert_close_rms, gdn_inputs
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none found)"),
-]
+pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
     from gdn_export.cuda import backend as cuda_backend
 
-DTYPES = [
-    pytest.param(torch.float32, id="fp32"),
-    pytest.param(torch.bfloat16, id="bf16"),
-    pytest.param(torch.float16, id="fp16"),
-]
 HEADS = [pytest.param(2, 2, id="Hv=Hk"), pytest.param(2, 4, id="Hv=2Hk")]
 
 

@@ -4,16 +4,11 @@ import pytest
 import torch
 
 from gdn_export.ops.causal_conv1d.naive import causal_conv1d as reference
-from tests.conftest import assert_close_rms
+from tests.conftest import DTYPES, assert_close_rms
 
 from gdn_kernels.causal_conv1d import causal_conv1d
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [
-    pytest.param(torch.float32, id="fp32"),
-    pytest.param(torch.bfloat16, id="bf16"),
-    pytest.param(torch.float16, id="fp16"),
-]
 CASES = [
     # B, T, C, K, bias, state, silu
     pytest.param(1, 1, 64, 4, True, True, True, id="decode-T1"),

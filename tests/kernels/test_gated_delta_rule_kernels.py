@@ -8,18 +8,13 @@ import pytest
 import torch
 
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
-from tests.conftest import assert_close_rms, gdn_inputs
+from tests.conftest import DTYPES, assert_close_rms, gdn_inputs
 
 from gdn_kernels.chunk import chunk_gated_delta_rule
 from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
 from gdn_kernels.gates import gated_delta_rule_from_gates
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [
-    pytest.param(torch.float32, id="fp32"),
-    pytest.param(torch.bfloat16, id="bf16"),
-    pytest.param(torch.float16, id="fp16"),
-]
 SHAPES = [
     # B, T, Hk, Hv, Dk, Dv
     pytest.param(1, 1, 2, 2, 16, 16, id="T1"),
