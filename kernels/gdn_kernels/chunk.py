@@ -27,10 +27,7 @@ import triton.language as tl
 
 from gdn_kernels.chunk_output import chunk_output_fwd
 from gdn_kernels.chunk_state import chunk_state_fwd
-from gdn_kernels.utils import (
-    as_kernel_input, check_cu_seqlens, check_head_dims, chunk_indices, compute_dtype, next_pow2,
-    num_sms,
-)
+from gdn_kernels.utils import as_kernel_input, chunk_indices, next_pow2, num_sms, prepare_inputs
 from gdn_kernels.wy import _dot, chunk_wy_fwd
 
 # The two prefill implementations (see the package docstring); the argument wins over the variable.
@@ -201,25 +198,9 @@ def chunk_gated_delta_rule(
         o [B, T, Hv, Dv] in v's dtype (fp32 compute for float64), final_state [N, Hv, Dk, Dv] fp32.
     """
     impl = prefill_impl(impl)
-    B, T, Hk, Dk = q.shape
-    Hv, Dv = v.shape[2], v.shape[3]
-    check_head_dims(Dk, Dv)
-    if Hv % Hk:
-        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
-    scale = Dk ** -0.5 if scale is None else float(scale)
-    dtype = compute_dtype(v)
-    q, k, v = (as_kernel_input(x, dtype) for x in (q, k, v))
-    if gates is None:
-        g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
-    else:
-        gates = tuple(x.contiguous() for x in gates)
+    q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     h0 = None if initial_state is None else as_kernel_input(initial_state, torch.float32)
-    cu, idx = None, None
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs B = 1, got B={B}")
-        cu = check_cu_seqlens(cu_seqlens, T)
-        idx = chunk_indices(cu)
+    idx = None if cu is None else chunk_indices(cu)
     if impl == "split":
         w, u, _, gcum, kscale = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx,
                                              gates=gates, **SPLIT_WY)

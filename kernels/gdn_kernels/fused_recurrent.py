@@ -15,9 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (
-    as_kernel_input, check_cu_seqlens, check_head_dims, compute_dtype, next_pow2,
-)
+from gdn_kernels.utils import as_kernel_input, next_pow2, prepare_inputs
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -133,23 +131,7 @@ def fused_recurrent_gated_delta_rule(
     Returns:
         o [B, T, Hv, Dv] in v's dtype (fp32 for float64 inputs), final_state [N, Hv, Dk, Dv] fp32.
     """
-    B, T, Hk, Dk = q.shape
-    Hv, Dv = v.shape[2], v.shape[3]
-    check_head_dims(Dk, Dv)
-    if Hv % Hk:
-        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
-    scale = Dk ** -0.5 if scale is None else float(scale)
-    dtype = compute_dtype(v)
-    q, k, v = (as_kernel_input(x, dtype) for x in (q, k, v))
-    if gates is None:
-        g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
-    else:
-        gates = tuple(x.contiguous() for x in gates)
-    cu = None
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs B = 1, got B={B}")
-        cu = check_cu_seqlens(cu_seqlens, T)
+    q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     if inplace:
         if initial_state is None or initial_state.dtype != torch.float32 or not initial_state.is_contiguous():
             got = None if initial_state is None else (initial_state.dtype, initial_state.is_contiguous())

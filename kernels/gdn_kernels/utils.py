@@ -58,3 +58,30 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     if first != 0 or last != total:
         raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {first}..{last}")
     return cu_seqlens.to(torch.int32).contiguous()
+
+
+def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
+    """The checks and casts every gated-delta-rule launcher starts with.
+
+    Returns (q, k, v, g, beta, gates, scale, cu): q, k, v contiguous in the compute dtype, g fp32 and
+    beta in the compute dtype (unless `gates` carries the raw (a, b, A_log, dt_bias) instead),
+    scale resolved to Dk ** -0.5 by default, and cu_seqlens checked as int32 (or None).
+    """
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    check_head_dims(Dk, Dv)
+    if Hv % Hk:
+        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    dtype = compute_dtype(v)
+    q, k, v = (as_kernel_input(x, dtype) for x in (q, k, v))
+    if gates is None:
+        g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
+    else:
+        gates = tuple(x.contiguous() for x in gates)
+    cu = None
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs B = 1, got B={B}")
+        cu = check_cu_seqlens(cu_seqlens, T)
+    return q, k, v, g, beta, gates, scale, cu
