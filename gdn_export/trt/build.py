@@ -50,6 +50,14 @@ def _run_worker(request: dict, say: Callable[[str], None], timeout: float | None
     reader.start()
     proc.stdin.write(json.dumps(request))
     proc.stdin.close()
+    # The read loop below blocks until the child closes stdout, so the time limit needs its own
+    # thread: it kills the child, which ends the loop.
+    expired = threading.Event()
+    timer = None
+    if timeout is not None:
+        timer = threading.Timer(timeout, lambda: (expired.set(), proc.kill()))
+        timer.daemon = True
+        timer.start()
     result, error, last_log = None, None, None
     try:
         for line in proc.stdout:
@@ -69,15 +77,16 @@ def _run_worker(request: dict, say: Callable[[str], None], timeout: float | None
                 result = event["result"]
             elif "error" in event:
                 error = event["error"]
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise GdnExportError(f"the TensorRT build did not finish within {timeout} s") from None
+        proc.wait()
     finally:
+        if timer is not None:
+            timer.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         reader.join(timeout=5)
+    if expired.is_set() and result is None:
+        raise GdnExportError(f"the TensorRT build did not finish within {timeout} s")
     if error is not None:
         raise GdnExportError(error)
     if proc.returncode != 0 or result is None:

@@ -6,12 +6,13 @@
     logits, states = runner.forward(next_ids, T, states)     # decode, next_ids [B, 1]
 
 Memory is allocated once, for the profile's largest batch / sequence / past (torch CUDA tensors):
-each state gets one buffer when the engine aliases its present.* output to its past.* input (the
-gdn plugins update conv / recurrent states in place: `ICudaEngine.get_aliased_input_tensor`), else
-two that alternate as input and output (ping-pong; the growing key / value caches). A step binds
-views of those buffers with `set_tensor_address` and runs `execute_async_v3` on torch's current
-stream. States are therefore consumed by `forward`: only the states returned by the latest call
-(or `empty_states`) may be passed to the next one; older ones raise InputError.
+each state gets one buffer when the engine aliases its present.* output to its past.* input
+(`ICudaEngine.get_aliased_input_tensor`, TensorRT >= 10.15 and TensorRT-RTX), else two that
+alternate as input and output (ping-pong; the growing key / value caches, and every state on an
+older TensorRT). A step binds views of those buffers with `set_tensor_address` and runs
+`execute_async_v3` on torch's current stream. States are therefore consumed by `forward`: only
+the states returned by the latest call (or `empty_states`) may be passed to the next one; older
+ones raise InputError.
 
 State specs come from the ONNX metadata recorded beside the engine by `build_engine`
 (`<engine>.layers.json`), else from the engine's past.* / present.* tensors.
@@ -95,6 +96,9 @@ class TrtRunner(Runner):
             if self.engine is None:
                 raise GdnExportError(f"{self.path}: TensorRT could not deserialize the engine: {self._last_error()}")
             self.context = self.engine.create_execution_context()
+            if self.context is None:
+                raise GdnExportError(f"{self.path}: TensorRT could not create an execution context: "
+                                     f"{self._last_error()}")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self._inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self._outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
@@ -119,7 +123,7 @@ class TrtRunner(Runner):
         return Logger()
 
     def _last_error(self) -> str:
-        return self._errors[-1] if self._errors else "no message from TensorRT"
+        return " ".join(self._errors[-1].split()) if self._errors else "no message from TensorRT"
 
     def _read_record(self) -> dict:
         path = layers_path(self.path)
@@ -165,6 +169,12 @@ class TrtRunner(Runner):
     def _profile_max(self, name: str):
         return tuple(self.engine.get_tensor_profile_shape(name, 0)[2])
 
+    def _aliased_input(self, output_name: str) -> str | None:
+        # ICudaEngine.get_aliased_input_tensor exists from TensorRT 10.15 (and in TensorRT-RTX);
+        # older engines report no aliasing and get ping-pong buffers.
+        query = getattr(self.engine, "get_aliased_input_tensor", None)
+        return None if query is None else query(output_name)
+
     def _allocate(self) -> None:
         import torch
 
@@ -186,7 +196,7 @@ class TrtRunner(Runner):
                                    device=dev)
         self._in_place, self._buffers, self._slot = [], [], []
         for spec in self.state_specs:
-            aliased = self.engine.get_aliased_input_tensor(spec.output_name) == spec.name
+            aliased = self._aliased_input(spec.output_name) == spec.name
             # Largest shape either role can take: present has past + seq positions.
             numel = int(np.prod(spec.concrete_shape(self.max_batch, self.max_past + self.max_seq)))
             dtype = getattr(torch, spec.dtype)
@@ -225,33 +235,30 @@ class TrtRunner(Runner):
                              f"(batch <= {self.max_batch}, seq <= {self.max_seq})")
         if past_len > self.max_past and any(PAST in s.shape for s in self.state_specs):
             raise InputError(f"past length {past_len} exceeds the engine's profile (<= {self.max_past})")
-        ctx = self.context
+        self._errors.clear()
         with torch.cuda.device(self.device):
             stream = torch.cuda.current_stream(self.device)
             ids = self._ids[: batch * seq].view(batch, seq)
-            ids.copy_(torch.from_numpy(input_ids))
-            ctx.set_input_shape(INPUT_IDS, (batch, seq))
-            ctx.set_tensor_address(INPUT_IDS, ids.data_ptr())
+            ids.copy_(torch.from_numpy(np.ascontiguousarray(input_ids)))
+            self._set_input(INPUT_IDS, ids)
             if self._pos is not None:
                 pos = self._pos[: batch * seq].view(batch, seq)
                 pos.copy_(torch.arange(past_len, past_len + seq, device=self.device).expand(batch, seq))
-                ctx.set_input_shape(POSITION_IDS, (batch, seq))
-                ctx.set_tensor_address(POSITION_IDS, pos.data_ptr())
+                self._set_input(POSITION_IDS, pos)
             for spec, t in zip(self.state_specs, states.tensors):
-                ctx.set_input_shape(spec.name, tuple(t.shape))
-                ctx.set_tensor_address(spec.name, self._base(t))
+                self._set_input(spec.name, t)
             logits = self._logits[: batch * seq * self.vocab_size].view(batch, seq, self.vocab_size)
-            ctx.set_tensor_address(LOGITS, logits.data_ptr())
+            self._bind(LOGITS, logits)
             new_tensors = []
             for i, (spec, t) in enumerate(zip(self.state_specs, states.tensors)):
-                shape = tuple(ctx.get_tensor_shape(spec.output_name))
+                shape = tuple(self.context.get_tensor_shape(spec.output_name))
                 if self._in_place[i]:
                     out = self._buffers[i][0][: int(np.prod(shape))].view(shape)
                 else:
                     out = self._buffers[i][1 - self._slot[i]][: int(np.prod(shape))].view(shape)
-                ctx.set_tensor_address(spec.output_name, self._base(out))
+                self._bind(spec.output_name, out)
                 new_tensors.append(out)
-            if not ctx.execute_async_v3(stream.cuda_stream):
+            if not self.context.execute_async_v3(stream.cuda_stream):
                 raise GdnExportError(f"{self.path}: TensorRT execution failed: {self._last_error()}")
             result = logits.float().cpu().numpy()  # synchronises the stream
         for i in range(len(self.state_specs)):
@@ -259,6 +266,17 @@ class TrtRunner(Runner):
                 self._slot[i] = 1 - self._slot[i]
         self._generation += 1
         return result, TrtStates(new_tensors, batch, past_len + seq, self._generation)
+
+    def _set_input(self, name: str, view) -> None:
+        if not self.context.set_input_shape(name, tuple(view.shape)):
+            mn, _, mx = (tuple(d) for d in self.engine.get_tensor_profile_shape(name, 0))
+            raise InputError(f"{name} shape {tuple(view.shape)} is outside the engine's profile "
+                             f"(min {list(mn)}, max {list(mx)}): {self._last_error()}")
+        self._bind(name, view)
+
+    def _bind(self, name: str, view) -> None:
+        if not self.context.set_tensor_address(name, self._base(view)):
+            raise GdnExportError(f"{self.path}: TensorRT refused the address of {name}: {self._last_error()}")
 
     @staticmethod
     def _base(view) -> int:
