@@ -216,6 +216,31 @@ struct GdrCase
     bool l2norm;
 };
 
+//! enqueue on a fresh non-blocking stream, as TensorRT would; returns the GPU time in ms.
+float timedEnqueue(IPluginV3OneRuntime* rt, PluginTensorDesc const* inDesc, PluginTensorDesc const* outDesc,
+    void const* const* inputs, void* const* outputs, void* workspace)
+{
+    // Pageable uploads and memsets may still be in flight; the plugin's stream does not wait for them.
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    int32_t const rc = rt->enqueue(inDesc, outDesc, inputs, outputs, workspace, stream);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    float ms = 0.F;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+    HOST_CHECK(rc == 0, "enqueue returned " << rc << ": " << gLoggerFinder.mLogger.last());
+    CUDA_CHECK(cudaGetLastError());
+    return ms;
+}
+
 Row runGdr(GdrCase const& c, int32_t threads)
 {
     using IO = gdn::plugin::GatedDeltaRuleIO;
@@ -389,25 +414,7 @@ Row runGdr(GdrCase const& c, int32_t threads)
         void* stateOut = c.inPlace ? ds0.get() : dS.get();
         void const* inputs[] = {dq.get(), dk.get(), dv.get(), dg.get(), dbeta.get(), ds0.get()};
         void* outputs[] = {dO.get(), stateOut};
-        // Pageable uploads and memsets may still be in flight; the plugin's stream does not wait for them.
-        CUDA_CHECK(cudaDeviceSynchronize());
-        cudaStream_t stream;
-        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        cudaEvent_t start, stop;
-        CUDA_CHECK(cudaEventCreate(&start));
-        CUDA_CHECK(cudaEventCreate(&stop));
-        CUDA_CHECK(cudaEventRecord(start, stream));
-        int32_t const rc = rt->enqueue(inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr, stream);
-        CUDA_CHECK(cudaEventRecord(stop, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        float ms = 0.F;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        cudaStreamDestroy(stream);
-        HOST_CHECK(rc == 0, "enqueue returned " << rc << ": " << gLoggerFinder.mLogger.last());
-        CUDA_CHECK(cudaGetLastError());
-        row.ms = ms;
+        row.ms = timedEnqueue(rt, inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr);
 
         auto oBytes = dO.download();
         auto sBytes = c.inPlace ? ds0.download() : dS.download();
@@ -560,25 +567,7 @@ Row runConv(ConvCase const& c)
         void* stateOut = c.inPlace ? ds0.get() : dS.get();
         void const* inputs[] = {dx.get(), dw.get(), db.get(), ds0.get()};
         void* outputs[] = {dy.get(), stateOut};
-        // Pageable uploads and memsets may still be in flight; the plugin's stream does not wait for them.
-        CUDA_CHECK(cudaDeviceSynchronize());
-        cudaStream_t stream;
-        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        cudaEvent_t start, stop;
-        CUDA_CHECK(cudaEventCreate(&start));
-        CUDA_CHECK(cudaEventCreate(&stop));
-        CUDA_CHECK(cudaEventRecord(start, stream));
-        int32_t const rc = rt->enqueue(inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr, stream);
-        CUDA_CHECK(cudaEventRecord(stop, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        float ms = 0.F;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        cudaStreamDestroy(stream);
-        HOST_CHECK(rc == 0, "enqueue returned " << rc << ": " << gLoggerFinder.mLogger.last());
-        CUDA_CHECK(cudaGetLastError());
-        row.ms = ms;
+        row.ms = timedEnqueue(rt, inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr);
 
         auto yGot = gdn::test::loadAs(c.dtype, dy.download().data(), nX);
         auto sGot = gdn::test::loadAs(c.dtype, (c.inPlace ? ds0.download() : dS.download()).data(), nS);
