@@ -81,9 +81,7 @@ def implementations(args, decode):
         impls["ours"] = lambda x: fused_recurrent_gated_delta_rule(
             **x, scale=scale, use_qk_l2norm=True, inplace=True)
     else:
-        impls["ours"] = lambda x: chunk_gated_delta_rule(**x, scale=scale, use_qk_l2norm=True, impl="fused")
-        impls["ours (split)"] = lambda x: chunk_gated_delta_rule(**x, scale=scale, use_qk_l2norm=True,
-                                                                 impl="split")
+        impls["ours"] = lambda x: chunk_gated_delta_rule(**x, scale=scale, use_qk_l2norm=True)
     if not args.skip_fla:
         try:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
@@ -134,7 +132,10 @@ def run_gdn(args, device, copy, rows, notes, save):
                 rows.append(dict(case=case, impl=name, ms=ms, gbps=gbps, pct_copy=100 * gbps / copy, bytes=nbytes))
             if not decode:
                 split(x, case, rows, args.smoke)
-                split_path(x, case, rows, args.smoke, variants=(B, T) in SPLIT_VARIANT_CASES or args.smoke)
+                if args.profile and (B, T) in PROFILE_CASES:
+                    for name in ("ours", "fla", "cuda"):
+                        if name in impls:
+                            profile_kernels(impls[name], x, case, name, rows, args.smoke)
             base = outs.get("fla", outs.get("reference"))
             for r in rows:
                 if r["case"] == case and r["impl"] in outs and base is not None:
@@ -142,6 +143,26 @@ def run_gdn(args, device, copy, rows, notes, save):
             del x, outs
             torch.cuda.empty_cache() if device == "cuda" else None
             save()
+
+
+def profile_kernels(fn, x, case, name, rows, smoke, calls=10):
+    """GPU time of each kernel that fn launches (torch.profiler, mean over calls), one row each."""
+    if smoke:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    xi = dict(x, initial_state=x["initial_state"].clone())
+    fn(xi)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(xi)
+        torch.cuda.synchronize()
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            rows.append(dict(case=case, impl=f"profile {name}: {e.key[:70]}", ms=us / calls / 1e3,
+                             note=f"{e.count // calls} launch(es) per call"))
 
 
 def split(x, case, rows, smoke):
@@ -162,63 +183,7 @@ def split(x, case, rows, smoke):
     rows.append(dict(case=case, impl="ours: chunk.py kernel alone", ms=ms))
 
 
-# Launch-parameter variants of the split path's kernels, timed at these prefill cases only
-# (one per regime: few sequences, many) and few of them: each is one more compilation on the
-# device, and the whole run should stay within about 3 minutes.
-SPLIT_VARIANT_CASES = [(1, 16384), (8, 8192)]
-STATE_VARIANTS = [  # chunk_state_fwd keyword arguments (the default first)
-    ("default", {}),
-    ("BV=16 warps=4 stages=2", dict(block_v=16, num_warps=4, num_stages=2)),
-    ("BV=32 warps=4 stages=3", dict(block_v=32, num_warps=4, num_stages=3)),
-    ("BV=32 warps=8 stages=2", dict(block_v=32, num_warps=8, num_stages=2)),
-    ("BV=64 warps=8 stages=2", dict(block_v=64, num_warps=8, num_stages=2)),
-    ("v_new bf16", dict(vnew_dtype=torch.bfloat16)),
-    ("h fp32", dict(state_dtype=torch.float32)),
-]
-OUTPUT_VARIANTS = [  # chunk_output_fwd keyword arguments (the default first)
-    ("default", {}),
-    ("BV=128 warps=8", dict(block_v=128, num_warps=8)),
-]
-
-
-def split_path(x, case, rows, smoke, variants):
-    """The split prefill's three launches timed apart (impl="split"), with variants if asked."""
-    from gdn_kernels.chunk import SPLIT_WY
-    from gdn_kernels.chunk_output import chunk_output_fwd
-    from gdn_kernels.chunk_state import chunk_state_fwd
-    from gdn_kernels.wy import chunk_wy_fwd
-
-    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
-    scale = q.shape[-1] ** -0.5
-    wy = lambda **kw: chunk_wy_fwd(q, k, v, g, beta, scale, True, **dict(SPLIT_WY, **kw))  # noqa: E731
-
-    def timed(name, fn):
-        try:
-            rows.append(dict(case=case, impl=name, ms=bench(fn, smoke)))
-        except Exception as exc:  # a variant that does not fit must not end the run
-            rows.append(dict(case=case, impl=name, ms=None, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
-
-    timed("ours (split): wy.py kernel alone (no Aqk, kscale, half_w, u in BV=32 blocks)", wy)
-    if variants:
-        timed("ours (split): wy.py kernel alone, no half_w, BV=64", lambda: wy(block_v=64, half_w=False))
-    w, u, _, gc, ks = wy()
-    for label, kw in STATE_VARIANTS if variants else STATE_VARIANTS[:1]:
-        timed(f"ours (split): chunk_state.py kernel alone, {label}",
-              lambda: chunk_state_fwd(k, w, u, gc, ks, h0, **kw))
-    h, vn, _ = chunk_state_fwd(k, w, u, gc, ks, h0)
-    del w, u
-    for label, kw in OUTPUT_VARIANTS if variants else OUTPUT_VARIANTS[:1]:
-        timed(f"ours (split): chunk_output.py kernel alone, {label}",
-              lambda: chunk_output_fwd(q, k, vn, gc, h, scale, True, **kw))
-    if variants:
-        _, vb, _ = chunk_state_fwd(k, *wy()[:2], gc, ks, h0, vnew_dtype=torch.bfloat16)
-        timed("ours (split): chunk_output.py kernel alone, v_new bf16",
-              lambda: chunk_output_fwd(q, k, vb, gc, h, scale, True))
-        del vb
-        Aqk = wy(store_aqk=True)[2]
-        timed("ours (split): chunk_output.py kernel alone, Aqk read from wy.py",
-              lambda: chunk_output_fwd(q, k, vn, gc, h, scale, True, Aqk=Aqk))
-        del Aqk
+PROFILE_CASES = [(1, 16384), (8, 8192)]   # one per regime: few sequences, many
 
 
 def run_conv(args, device, copy, rows, save):
@@ -242,13 +207,13 @@ def run_conv(args, device, copy, rows, save):
 
 
 def run_sweep(args, device, rows, save):
-    """Launch-parameter variants and the split of the chunked path (for tuning, see README)."""
+    """Launch-parameter variants of the chunked path's two kernels and of decode (for tuning)."""
     from gdn_kernels.chunk import chunk_state_output_fwd
     from gdn_kernels.fused_recurrent import fused_recurrent_fwd
     from gdn_kernels.wy import chunk_wy_fwd
 
     scale = D ** -0.5
-    for B, T in ((1, 16384), (8, 8192)):
+    for B, T in ((1, 16384), (8, 8192)) if args.only != "sweep-decode" else ():
         if args.smoke:
             B, T = 1, 130
         x, _ = gdn_case(B, T, device, Hk=args.hk, Hv=args.hv, D=args.d)
@@ -310,7 +275,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cuda", action="store_true", help="also time the `cuda` backend")
     ap.add_argument("--sweep", action="store_true", help="also time launch-parameter variants")
     ap.add_argument("--skip-fla", action="store_true", help="do not time FLA")
-    ap.add_argument("--only", choices=["all", "gdn", "conv", "sweep"], default="all",
+    ap.add_argument("--profile", action="store_true",
+                    help="also list per-kernel GPU times (torch.profiler) of each prefill at two cases")
+    ap.add_argument("--only", choices=["all", "gdn", "conv", "sweep", "sweep-decode"], default="all",
                     help="one section only (sweep implies --sweep)")
     ap.add_argument("--hk", type=int, default=HK)
     ap.add_argument("--hv", type=int, default=HV)
@@ -352,7 +319,7 @@ def main(argv=None) -> int:
         run_gdn(args, device, copy, rows, notes, save)
     if args.only in ("all", "conv"):
         run_conv(args, device, copy, rows, save)
-    if args.sweep or args.only == "sweep":
+    if args.sweep or args.only in ("sweep", "sweep-decode"):
         run_sweep(args, device, rows, save)
     md = save()
     print(md)

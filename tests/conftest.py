@@ -36,8 +36,15 @@ def assert_close_rms(actual, expected, dtype, name="output"):
     assert err <= bound, f"{name}: relative RMS {err:.3g} > {bound:g} ({dtype})"
 
 
-def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=True, seed=None):
-    """Fresh random gated-delta-rule inputs in the op's layout (never zeros)."""
+def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=True, seed=None,
+               correlated=False):
+    """Fresh random gated-delta-rule inputs in the op's layout (never zeros).
+
+    correlated: keys as a model makes them (SiLU of the conv output: all positive, so after the L2
+    norm neighbouring keys have cosines near 1), with strong writes (beta ~ 0.9) and slow decay.
+    That makes I + A of the WY form hard to invert: products of powers of A lose everything there,
+    while independent Gaussian keys (cosines ~ Dk^-1/2) hide the problem.
+    """
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
 
@@ -48,6 +55,10 @@ def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=Tr
     v = rnd(B, T, Hv, Dv)
     g = -torch.nn.functional.softplus(rnd(B, T, Hv)) * 0.5  # log decay <= 0
     beta = torch.sigmoid(rnd(B, T, Hv))
+    if correlated:
+        k = torch.nn.functional.silu(k + 4 * rnd(1, 1, Hk, Dk))
+        g = g * 0.02
+        beta = torch.sigmoid(rnd(B, T, Hv) + 2.5)
     s0 = rnd(B, Hv, Dk, Dv) * 0.1 if state else None
     cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
     out = dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta))

@@ -6,7 +6,8 @@ pure stream over the state (64 KiB per head at 128 x 128), and the value axis is
 thousands of 8-16 KiB tiles are in flight. With inplace the final state is written over the
 initial one: every program reads its own tile before it writes it, and tiles never overlap.
 
-Per step: h = exp(g) h; v' = beta (v - h^T k); h += k v'^T; o = scale h^T q.
+Per step: h = exp(g) h; v' = beta (v - h^T k); h += k v'^T; o = scale h^T q, with h^T q taken
+from the decayed state before the update (one pass over the state for both reductions).
 """
 
 from __future__ import annotations
@@ -64,9 +65,13 @@ def fused_recurrent_fwd_kernel(
             b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 0) + 1e-6)
             b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 0) + 1e-6)
         b_h *= tl.exp(b_g)
-        b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
+        # Both reductions over Dk read the decayed state, so they run side by side instead of one
+        # after the update: (h + k v'^T)^T q = h^T q + v' (k . q).
+        b_kh = tl.sum(b_h * b_k[:, None], 0)
+        b_qh = tl.sum(b_h * b_q[:, None], 0)
+        b_v = b_beta * (b_v - b_kh)
         b_h += b_k[:, None] * b_v[None, :]
-        b_o = tl.sum(b_h * b_q[:, None], 0) * scale
+        b_o = (b_qh + b_v * tl.sum(b_k * b_q, 0)) * scale
         tl.store(o + (t * HV + i_h) * DV + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
     tl.store(ht + p_h, b_h, mask=m_k[:, None] & m_v[None, :])

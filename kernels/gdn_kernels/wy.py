@@ -4,7 +4,8 @@ Per chunk of 64 tokens and value head (one program each), from k, v, g (or the r
 
     G      = cumsum(g) inside the chunk                                  gcum [B, Hv, T]    fp32
     A      = strictly_lower(beta_i k_i.k_j exp(G_i - G_j))               (64 x 64, registers)
-    X      = (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...(I + A^32)  (A nilpotent: ten 64^3 products)
+    X      = (I + A)^-1: 16 x 16 diagonal blocks by forward substitution, merged by four 64^3
+             products (_unit_lower_inverse)
     w      = X (beta exp(G) k)                                           w    [B, Hv, T, Dk] dtype
     u      = X (beta v)                                                  u    [B, Hv, T, Dv] fp32
     Aqk    = scale * lower(q_i.k_j exp(G_i - G_j)), diagonal included    Aqk  [B, Hv, T, 64] fp32
@@ -72,6 +73,41 @@ def _load_rows(p, o_r, n_rows, stride, D: tl.constexpr, BD: tl.constexpr, L2NORM
     return b
 
 
+@triton.jit
+def _diagonal_block_inverses(A):
+    # (I + L)^-1 for the four 16 x 16 diagonal blocks L of the strictly lower A [64, 64], by forward
+    # substitution (row i = -L_i - sum_j L_ij row j), the four blocks side by side; exact fp32.
+    # Returned as a block-diagonal [64, 64].
+    o4 = tl.arange(0, 4)
+    o16 = tl.arange(0, 16)
+    same = o4[:, None, None, None] == o4[None, None, :, None]
+    L = tl.sum(tl.where(same, tl.reshape(A, [4, 16, 4, 16]), 0.0), 2)   # [4, 16, 16]
+    Y = -L   # rows below the current one still hold -L_j; they meet zero coefficients
+    for i in tl.static_range(2, 16):
+        row = (o16 == i)[None, :, None]
+        a_i = -tl.sum(tl.where(row, L, 0.0), 1)                            # [4, 16]
+        a_i += tl.sum(a_i[:, :, None] * Y, 1)
+        Y = tl.where(row, a_i[:, None, :], Y)
+    Y += (o16[:, None] == o16[None, :]).to(tl.float32)[None, :, :]
+    return tl.reshape(tl.where(same, Y[:, :, None, :], 0.0), [64, 64])
+
+
+@triton.jit
+def _unit_lower_inverse(A, IEEE: tl.constexpr):
+    # (I + A)^-1 for strictly lower A [64, 64]. With D the block-diagonal part (16 x 16 blocks) and
+    # Xd = (I + D)^-1: I + A = (I + D)(I + N), N = Xd (A - D) strictly block lower, N^4 = 0, so
+    #     (I + A)^-1 = (I - N)(I + N^2) Xd        (four 64^3 products).
+    # Products of powers of A itself, (I - A)(I + A^2)...(I + A^32), cancel catastrophically when
+    # keys are correlated (post-conv SiLU keys): up to 100% error in TF32, even fp32 is not safe;
+    # the entries of Xd and N stay bounded, so this keeps ~1e-3 in TF32 (see the tests).
+    o_t = tl.arange(0, 64)
+    eye = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    Xd = _diagonal_block_inverses(A)
+    N = _dot(Xd, tl.where(o_t[:, None] // 16 > o_t[None, :] // 16, A, 0.0), IEEE)
+    M = _dot(eye - N, eye + _dot(N, N, IEEE), IEEE)
+    return _dot(M, Xd, IEEE)
+
+
 # T is left unspecialised: one compiled kernel serves every length.
 @triton.jit(do_not_specialize=["T"])
 def chunk_wy_fwd_kernel(
@@ -133,20 +169,8 @@ def chunk_wy_fwd_kernel(
         tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
                  mask=m_t[:, None])
 
-    # (I + A)^-1 for strictly lower A (A^64 = 0) as (I - A)(I + A^2)(I + A^4)...(I + A^32):
-    # ten 64 x 64 tensor-core products instead of 63 dependent substitution steps.
     b_A = tl.where(m_low, _dot(b_k, tl.trans(b_k), IEEE) * b_decay * b_beta[:, None], 0.0)
-    b_X = (o_t[:, None] == o_t[None, :]).to(tl.float32) - b_A
-    b_P = _dot(b_A, b_A, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    b_P = _dot(b_P, b_P, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    b_P = _dot(b_P, b_P, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    b_P = _dot(b_P, b_P, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
-    b_P = _dot(b_P, b_P, IEEE)
-    b_X += _dot(b_X, b_P, IEEE)
+    b_X = _unit_lower_inverse(b_A, IEEE)
 
     o_k = tl.arange(0, BK)
     if HALF_W:

@@ -64,6 +64,14 @@ def test_grid(T, D, Hk, Hv, B, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("T", [65, 1000, 4097], ids=lambda t: f"T{t}")
+def test_correlated_keys(T, D, dtype):
+    # keys as models make them (see gdn_inputs): the chunk inverse must stay accurate
+    _check(gdn_inputs(2, T, 2, 4, D, D, dtype=dtype, device="cuda", correlated=True), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "T,path",
     [

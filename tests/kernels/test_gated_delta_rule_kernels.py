@@ -59,6 +59,16 @@ def test_chunk_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", [pytest.param(1, 130, 2, 4, 32, 32, id="T130-Hv2Hk"),
+                                             pytest.param(2, 64, 1, 1, 16, 16, id="T64-B2-D16")])
+def test_chunk_correlated_keys(B, T, Hk, Hv, Dk, Dv, dtype, impl):
+    # The WY inverse on the keys real models produce (gdn_inputs: correlated)
+    x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE, correlated=True)
+    _check("chunk", x, dtype, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_chunk_long_memory(dtype, impl):
     # gdn_inputs' gates forget the state within a chunk; 50x weaker decay makes the state carried
     # between chunks (and its stored copies on the split path) dominate o and the final state

@@ -55,6 +55,19 @@ def test_chunk_grid(T, D, Hk, Hv, B, dtype, impl):
     assert_close_rms(s, rs, dtype, "final_state")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("T", [65, 1000, 4097], ids=lambda t: f"T{t}")
+def test_chunk_correlated_keys(T, D, dtype, impl):
+    # keys as models make them (see gdn_inputs): the WY inverse must stay accurate on tensor cores
+    x = gdn_inputs(2, T, 2, 4, D, D, dtype=dtype, device="cuda", correlated=True)
+    o, s = _run(chunk_gated_delta_rule, x, impl=impl)
+    ro, rs = _reference(x)
+    assert_close_rms(o, ro, dtype, "o")
+    assert_close_rms(s, rs, dtype, "final_state")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", [1, 3], ids=lambda b: f"B{b}")
 @pytest.mark.parametrize("Hk,Hv", HEADS)
