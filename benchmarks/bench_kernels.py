@@ -178,7 +178,7 @@ def split(x, case, rows, smoke):
     rows.append(dict(case=case, impl="ours: wy.py kernel alone, 8 warps", ms=ms))
     ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, block_v=32), smoke)
     rows.append(dict(case=case, impl="ours: wy.py kernel alone, u in BV=32 blocks", ms=ms))
-    w, u, Aqk, gc, _ = chunk_wy_fwd(q, k, v, g, beta, scale, True)
+    w, u, Aqk, gc = chunk_wy_fwd(q, k, v, g, beta, scale, True)
     ms = bench(lambda: chunk_state_output_fwd(q, k, w, u, Aqk, gc, h0, scale, True), smoke)
     rows.append(dict(case=case, impl="ours: chunk.py kernel alone", ms=ms))
 
@@ -221,7 +221,7 @@ def run_sweep(args, device, rows, save):
         for nw in (4, 8):
             ms = bench(lambda: chunk_wy_fwd(q, k, v, g, beta, scale, True, num_warps=nw), args.smoke)
             rows.append(dict(case=f"sweep wy B={B} T={T}", impl=f"warps={nw}", ms=ms))
-        w, u, Aqk, gc, _ = chunk_wy_fwd(q, k, v, g, beta, scale, True)
+        w, u, Aqk, gc = chunk_wy_fwd(q, k, v, g, beta, scale, True)
         for bv, nw, ns, half in ((16, 4, 2, False), (32, 4, 1, False), (32, 4, 2, False), (32, 4, 3, False),
                                  (32, 8, 2, False), (64, 4, 2, False), (64, 8, 2, False), (64, 8, 3, False),
                                  (32, 4, 2, True), (64, 8, 2, True)):

@@ -47,39 +47,22 @@ def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
 
 def main() -> int:
     from gdn_kernels.chunk import chunk_state_output_fwd_kernel
-    from gdn_kernels.chunk_output import chunk_output_fwd_kernel
-    from gdn_kernels.chunk_state import chunk_state_fwd_kernel
     from gdn_kernels.wy import chunk_wy_fwd_kernel
 
     p = lambda names, t: {n: t for n in names.split()}  # noqa: E731
-    wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum kscale", "*fp32"),
+    wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum", "*fp32"),
                   **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", T="i32")
     fused_sig = dict(p("q k w o", "*bf16"), **p("u Aqk gcum h0 ht", "*fp32"), cu_seqlens="*i32",
                      scale="fp32", T="i32")
-    state_sig = dict(p("k w h", "*bf16"), **p("u gcum kscale h0 v_new ht", "*fp32"),
-                     **p("cu_seqlens chunk_offsets", "*i32"), T="i32", NTT="i32")
-    out_sig = dict(p("q k h o", "*bf16"), **p("v_new gcum Aqk", "*fp32"),
-                   **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", T="i32", NTT="i32")
     flags = dict(IS_VARLEN=False, IEEE=False)
     rows = []
-    for aqk, kscale, half_w, bv, nw in ((True, False, False, 64, 4), (True, False, False, 32, 4),
-                                        (False, True, False, 64, 4), (False, True, False, 32, 4),
-                                        (False, True, True, 64, 4), (False, True, True, 32, 4)):
-        c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_GATE=False, STORE_AQK=aqk, STORE_KSCALE=kscale,
-                 HALF_W=half_w, **flags)
-        rows.append((f"wy.py Aqk={aqk} kscale={kscale} half_w={half_w} BV={bv} warps={nw}",
-                     report(chunk_wy_fwd_kernel, wy_sig, c, nw)))
+    for bv, nw in ((64, 4), (32, 4)):
+        c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_GATE=False, **flags)
+        rows.append((f"wy.py BV={bv} warps={nw}", report(chunk_wy_fwd_kernel, wy_sig, c, nw)))
     for bv, nw, ns in ((32, 4, 3), (64, 8, 2)):
         c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_INITIAL_STATE=True, NUM_STAGES=ns, HALF_DOTS=True, **flags)
         rows.append((f"chunk.py BV={bv} warps={nw} stages={ns}",
                      report(chunk_state_output_fwd_kernel, fused_sig, c, nw, ns)))
-    for bv, nw, ns in ((32, 4, 2), (32, 4, 3), (16, 4, 2), (32, 8, 2), (64, 8, 2)):
-        c = dict(SHAPE, BV=bv, USE_INITIAL_STATE=True, NUM_STAGES=ns, HALF_DOTS=True, **flags)
-        rows.append((f"chunk_state.py BV={bv} warps={nw} stages={ns}",
-                     report(chunk_state_fwd_kernel, state_sig, c, nw, ns)))
-    for bv, nw in ((64, 8), (128, 8), (32, 8), (64, 4)):
-        c = dict(SHAPE, BV=bv, USE_L2NORM=True, HALF_DOTS=True, LOAD_AQK=False, **flags)
-        rows.append((f"chunk_output.py BV={bv} warps={nw}", report(chunk_output_fwd_kernel, out_sig, c, nw, 1)))
     width = max(len(name) for name, _ in rows)
     print(f"{'kernel / configuration':<{width}}  REGS STACK  LDL  STL HGMMA  SHARED")
     for name, line in rows:

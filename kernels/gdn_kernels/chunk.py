@@ -13,38 +13,16 @@ out. Products: exact fp32 (ieee) for fp32 inputs. For 16-bit inputs w h and q h 
 rounded to the input dtype (bf16/fp16 tensor cores), while Aqk v_new and the state update stay on
 TF32 with fp32 operands: rounding v_new for the update alone cost ~6e-3 relative RMS of the final
 state (of the 1e-2 budget), the rest costs ~4e-4 on o (measured under the interpreter).
-
-chunk_gated_delta_rule(impl="split") runs chunk_state.py and chunk_output.py after wy.py instead.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.chunk_output import chunk_output_fwd
-from gdn_kernels.chunk_state import chunk_state_fwd
 from gdn_kernels.utils import as_kernel_input, chunk_indices, next_pow2, num_sms, prepare_inputs
 from gdn_kernels.wy import _dot, chunk_wy_fwd
-
-# The two prefill implementations (see the package docstring); the argument wins over the variable.
-PREFILL_IMPLS = ("fused", "split")
-PREFILL_ENV = "GDN_TRITON_PREFILL"
-# wy.py's settings on the split path: no Aqk (chunk_output.py recomputes it), kscale for
-# chunk_state.py; half_w and BV=32 spill least in the sm_90 compile report (not yet measured).
-SPLIT_WY = dict(store_aqk=False, store_kscale=True, half_w=True, block_v=32)
-
-
-def prefill_impl(impl: str | None = None) -> str:
-    """impl, else $GDN_TRITON_PREFILL, else "fused"; ValueError for anything else."""
-    choice = impl if impl is not None else os.environ.get(PREFILL_ENV, "fused")
-    if choice not in PREFILL_IMPLS:
-        source = "impl" if impl is not None else PREFILL_ENV
-        raise ValueError(f"{source} must be one of {', '.join(PREFILL_IMPLS)}, got {choice!r}")
-    return choice
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -179,7 +157,6 @@ def chunk_gated_delta_rule(
     gates: tuple | None = None,
     out: torch.Tensor | None = None,
     final_state: torch.Tensor | None = None,
-    impl: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked (WY) gated delta rule forward.
 
@@ -192,23 +169,13 @@ def chunk_gated_delta_rule(
         gates: (a, b, A_log, dt_bias) instead of g / beta (pass g = beta = None): a, b [B, T, Hv],
             A_log, dt_bias [Hv]; g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
         out, final_state: optional preallocated o / final_state to write into.
-        impl: "fused" (sequential walk writes o) or "split" (the walk stores per-chunk states,
-            a parallel kernel writes o); None reads $GDN_TRITON_PREFILL, default "fused".
     Returns:
         o [B, T, Hv, Dv] in v's dtype (fp32 compute for float64), final_state [N, Hv, Dk, Dv] fp32.
     """
-    impl = prefill_impl(impl)
     q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     h0 = None if initial_state is None else as_kernel_input(initial_state, torch.float32)
     idx = None if cu is None else chunk_indices(cu)
-    if impl == "split":
-        w, u, _, gcum, kscale = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx,
-                                             gates=gates, **SPLIT_WY)
-        h, v_new, ht = chunk_state_fwd(k, w, u, gcum, kscale, h0, cu, idx, final_state=final_state)
-        del w, u, kscale
-        o = chunk_output_fwd(q, k, v_new, gcum, h, scale, use_qk_l2norm, cu, idx, out=out)
-        return o, ht
-    w, u, Aqk, gcum, _ = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
+    w, u, Aqk, gcum = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
     o, ht = chunk_state_output_fwd(q, k, w, u, Aqk, gcum, h0, scale, use_qk_l2norm, cu,
                                    out=out,
                                    final_state=final_state)

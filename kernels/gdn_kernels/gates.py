@@ -32,7 +32,6 @@ def gated_delta_rule_from_gates(
     use_qk_l2norm: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     inplace: bool = False,
-    impl: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule with g and beta computed in the kernels.
 
@@ -41,8 +40,6 @@ def gated_delta_rule_from_gates(
         A_log, dt_bias: [Hv]. initial_state: [N, Hv, Dk, Dv] fp32 or None.
         cu_seqlens: [N + 1] or None. inplace: (recurrent path only, T <= 16) update
             initial_state in place.
-        impl: chunked path only: "fused" or "split" (chunk.chunk_gated_delta_rule), None reads
-            $GDN_TRITON_PREFILL.
     Returns:
         o [B, T, Hv, Dv] in v's dtype, final_state [N, Hv, Dk, Dv] fp32.
     """
@@ -60,4 +57,4 @@ def gated_delta_rule_from_gates(
     if inplace:
         raise ValueError(f"inplace is for the recurrent path (T <= {RECURRENT_MAX_T}), got T={v.shape[1]}")
     return chunk_gated_delta_rule(q, k, v, None, None, initial_state, scale, use_qk_l2norm,
-                                  cu_seqlens, gates=gates, impl=impl)
+                                  cu_seqlens, gates=gates)

@@ -10,9 +10,6 @@ Per chunk of 64 tokens and value head (one program each), from k, v, g (or the r
     u      = X (beta v)                                                  u    [B, Hv, T, Dv] fp32
     Aqk    = scale * lower(q_i.k_j exp(G_i - G_j)), diagonal included    Aqk  [B, Hv, T, 64] fp32
 
-On the split path (chunk.SPLIT_WY) Aqk is skipped and kscale [B, Hv, T] fp32 = L2norm(k) factor
-* exp(G_last - G) is written for chunk_state.py instead.
-
 u and Aqk stay fp32: rounding either to bf16 costs 0.3-0.5e-2 of the 1e-2 relative-RMS budget
 of a bf16 output (measured under the interpreter); w in bf16 costs ~1e-4.
 
@@ -112,13 +109,12 @@ def _unit_lower_inverse(A, IEEE: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def chunk_wy_fwd_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,
-    w, u, Aqk, gcum, kscale,
+    w, u, Aqk, gcum,
     cu_seqlens, chunk_indices,
     scale, T,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
-    STORE_AQK: tl.constexpr, STORE_KSCALE: tl.constexpr, HALF_W: tl.constexpr,
 ):
     BT: tl.constexpr = 64
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -148,35 +144,17 @@ def chunk_wy_fwd_kernel(
     # exp only where i >= j: above the diagonal G_i - G_j > 0 could overflow
     b_decay = tl.exp(tl.where(m_causal, b_G[:, None] - b_G[None, :], 0.0))
 
-    b_k = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, False)
-    if USE_L2NORM:
-        b_kn = tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)
-        b_k = b_k * b_kn[:, None]
-    else:
-        b_kn = tl.full([BT], 1.0, tl.float32)
-    if HALF_W:
-        # w's right-hand side made now, in w's 16-bit dtype, so that the fp32 k tile dies after
-        # the k products instead of living through the inverse (sm_90 compile report, split
-        # path's settings: 192 -> 64 bytes of spills per thread at BV=32, 4 warps)
-        b_kb = (b_k * (b_beta * tl.exp(b_G))[:, None]).to(w.dtype.element_ty)
-    if STORE_KSCALE:
-        # padded rows have g = 0, so row BT - 1 holds the chunk's last G
-        b_Gl = tl.sum(tl.where(o_t == BT - 1, b_G, 0.0), 0)
-        tl.store(kscale + r0 + o_t, b_kn * tl.exp(b_Gl - b_G), mask=m_t)
-    if STORE_AQK:  # the split path (chunk_output.py) recomputes q.k where it is used instead
-        b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-        b_Aqk = tl.where(m_causal, _dot(b_q, tl.trans(b_k), IEEE) * b_decay * scale, 0.0)
-        tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
-                 mask=m_t[:, None])
+    b_k = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
+    b_Aqk = tl.where(m_causal, _dot(b_q, tl.trans(b_k), IEEE) * b_decay * scale, 0.0)
+    tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
+             mask=m_t[:, None])
 
     b_A = tl.where(m_low, _dot(b_k, tl.trans(b_k), IEEE) * b_decay * b_beta[:, None], 0.0)
     b_X = _unit_lower_inverse(b_A, IEEE)
 
     o_k = tl.arange(0, BK)
-    if HALF_W:
-        b_w = _dot(b_X.to(w.dtype.element_ty), b_kb, IEEE)
-    else:
-        b_w = _dot(b_X, b_k * (b_beta * tl.exp(b_G))[:, None], IEEE)
+    b_w = _dot(b_X, b_k * (b_beta * tl.exp(b_G))[:, None], IEEE)
     tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(w.dtype.element_ty),
              mask=m_t[:, None] & (o_k[None, :] < DK))
     for i_v in tl.static_range(0, DV, BV):
@@ -188,8 +166,7 @@ def chunk_wy_fwd_kernel(
 
 
 def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None,
-                 gates=None, num_warps=4, store_aqk=True, store_kscale=False, block_v=64,
-                 half_w=False):
+                 gates=None, num_warps=4, block_v=64):
     """Launch the chunk-local kernel.
 
     Args:
@@ -197,33 +174,26 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
         beta [B, T, Hv], or gates = (a [B, T, Hv], b [B, T, Hv], A_log [Hv], dt_bias [Hv]) with
         g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) computed in the kernel.
         cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices) when packed.
-        store_aqk: False skips the causal q.k matrix (returned as None).
-        store_kscale: also return kscale (else None), the per-row factor that turns the raw key
-            into the state update's k exp(G_last - G) (the L2 norm included).
         block_v: width of the value blocks u is computed in.
-        half_w: 16-bit inputs only: w = X (beta exp(G) k) on the input dtype's tensor cores (w is
-            stored in that dtype anyway) instead of TF32; fewer live registers.
     Returns:
-        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64], gcum [B, Hv, T] and
-        kscale [B, Hv, T] fp32.
+        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64] and gcum [B, Hv, T]
+        fp32.
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
     w = v.new_empty(B, Hv, T, Dk)
     u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
-    Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32) if store_aqk else None
+    Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
     gcum = torch.empty(B, Hv, T, dtype=torch.float32, device=v.device)
-    kscale = torch.empty_like(gcum) if store_kscale else None
     NT = chunk_idx.shape[0] if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     BV = min(next_pow2(Dv), block_v)
     chunk_wy_fwd_kernel[(NT, B * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-        w, u, Aqk if store_aqk else u, gcum, kscale if store_kscale else gcum,
+        w, u, Aqk, gcum,
         cu_seqlens, chunk_idx, scale, T,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=max(BV, 16),
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
-        IEEE=v.dtype == torch.float32, STORE_AQK=store_aqk, STORE_KSCALE=store_kscale,
-        HALF_W=half_w and v.dtype != torch.float32, num_warps=num_warps,
+        IEEE=v.dtype == torch.float32, num_warps=num_warps,
     )
-    return w, u, Aqk, gcum, kscale
+    return w, u, Aqk, gcum

@@ -24,8 +24,6 @@ SHAPES = [
     pytest.param(1, 130, 2, 4, 32, 32, id="T130-Hv2Hk"),
 ]
 KERNELS = {"chunk": chunk_gated_delta_rule, "recurrent": fused_recurrent_gated_delta_rule}
-# Both prefill implementations run every chunked test (chunk.py's impl argument).
-IMPLS = [pytest.param("fused", id="fused"), pytest.param("split", id="split")]
 
 
 def _poisoned(B, T, Hv, Dv, N, Dk, dtype):
@@ -34,14 +32,13 @@ def _poisoned(B, T, Hv, Dv, N, Dk, dtype):
     return o, s
 
 
-def _check(kernel, x, dtype, use_qk_l2norm=True, cu_seqlens=None, scale=None, impl=None):
+def _check(kernel, x, dtype, use_qk_l2norm=True, cu_seqlens=None, scale=None):
     B, T, Hk, Dk = x["q"].shape
     Hv, Dv = x["v"].shape[2:]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     o, s = _poisoned(B, T, Hv, Dv, N, Dk, dtype)
-    kw = {} if kernel == "recurrent" else dict(impl=impl)
     o_out, s_out = KERNELS[kernel](**x, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                                   cu_seqlens=cu_seqlens, out=o, final_state=s, **kw)
+                                   cu_seqlens=cu_seqlens, out=o, final_state=s)
     assert o_out.data_ptr() == o.data_ptr() and s_out.data_ptr() == s.data_ptr()
     ref = {n: (t.cpu() if t is not None else None) for n, t in x.items()}
     cu = None if cu_seqlens is None else cu_seqlens.cpu()
@@ -50,31 +47,28 @@ def _check(kernel, x, dtype, use_qk_l2norm=True, cu_seqlens=None, scale=None, im
     assert_close_rms(s.cpu(), rs, dtype, "final_state")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", SHAPES)
-def test_chunk_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype, impl):
-    _check("chunk", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE), dtype, impl=impl)
+def test_chunk_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype):
+    _check("chunk", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE), dtype)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", [pytest.param(1, 130, 2, 4, 32, 32, id="T130-Hv2Hk"),
                                              pytest.param(2, 64, 1, 1, 16, 16, id="T64-B2-D16")])
-def test_chunk_correlated_keys(B, T, Hk, Hv, Dk, Dv, dtype, impl):
+def test_chunk_correlated_keys(B, T, Hk, Hv, Dk, Dv, dtype):
     # The WY inverse on the keys real models produce (gdn_inputs: correlated)
     x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE, correlated=True)
-    _check("chunk", x, dtype, impl=impl)
+    _check("chunk", x, dtype)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_chunk_long_memory(dtype, impl):
+def test_chunk_long_memory(dtype):
     # gdn_inputs' gates forget the state within a chunk; 50x weaker decay makes the state carried
-    # between chunks (and its stored copies on the split path) dominate o and the final state
+    # between chunks dominate o and the final state
     x = gdn_inputs(1, 200, 1, 2, 32, 32, dtype=dtype, device=DEVICE)
     x["g"] = x["g"] * 0.02
-    _check("chunk", x, dtype, impl=impl)
+    _check("chunk", x, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -83,29 +77,23 @@ def test_recurrent_matches_reference(B, T, Hk, Hv, Dk, Dv, dtype):
     _check("recurrent", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE), dtype)
 
 
-# kernel / impl pairs: the recurrent kernel has one implementation
-KERNEL_IMPLS = [pytest.param("chunk", "fused", id="chunk-fused"),
-                pytest.param("chunk", "split", id="chunk-split"),
-                pytest.param("recurrent", None, id="recurrent")]
-
-
-@pytest.mark.parametrize("kernel,impl", KERNEL_IMPLS)
-def test_without_l2norm_or_initial_state(kernel, impl):
+@pytest.mark.parametrize("kernel", ["chunk", "recurrent"])
+def test_without_l2norm_or_initial_state(kernel):
     x = gdn_inputs(2, 70, 1, 2, 16, 32, dtype=torch.float32, device=DEVICE, state=False)
     x["k"] = x["k"] * 16 ** -0.5  # keep beta k.k below 1, as normalised keys would
-    _check(kernel, x, torch.float32, use_qk_l2norm=False, scale=0.7, impl=impl)
+    _check(kernel, x, torch.float32, use_qk_l2norm=False, scale=0.7)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel,impl", KERNEL_IMPLS)
-def test_varlen_pack_matches_per_sequence(kernel, impl, dtype):
+@pytest.mark.parametrize("kernel", ["chunk", "recurrent"])
+def test_varlen_pack_matches_per_sequence(kernel, dtype):
     # 130 spans three chunks after a sequence that ends mid-chunk: per-chunk states of
     # different sequences must not mix
     lens = [5, 65, 1, 130, 30] if kernel == "chunk" else [3, 1, 7]
     x = gdn_inputs(1, sum(lens), 1, 2, 16, 32, dtype=dtype, device=DEVICE, state=False)
     x["initial_state"] = torch.randn(len(lens), 2, 16, 32, device=DEVICE) * 0.1
     cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0)
-    _check(kernel, x, dtype, cu_seqlens=cu, impl=impl)
+    _check(kernel, x, dtype, cu_seqlens=cu)
 
 
 def test_inplace_decode_updates_the_state_it_was_given():
@@ -119,10 +107,8 @@ def test_inplace_decode_updates_the_state_it_was_given():
     assert_close_rms(state.cpu(), rs, torch.bfloat16, "state (in place)")
 
 
-@pytest.mark.parametrize("T,impl", [pytest.param(3, None, id="recurrent-T3"),
-                                    pytest.param(70, "fused", id="chunk-T70-fused"),
-                                    pytest.param(70, "split", id="chunk-T70-split")])
-def test_gates_computed_in_kernel(T, impl):
+@pytest.mark.parametrize("T", [pytest.param(3, id="recurrent-T3"), pytest.param(70, id="chunk-T70")])
+def test_gates_computed_in_kernel(T):
     x = gdn_inputs(2, T, 1, 2, 16, 16, dtype=torch.bfloat16, device=DEVICE)
     a, b = (torch.randn(2, T, 2, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     A_log, dt_bias = torch.randn(2, device=DEVICE) * 0.5, torch.randn(2, device=DEVICE)
@@ -131,7 +117,7 @@ def test_gates_computed_in_kernel(T, impl):
     ref = dict(x, g=g, beta=beta)
     ro, rs = recurrent_gated_delta_rule(**{n: t.cpu() for n, t in ref.items()}, use_qk_l2norm=True)
     o, s = gated_delta_rule_from_gates(x["q"], x["k"], x["v"], a, b, A_log, dt_bias,
-                                       x["initial_state"], use_qk_l2norm=True, impl=impl)
+                                       x["initial_state"], use_qk_l2norm=True)
     assert_close_rms(o.cpu(), ro, torch.bfloat16, "o")
     assert_close_rms(s.cpu(), rs, torch.bfloat16, "final_state")
 
@@ -142,20 +128,9 @@ def test_rejects_more_key_heads_than_fit():
         chunk_gated_delta_rule(**x)
 
 
-def test_rejects_unknown_prefill_impl(monkeypatch):
-    x = gdn_inputs(1, 20, 1, 2, 16, 16, device=DEVICE)
-    with pytest.raises(ValueError, match=r"impl must be one of fused, split, got 'fast'"):
-        chunk_gated_delta_rule(**x, impl="fast")
-    monkeypatch.setenv("GDN_TRITON_PREFILL", "Split")
-    with pytest.raises(ValueError, match=r"GDN_TRITON_PREFILL must be one of fused, split, got 'Split'"):
-        chunk_gated_delta_rule(**x)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_triton_backend_through_the_op(impl, monkeypatch):
+def test_triton_backend_through_the_op():
     from gdn_export.ops import gated_delta_rule, use_backend
 
-    monkeypatch.setenv("GDN_TRITON_PREFILL", impl)  # the backend passes no impl: the variable decides
     x = gdn_inputs(1, 20, 1, 2, 16, 16, device=DEVICE)
     with use_backend("triton"):
         o, s = gated_delta_rule(**x, use_qk_l2norm=True)
@@ -163,35 +138,3 @@ def test_triton_backend_through_the_op(impl, monkeypatch):
     assert_close_rms(o.cpu(), ro, torch.float32, "o")
     assert_close_rms(s.cpu(), rs, torch.float32, "final_state")
 
-
-# Launch options of the split path's kernels that the benchmark times (benchmarks/bench_kernels.py):
-# each must compute the same function, so each is checked against the reference once.
-SPLIT_OPTIONS = [
-    pytest.param({"half_w": False, "block_v": 64}, {}, {}, id="wy-no-half_w-BV64"),
-    pytest.param({}, {"block_v": 16, "num_warps": 4, "num_stages": 2}, {"block_v": 16}, id="BV16"),
-    pytest.param({}, {"vnew_dtype": torch.bfloat16, "state_dtype": torch.float32}, {"half_dots": False},
-                 id="vnew-bf16-h-fp32-tf32"),
-    pytest.param({"store_aqk": True}, {}, {"load_aqk": True}, id="Aqk-from-wy"),
-]
-
-
-@pytest.mark.parametrize("wy_kw,state_kw,out_kw", SPLIT_OPTIONS)
-def test_split_options_match_reference(wy_kw, state_kw, out_kw):
-    from gdn_kernels.chunk import SPLIT_WY
-    from gdn_kernels.chunk_output import chunk_output_fwd
-    from gdn_kernels.chunk_state import chunk_state_fwd
-    from gdn_kernels.wy import chunk_wy_fwd
-
-    x = gdn_inputs(2, 130, 1, 2, 32, 48, dtype=torch.bfloat16, device=DEVICE)
-    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
-    scale = 32 ** -0.5
-    w, u, Aqk, gc, ks = chunk_wy_fwd(q, k, v, g, beta, scale, True, **dict(SPLIT_WY, **wy_kw))
-    s = torch.full((2, 2, 32, 48), float("nan"), device=DEVICE)
-    h, vn, _ = chunk_state_fwd(k, w, u, gc, ks, h0, final_state=s, **state_kw)
-    o = torch.full_like(v, float("nan"))
-    out_kw = dict(out_kw)
-    chunk_output_fwd(q, k, vn, gc, h, scale, True, out=o, Aqk=Aqk if out_kw.pop("load_aqk", False) else None,
-                     **out_kw)
-    ro, rs = recurrent_gated_delta_rule(**{n: t.cpu() for n, t in x.items()}, use_qk_l2norm=True)
-    assert_close_rms(o.cpu(), ro, torch.bfloat16, "o")
-    assert_close_rms(s.cpu(), rs, torch.bfloat16, "final_state")

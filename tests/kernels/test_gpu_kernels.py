@@ -1,9 +1,8 @@
 """The Triton kernels on a CUDA GPU at realistic head sizes (skipped without one).
 
 Grid: T in {1, 63, 64, 65, 1000, 4097} x D in {64, 128} x Hv in {Hk, 2 Hk} x B in {1, 3} x
-{fp32, bf16, fp16} (x prefill impl fused / split for the chunked kernels), against the fp32
-reference computed on the same GPU; packed sequences against the per-sequence reference;
-in-place decode.
+{fp32, bf16, fp16}, against the fp32 reference computed on the same GPU; packed sequences
+against the per-sequence reference; in-place decode.
 """
 
 import pytest
@@ -22,8 +21,6 @@ if torch.cuda.is_available():
     from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
 
 HEADS = [pytest.param(2, 2, id="Hv=Hk"), pytest.param(2, 4, id="Hv=2Hk")]
-# Both prefill implementations run every chunked test (chunk.py's impl argument).
-IMPLS = [pytest.param("fused", id="fused"), pytest.param("split", id="split")]
 
 
 def _reference(x, cu_seqlens=None):
@@ -41,28 +38,26 @@ def _run(fn, x, cu_seqlens=None, **kw):
     return o, s
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", [1, 3], ids=lambda b: f"B{b}")
 @pytest.mark.parametrize("Hk,Hv", HEADS)
 @pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 1000, 4097], ids=lambda t: f"T{t}")
-def test_chunk_grid(T, D, Hk, Hv, B, dtype, impl):
+def test_chunk_grid(T, D, Hk, Hv, B, dtype):
     x = gdn_inputs(B, T, Hk, Hv, D, D, dtype=dtype, device="cuda")
-    o, s = _run(chunk_gated_delta_rule, x, impl=impl)
+    o, s = _run(chunk_gated_delta_rule, x)
     ro, rs = _reference(x)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("T", [65, 1000, 4097], ids=lambda t: f"T{t}")
-def test_chunk_correlated_keys(T, D, dtype, impl):
+def test_chunk_correlated_keys(T, D, dtype):
     # keys as models make them (see gdn_inputs): the WY inverse must stay accurate on tensor cores
     x = gdn_inputs(2, T, 2, 4, D, D, dtype=dtype, device="cuda", correlated=True)
-    o, s = _run(chunk_gated_delta_rule, x, impl=impl)
+    o, s = _run(chunk_gated_delta_rule, x)
     ro, rs = _reference(x)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")
@@ -81,10 +76,8 @@ def test_recurrent_grid(T, D, Hk, Hv, B, dtype):
     assert_close_rms(s, rs, dtype, "final_state")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dk_ne_dv_through_backend(dtype, impl, monkeypatch):
-    monkeypatch.setenv("GDN_TRITON_PREFILL", impl)  # the backend passes no impl: the variable decides
+def test_dk_ne_dv_through_backend(dtype):
     for T in (1, 300):
         x = gdn_inputs(2, T, 2, 4, 128, 64, dtype=dtype, device="cuda")
         o, s = backend.gated_delta_rule(**x, scale=0.1, use_qk_l2norm=True, cu_seqlens=None)
@@ -94,19 +87,16 @@ def test_dk_ne_dv_through_backend(dtype, impl, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lens,impl", [
-    pytest.param([1000, 1, 64, 65, 4097], "fused", id="prefill-fused"),
-    pytest.param([1000, 1, 64, 65, 4097], "split", id="prefill-split"),
-    pytest.param([1, 3, 16, 2], None, id="decode"),
+@pytest.mark.parametrize("lens", [
+    pytest.param([1000, 1, 64, 65, 4097], id="prefill"),
+    pytest.param([1, 3, 16, 2], id="decode"),
 ])
-def test_varlen_pack(lens, impl, dtype):
+def test_varlen_pack(lens, dtype):
     x = gdn_inputs(1, sum(lens), 2, 4, 128, 128, dtype=dtype, device="cuda", state=False)
     x["initial_state"] = torch.randn(len(lens), 4, 128, 128, device="cuda") * 0.1
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
-    if impl is None:
-        o, s = _run(fused_recurrent_gated_delta_rule, x, cu_seqlens=cu)
-    else:
-        o, s = _run(chunk_gated_delta_rule, x, cu_seqlens=cu, impl=impl)
+    fn = chunk_gated_delta_rule if max(lens) > 16 else fused_recurrent_gated_delta_rule
+    o, s = _run(fn, x, cu_seqlens=cu)
     ro, rs = _reference(x, cu)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")
