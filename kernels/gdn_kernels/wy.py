@@ -95,8 +95,8 @@ def _unit_lower_inverse(A, IEEE: tl.constexpr):
     # Xd = (I + D)^-1: I + A = (I + D)(I + N), N = Xd (A - D) strictly block lower, N^4 = 0, so
     #     (I + A)^-1 = (I - N)(I + N^2) Xd        (four 64^3 products).
     # Products of powers of A itself, (I - A)(I + A^2)...(I + A^32), cancel catastrophically when
-    # keys are correlated (post-conv SiLU keys): up to 100% error in TF32, even fp32 is not safe;
-    # the entries of Xd and N stay bounded, so this keeps ~1e-3 in TF32 (see the tests).
+    # keys are correlated (post-conv SiLU keys), in TF32 and in fp32 alike; the entries of Xd and
+    # N stay bounded, so this keeps < 1e-3 in TF32 (benchmarks/inverse_stability.py).
     o_t = tl.arange(0, 64)
     eye = (o_t[:, None] == o_t[None, :]).to(tl.float32)
     Xd = _diagonal_block_inverses(A)

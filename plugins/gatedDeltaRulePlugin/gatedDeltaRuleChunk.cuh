@@ -15,6 +15,12 @@
  * Chunk matrix products run on tensor cores (wmma: bf16 / fp16 operands, or tf32 for fp32 inputs)
  * with fp32 accumulation; the triangular solve and all decays stay in fp32. Needs Dk, Dv multiples
  * of 8 and <= 128 (the launcher falls back to the recurrent kernel otherwise).
+ *
+ * Rounding with 16-bit inputs (bf16 error on keys with cosines near 1 was ~1e-2 of o, mostly from
+ * u, P, v_new and the inverse): fp32 values that meet a 16-bit operand are split into hi + lo
+ * 16-bit operands (kSPLIT, two products): the inverse-derived Tk, Tv, P, v_new (both uses) and the
+ * state S in w S / q S. u is kept in fp32 in the workspace (it only feeds v_new = u - w S).
+ * Rounded once to the activation dtype: w (~1e-3 of o), and o itself.
  */
 #pragma once
 
@@ -34,20 +40,24 @@ constexpr int32_t kSTATE_BV = 32; // state columns per block of the sequential p
 constexpr int32_t kOFFSETS_THREADS = 1024;
 
 //! Where the prepare kernel leaves its results, per value head and chunk slot (maxChunks slots):
-//! w [64, Dk], u [64, Dv], P [64, 64] in the activation dtype, and kSCALARS fp32 (fq, fk, exp(G_last)).
+//! w [64, Dk] in the activation dtype, u [64, Dv] fp32, P as kP_TILES<T> [64, 64] tiles in the
+//! activation dtype (hi, then lo where kSPLIT), and kSCALARS fp32 (fq, fk, exp(G_last)).
 struct ChunkWorkspace
 {
     int32_t const* chunkOffsets{nullptr}; // varlen: [numSeqs + 1]; else nullptr
     int32_t chunksPerSeq{0};              // non-varlen: ceil(T / 64)
     int64_t maxChunks{0};                 // chunk slots per value head
     void* w{nullptr};
-    void* u{nullptr};
+    float* u{nullptr};
     void* p{nullptr};
     float* scalars{nullptr};
 };
 
 constexpr int32_t kSCALARS = 3 * kCHUNK; // fq[64], fk[64], exp(G_last) and padding
 constexpr int32_t kSCALAR_DECAY = 2 * kCHUNK;
+
+template <typename T>
+constexpr int32_t kP_TILES = kSPLIT<T> ? 2 : 1; // hi (+ lo) copies of P, v_new and the state operand
 
 __host__ __device__ constexpr size_t alignUp(size_t x, size_t a)
 {
@@ -85,6 +95,9 @@ struct PrepareSmem
 };
 
 //! Shared memory of the sequential state kernel; k, P and the chunk scalars have kSTAGES buffers.
+//! The state operand S (hi, lo) and the v_new operands (Vop hi, lo, Vk hi, lo) share one region:
+//! S's copies are dead between the w S / q S products and their rebuild at the end of the chunk.
+//! X first receives u (fp32, from the workspace), then holds v_new = u - w S.
 template <typename T, int32_t kDK, int32_t kSTAGES>
 struct StateSmem
 {
@@ -93,19 +106,22 @@ struct StateSmem
     static constexpr int32_t kLDV = kSTATE_BV + kPAD;
     static constexpr int32_t kLDC = kCHUNK + kPAD;
     static constexpr int32_t kLDVF = kSTATE_BV + 4;
+    static constexpr int32_t kSPLITS = kP_TILES<T>;
     static constexpr size_t kKBYTES = alignUp(sizeof(T) * kCHUNK * kLDK, 128);
-    static constexpr size_t kPBYTES = alignUp(sizeof(T) * kCHUNK * kLDC, 128);
+    static constexpr size_t kPTILE = alignUp(sizeof(T) * kCHUNK * kLDC, 128);
+    static constexpr size_t kPBYTES = kSPLITS * kPTILE;
     static constexpr size_t kSCALAR_BYTES = alignUp(sizeof(float) * kSCALARS, 128);
+    static constexpr size_t kVTILE = alignUp(sizeof(T) * kCHUNK * kLDV, 128);
+    static constexpr size_t kSTILE = alignUp(sizeof(T) * kDK * kLDV, 128);
+    static constexpr size_t kOPS_BYTES
+        = kSPLITS * kSTILE > 2 * kSPLITS * kVTILE ? kSPLITS * kSTILE : 2 * kSPLITS * kVTILE;
     static constexpr size_t kQ = 0;
     static constexpr size_t kW = kQ + kKBYTES;
     static constexpr size_t kK = kW + kKBYTES;
     static constexpr size_t kP = kK + kSTAGES * kKBYTES;
     static constexpr size_t kSC = kP + kSTAGES * kPBYTES;
-    static constexpr size_t kU = kSC + kSTAGES * kSCALAR_BYTES;
-    static constexpr size_t kVOP = alignUp(kU + sizeof(T) * kCHUNK * kLDV, 128);
-    static constexpr size_t kVK = alignUp(kVOP + sizeof(T) * kCHUNK * kLDV, 128);
-    static constexpr size_t kSOP = alignUp(kVK + sizeof(T) * kCHUNK * kLDV, 128);
-    static constexpr size_t kS32 = alignUp(kSOP + sizeof(T) * kDK * kLDV, 128);
+    static constexpr size_t kOPS = kSC + kSTAGES * kSCALAR_BYTES; // S hi, S lo | Vop hi, lo, Vk hi, lo
+    static constexpr size_t kS32 = kOPS + kOPS_BYTES;
     static constexpr size_t kX32 = alignUp(kS32 + sizeof(float) * kDK * kLDVF, 128);
     static constexpr size_t kY32 = alignUp(kX32 + sizeof(float) * kCHUNK * kLDVF, 128);
     static constexpr size_t kBYTES = kY32 + sizeof(float) * kCHUNK * kLDVF;
@@ -365,7 +381,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     __syncthreads();
 
     size_t const slot = static_cast<size_t>(h) * ws.maxChunks + chunkId;
-    T* pOut = static_cast<T*>(ws.p) + slot * kCHUNK * kCHUNK;
+    T* pOut = static_cast<T*>(ws.p) + slot * kP_TILES<T> * kCHUNK * kCHUNK; // hi tile, then lo tile
 #pragma unroll
     for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
     {
@@ -383,7 +399,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
             pv = sT[i * L::kLDCF + j] * sRq[i] * sRk[j] * __expf(sG[i] - sG[j]);
         }
         sA[i * L::kLDCF + j] = a;
-        pOut[e] = fromFloat<T>(pv);
+        splitStore(pOut + e, pOut + kCHUNK * kCHUNK + e, pv);
         if (j / 16 > i / 16)
         {
             sT[i * L::kLDCF + j] = 0.F; // above the diagonal blocks of Tm
@@ -452,46 +468,90 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
         __syncthreads();
     }
 
-    // Fold the right-hand-side row scalings into Tm so that w and u come straight from raw k and v.
+    // Fold the right-hand-side row scalings into Tm so that w and u come straight from raw k and v:
+    // Tk = Tm diag(beta exp(G) rk), Tv = Tm diag(beta). 16-bit inputs: the entries of Tm grow large
+    // for nearly parallel keys, so each operand is split into hi (sTk) + lo (sTv) and w, u take two
+    // products each, Tk's first; fp32 inputs: Tk in sTk, Tv in sTv, one pass.
+    auto buildOperands = [&](bool forU) {
 #pragma unroll
-    for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
-    {
-        int32_t const e = tid + it * kCHUNK_THREADS;
-        int32_t const i = e / kCHUNK;
-        int32_t const j = e % kCHUNK;
-        float const t = sT[i * L::kLDCF + j];
-        sTk[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j] * __expf(sG[j]) * sRk[j]);
-        sTv[i * L::kLDC + j] = fromFloat<T>(t * sBeta[j]);
-    }
+        for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
+        {
+            int32_t const e = tid + it * kCHUNK_THREADS;
+            int32_t const i = e / kCHUNK;
+            int32_t const j = e % kCHUNK;
+            float const t = sT[i * L::kLDCF + j];
+            float const tk = t * sBeta[j] * __expf(sG[j]) * sRk[j];
+            float const tv = t * sBeta[j];
+            if constexpr (kSPLIT<T>)
+            {
+                splitStore(sTk + i * L::kLDC + j, sTv + i * L::kLDC + j, forU ? tv : tk);
+            }
+            else
+            {
+                sTk[i * L::kLDC + j] = fromFloat<T>(tk);
+                sTv[i * L::kLDC + j] = fromFloat<T>(tv);
+            }
+        }
+    };
+    // Each warp keeps its kDK / 32 tiles of w and kDV / 32 of u in registers until sT is dead (the
+    // staging buffer overlaps it). Tk, Tv are lower triangular: row tile rt needs (rt + 1) * 16 columns.
+    constexpr int32_t kWT = 4 * (kDK / 16) / kCHUNK_WARPS;
+    constexpr int32_t kUT = 4 * (kDV / 16) / kCHUNK_WARPS;
+    static_assert(kWT * kCHUNK_WARPS == 4 * (kDK / 16) && kUT * kCHUNK_WARPS == 4 * (kDV / 16), "tile split");
+    AccFragT<T> wAcc[kWT];
+    AccFragT<T> uAcc[kUT];
+    auto products = [&](AccFragT<T>* acc, int32_t tiles, T const* x, int32_t ldx, T const* lhsHi, T const* lhsLo) {
+#pragma unroll
+        for (int32_t i = 0; i < tiles; ++i)
+        {
+            int32_t const t = warp + i * kCHUNK_WARPS;
+            int32_t const rt = t % 4;
+            int32_t const ct = t / 4;
+            wmma::fill_fragment(acc[i], 0.F);
+            mmaTile<T, wmma::row_major, wmma::row_major>(
+                acc[i], lhsHi + rt * 16 * L::kLDC, L::kLDC, x + ct * 16, ldx, (rt + 1) * 16);
+            if (lhsLo != nullptr)
+            {
+                mmaTile<T, wmma::row_major, wmma::row_major>(
+                    acc[i], lhsLo + rt * 16 * L::kLDC, L::kLDC, x + ct * 16, ldx, (rt + 1) * 16);
+            }
+        }
+    };
+    buildOperands(false);
     __syncthreads();
-
-    // w = Tk k  [64, Dk]; Tk is lower triangular, so row tile rt needs only (rt + 1) * 16 columns.
-    for (int32_t t = warp; t < 4 * (kDK / 16); t += kCHUNK_WARPS)
+    if constexpr (kSPLIT<T>)
     {
-        int32_t const rt = t % 4;
-        int32_t const ct = t / 4;
-        AccFragT<T> acc;
-        wmma::fill_fragment(acc, 0.F);
-        mmaTile<T, wmma::row_major, wmma::row_major>(
-            acc, sTk + rt * 16 * L::kLDC, L::kLDC, sK + ct * 16, L::kLDK, (rt + 1) * 16);
-        wmma::store_matrix_sync(sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc, L::kLDSTAGE, wmma::mem_row_major);
+        products(wAcc, kWT, sK, L::kLDK, sTk, sTv);
+        __syncthreads();
+        buildOperands(true);
+        __syncthreads();
+        products(uAcc, kUT, sV, L::kLDV, sTk, sTv);
     }
+    else
+    {
+        products(wAcc, kWT, sK, L::kLDK, sTk, nullptr);
+        products(uAcc, kUT, sV, L::kLDV, sTv, nullptr);
+    }
+    // sT's last reads were before the __syncthreads above: the staging buffer is free.
+    auto stage = [&](AccFragT<T> const* acc, int32_t tiles) {
+#pragma unroll
+        for (int32_t i = 0; i < tiles; ++i)
+        {
+            int32_t const t = warp + i * kCHUNK_WARPS;
+            int32_t const rt = t % 4;
+            int32_t const ct = t / 4;
+            wmma::store_matrix_sync(
+                sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc[i], L::kLDSTAGE, wmma::mem_row_major);
+        }
+    };
+    stage(wAcc, kWT);
     __syncthreads();
     storeTile<T, kDK>(static_cast<T*>(ws.w) + slot * kCHUNK * dk, dk, sStage, L::kLDSTAGE, kCHUNK, dk);
     __syncthreads();
-    // u = Tv v  [64, Dv]
-    for (int32_t t = warp; t < 4 * (kDV / 16); t += kCHUNK_WARPS)
-    {
-        int32_t const rt = t % 4;
-        int32_t const ct = t / 4;
-        AccFragT<T> acc;
-        wmma::fill_fragment(acc, 0.F);
-        mmaTile<T, wmma::row_major, wmma::row_major>(
-            acc, sTv + rt * 16 * L::kLDC, L::kLDC, sV + ct * 16, L::kLDV, (rt + 1) * 16);
-        wmma::store_matrix_sync(sStage + rt * 16 * L::kLDSTAGE + ct * 16, acc, L::kLDSTAGE, wmma::mem_row_major);
-    }
+    stage(uAcc, kUT);
     __syncthreads();
-    storeTile<T, kDV>(static_cast<T*>(ws.u) + slot * kCHUNK * dv, dv, sStage, L::kLDSTAGE, kCHUNK, dv);
+    // u stays fp32: it only enters v_new = u - w S, where one rounding cost ~5e-3 of o.
+    storeTile<float, kDV>(ws.u + slot * kCHUNK * dv, dv, sStage, L::kLDSTAGE, kCHUNK, dv);
 }
 
 template <typename T, int32_t kDK, int32_t kSTAGES>
@@ -502,10 +562,13 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem + L::kQ);
     T* sW = reinterpret_cast<T*>(smem + L::kW);
-    T* sU = reinterpret_cast<T*>(smem + L::kU);
-    T* sVop = reinterpret_cast<T*>(smem + L::kVOP);
-    T* sVk = reinterpret_cast<T*>(smem + L::kVK);
-    T* sSop = reinterpret_cast<T*>(smem + L::kSOP);
+    // hi / lo operand copies (the lo ones are used only where kSPLIT); S's alias the v_new ones.
+    T* sSop = reinterpret_cast<T*>(smem + L::kOPS);
+    T* sSopLo = reinterpret_cast<T*>(smem + L::kOPS + L::kSTILE);
+    T* sVop = reinterpret_cast<T*>(smem + L::kOPS);
+    T* sVopLo = reinterpret_cast<T*>(smem + L::kOPS + L::kVTILE);
+    T* sVk = reinterpret_cast<T*>(smem + L::kOPS + L::kSPLITS * L::kVTILE);
+    T* sVkLo = reinterpret_cast<T*>(smem + L::kOPS + (L::kSPLITS + 1) * L::kVTILE);
     float* sS = reinterpret_cast<float*>(smem + L::kS32);
     float* sX = reinterpret_cast<float*>(smem + L::kX32);
     float* sY = reinterpret_cast<float*>(smem + L::kY32);
@@ -533,13 +596,13 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     T const* q = static_cast<T const*>(p.q);
     T const* k = static_cast<T const*>(p.k);
     T const* wAll = static_cast<T const*>(ws.w);
-    T const* uAll = static_cast<T const*>(ws.u);
+    float const* uAll = ws.u;
     T const* pAll = static_cast<T const*>(ws.p);
     T* o = static_cast<T*>(p.o);
     int64_t const qkStride = int64_t{hk} * dk;
 
     // Three load groups, each issued as soon as its buffers are free: q and w (free after the
-    // w S / q S products), u (free after v_new), and k, P and the scalars (double-buffered).
+    // w S / q S products), u (into X, free after v_new), and k, P and the scalars (double-buffered).
     auto issueQW = [&](int32_t c) {
         int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
@@ -549,8 +612,8 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     };
     auto issueU = [&](int32_t c) {
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
-        loadTileAsync<T, kCHUNK, kSTATE_BV, kCHUNK_THREADS>(
-            sU, L::kLDV, uAll + (slot0 + c) * kCHUNK * dv + col0, dv, valid, validV);
+        loadTileAsync<float, kCHUNK, kSTATE_BV, kCHUNK_THREADS>(
+            sX, L::kLDVF, uAll + (slot0 + c) * kCHUNK * dv + col0, dv, valid, validV);
     };
     auto issueKPS = [&](int32_t c, int32_t stage) {
         int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
@@ -559,8 +622,12 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
         T* sP = reinterpret_cast<T*>(smem + L::kP + stage * L::kPBYTES);
         float* sSc = reinterpret_cast<float*>(smem + L::kSC + stage * L::kSCALAR_BYTES);
         loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid, dk);
-        loadTileAsync<T, kCHUNK, kCHUNK, kCHUNK_THREADS>(
-            sP, L::kLDC, pAll + (slot0 + c) * kCHUNK * kCHUNK, kCHUNK, kCHUNK, kCHUNK);
+#pragma unroll
+        for (int32_t sp = 0; sp < L::kSPLITS; ++sp)
+        {
+            loadTileAsync<T, kCHUNK, kCHUNK, kCHUNK_THREADS>(sP + sp * (L::kPTILE / sizeof(T)), L::kLDC,
+                pAll + ((slot0 + c) * L::kSPLITS + sp) * kCHUNK * kCHUNK, kCHUNK, kCHUNK, kCHUNK);
+        }
         if (tid < kSCALARS / 4)
         {
             cpAsync16(sSc + 4 * tid, ws.scalars + (slot0 + c) * kSCALARS + 4 * tid, 16);
@@ -587,7 +654,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             s = init[stateOffset + static_cast<size_t>(r) * dv + col0 + cc];
         }
         sS[r * L::kLDVF + cc] = s;
-        sSop[r * L::kLDV + cc] = fromFloat<T>(s);
+        splitStore(sSop + r * L::kLDV + cc, sSopLo + r * L::kLDV + cc, s);
     }
 
     for (int32_t c = 0; c < numChunks; ++c)
@@ -595,6 +662,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
         int32_t const stage = kSTAGES == 2 ? (c & 1) : 0;
         T const* sK = reinterpret_cast<T const*>(smem + L::kK + stage * L::kKBYTES);
         T const* sP = reinterpret_cast<T const*>(smem + L::kP + stage * L::kPBYTES);
+        T const* sPLo = reinterpret_cast<T const*>(smem + L::kP + stage * L::kPBYTES + L::kPTILE);
         float const* sSc = reinterpret_cast<float const*>(smem + L::kSC + stage * L::kSCALAR_BYTES);
         bool const hasNext = c + 1 < numChunks;
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
@@ -606,18 +674,37 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             cpAsyncCommit();
         }
 
-        // X = w S and Y = q S, one 16 x 16 tile of each per warp.
+        // X = v_new = u - w S (u already in X) and Y = q S, one 16 x 16 tile of each per warp;
+        // S enters as hi + lo where kSPLIT.
         {
             int32_t const rt = warp / 2;
             int32_t const ct = warp % 2;
+            float* xTile = sX + rt * 16 * L::kLDVF + ct * 16;
             AccFragT<T> acc;
+            AccFragT<T> vNew;
+            wmma::load_matrix_sync(vNew, xTile, L::kLDVF, wmma::mem_row_major);
             wmma::fill_fragment(acc, 0.F);
             mmaTile<T, wmma::row_major, wmma::row_major>(
                 acc, sW + rt * 16 * L::kLDK, L::kLDK, sSop + ct * 16, L::kLDV, kDK);
-            wmma::store_matrix_sync(sX + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
+            if constexpr (kSPLIT<T>)
+            {
+                mmaTile<T, wmma::row_major, wmma::row_major>(
+                    acc, sW + rt * 16 * L::kLDK, L::kLDK, sSopLo + ct * 16, L::kLDV, kDK);
+            }
+#pragma unroll
+            for (int32_t i = 0; i < vNew.num_elements; ++i)
+            {
+                vNew.x[i] -= acc.x[i];
+            }
+            wmma::store_matrix_sync(xTile, vNew, L::kLDVF, wmma::mem_row_major);
             wmma::fill_fragment(acc, 0.F);
             mmaTile<T, wmma::row_major, wmma::row_major>(
                 acc, sQ + rt * 16 * L::kLDK, L::kLDK, sSop + ct * 16, L::kLDV, kDK);
+            if constexpr (kSPLIT<T>)
+            {
+                mmaTile<T, wmma::row_major, wmma::row_major>(
+                    acc, sQ + rt * 16 * L::kLDK, L::kLDK, sSopLo + ct * 16, L::kLDV, kDK);
+            }
             wmma::store_matrix_sync(sY + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
         }
         __syncthreads();
@@ -627,7 +714,8 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             cpAsyncCommit();
         }
 
-        // v_new = u - X; the state update takes diag(fk) v_new, the output diag(fq) Y.
+        // The operands of v_new (overwriting S's copies): the output takes v_new, the state update
+        // diag(fk) v_new, both as hi + lo where kSPLIT; the output's q S part is diag(fq) Y.
         float const decayLast = sSc[kSCALAR_DECAY];
 #pragma unroll
         for (int32_t it = 0; it < kCHUNK * kSTATE_BV / kCHUNK_THREADS; ++it)
@@ -635,9 +723,9 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             int32_t const e = tid + it * kCHUNK_THREADS;
             int32_t const i = e / kSTATE_BV;
             int32_t const j = e % kSTATE_BV;
-            float const vNew = toFloat(sU[i * L::kLDV + j]) - sX[i * L::kLDVF + j];
-            sVop[i * L::kLDV + j] = fromFloat<T>(vNew);
-            sVk[i * L::kLDV + j] = fromFloat<T>(vNew * sSc[kCHUNK + i]);
+            float const vNew = sX[i * L::kLDVF + j];
+            splitStore(sVop + i * L::kLDV + j, sVopLo + i * L::kLDV + j, vNew);
+            splitStore(sVk + i * L::kLDV + j, sVkLo + i * L::kLDV + j, vNew * sSc[kCHUNK + i]);
             sY[i * L::kLDVF + j] *= sSc[i];
         }
         __syncthreads();
@@ -656,6 +744,14 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             wmma::load_matrix_sync(acc, sY + rt * 16 * L::kLDVF + ct * 16, L::kLDVF, wmma::mem_row_major);
             mmaTile<T, wmma::row_major, wmma::row_major>(
                 acc, sP + rt * 16 * L::kLDC, L::kLDC, sVop + ct * 16, L::kLDV, (rt + 1) * 16);
+            if constexpr (kSPLIT<T>)
+            {
+                // P_hi v_lo + P_lo v_hi (P_lo v_lo is below the fp32 accumulation error)
+                mmaTile<T, wmma::row_major, wmma::row_major>(
+                    acc, sP + rt * 16 * L::kLDC, L::kLDC, sVopLo + ct * 16, L::kLDV, (rt + 1) * 16);
+                mmaTile<T, wmma::row_major, wmma::row_major>(
+                    acc, sPLo + rt * 16 * L::kLDC, L::kLDC, sVop + ct * 16, L::kLDV, (rt + 1) * 16);
+            }
             wmma::store_matrix_sync(sY + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
         }
         for (int32_t t = warp; t < (kDK / 16) * 2; t += kCHUNK_WARPS)
@@ -671,6 +767,11 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             }
             mmaTile<T, wmma::col_major, wmma::row_major>(
                 acc, sK + rt * 16, L::kLDK, sVk + ct * 16, L::kLDV, kCHUNK);
+            if constexpr (kSPLIT<T>)
+            {
+                mmaTile<T, wmma::col_major, wmma::row_major>(
+                    acc, sK + rt * 16, L::kLDK, sVkLo + ct * 16, L::kLDV, kCHUNK);
+            }
             wmma::store_matrix_sync(sS + rt * 16 * L::kLDVF + ct * 16, acc, L::kLDVF, wmma::mem_row_major);
         }
         __syncthreads();
@@ -688,7 +789,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
             int32_t const e = tid + it * kCHUNK_THREADS;
             int32_t const r = e / kSTATE_BV;
             int32_t const cc = e % kSTATE_BV;
-            sSop[r * L::kLDV + cc] = fromFloat<T>(sS[r * L::kLDVF + cc]);
+            splitStore(sSop + r * L::kLDV + cc, sSopLo + r * L::kLDV + cc, sS[r * L::kLDVF + cc]);
         }
     }
     cpAsyncWaitAll();

@@ -138,6 +138,25 @@ struct MmaTraits<float>
     static constexpr int32_t kK = 8;
 };
 
+//! 16-bit inputs: products with an fp32 factor (the chunk inverse, P, v_new, the state) use two
+//! operands x = hi + lo, hi = T(x), lo = T(x - hi), i.e. two products accumulated in fp32 (about 16
+//! mantissa bits for bf16, better than tf32). One rounding to bf16 there costs ~1e-2 of o on nearly
+//! parallel keys (large inverse entries, cancellation in v_new and P v_new). fp32 inputs: tf32, no split.
+template <typename T>
+constexpr bool kSPLIT = !std::is_same<T, float>::value;
+
+//! *hi = T(x) and, where kSPLIT<T>, *lo = T(x - hi).
+template <typename T>
+__device__ __forceinline__ void splitStore(T* hi, T* lo, float x)
+{
+    T const h = fromFloat<T>(x);
+    *hi = h;
+    if constexpr (kSPLIT<T>)
+    {
+        *lo = fromFloat<T>(x - toFloat(h));
+    }
+}
+
 using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 template <typename T>
 using AccFragT = wmma::fragment<wmma::accumulator, 16, 16, MmaTraits<T>::kK, float>;

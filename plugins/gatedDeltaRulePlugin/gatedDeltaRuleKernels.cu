@@ -7,10 +7,10 @@
  *              also the fallback where the chunked kernels do not fit (odd dims, > 128, or a GPU
  *              with too little shared memory per block). No workspace.
  *   chunked    otherwise: Dk, Dv multiples of 8 and <= 128. Workspace: [varlen chunk offsets]
- *              [w: Hv x maxChunks x 64 x Dk][u: ... x 64 x Dv][P: ... x 64 x 64] in the activation
- *              dtype, [scalars: Hv x maxChunks x 192] fp32; maxChunks = B ceil(T / 64), or
- *              T / 64 + N for packed sequences (about (Dk + Dv + 64) * 2 + 12 bytes per token and
- *              value head in bf16).
+ *              [w: Hv x maxChunks x 64 x Dk, activation dtype][u: ... x 64 x Dv, fp32]
+ *              [P: ... x {1, 2} x 64 x 64, activation dtype: hi and lo tiles for fp16 / bf16]
+ *              [scalars: Hv x maxChunks x 192] fp32; maxChunks = B ceil(T / 64), or T / 64 + N for
+ *              packed sequences (about 2 Dk + 4 Dv + 256 + 12 bytes per token and value head in bf16).
  */
 #include "gatedDeltaRuleChunk.cuh"
 #include "gatedDeltaRuleKernels.h"
@@ -103,8 +103,13 @@ WorkspaceLayout workspaceLayout(GatedDeltaRuleParams const& p)
     size_t const rows = static_cast<size_t>(p.numValueHeads) * maxChunks(p) * kCHUNK;
     l.offsetsBytes = p.cuSeqlens != nullptr ? kernels::alignUp((p.numSeqs + 1) * sizeof(int32_t), kWORKSPACE_ALIGN) : 0;
     l.wBytes = kernels::alignUp(rows * p.keyDim * elementSize(p.dtype), kWORKSPACE_ALIGN);
-    l.uBytes = kernels::alignUp(rows * p.valueDim * elementSize(p.dtype), kWORKSPACE_ALIGN);
-    l.pBytes = kernels::alignUp(rows * kCHUNK * elementSize(p.dtype), kWORKSPACE_ALIGN);
+    // u is fp32 for every dtype; P has a lo tile besides the hi one for 16-bit dtypes (kP_TILES).
+    size_t const pTiles = p.dtype == DataType::kFLOAT32 ? 1 : 2;
+    static_assert(kernels::kP_TILES<float> == 1 && kernels::kP_TILES<__half> == 2
+            && kernels::kP_TILES<__nv_bfloat16> == 2,
+        "pTiles must match the kernels");
+    l.uBytes = kernels::alignUp(rows * p.valueDim * sizeof(float), kWORKSPACE_ALIGN);
+    l.pBytes = kernels::alignUp(rows * kCHUNK * pTiles * elementSize(p.dtype), kWORKSPACE_ALIGN);
     l.scalarBytes = kernels::alignUp(
         static_cast<size_t>(p.numValueHeads) * maxChunks(p) * kernels::kSCALARS * sizeof(float), kWORKSPACE_ALIGN);
     return l;
@@ -248,7 +253,7 @@ cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_
     ws.maxChunks = maxChunks(p);
     ws.chunksPerSeq = (p.seqLen + kCHUNK - 1) / kCHUNK;
     ws.w = base + l.offsetsBytes;
-    ws.u = base + l.offsetsBytes + l.wBytes;
+    ws.u = reinterpret_cast<float*>(base + l.offsetsBytes + l.wBytes);
     ws.p = base + l.offsetsBytes + l.wBytes + l.uBytes;
     ws.scalars = reinterpret_cast<float*>(base + l.offsetsBytes + l.wBytes + l.uBytes + l.pBytes);
     if (p.cuSeqlens != nullptr)
