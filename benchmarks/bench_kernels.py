@@ -108,7 +108,8 @@ def implementations(args, decode):
 
 
 def run_gdn(args, device, copy, rows, notes, save):
-    for decode, cases in ((True, [(b, 1) for b in DECODE]), (False, PREFILL)):
+    prefill = [tuple(int(n) for n in c.split("x")) for c in args.prefill] if args.prefill else PREFILL
+    for decode, cases in ((True, [(b, 1) for b in DECODE] if not args.no_decode else []), (False, prefill)):
         impls, n = implementations(args, decode)
         notes.extend(x for x in n if x not in notes)
         for B, T in cases:
@@ -279,6 +280,8 @@ def main(argv=None) -> int:
                     help="also list per-kernel GPU times (torch.profiler) of each prefill at two cases")
     ap.add_argument("--only", choices=["all", "gdn", "conv", "sweep", "sweep-decode"], default="all",
                     help="one section only (sweep implies --sweep)")
+    ap.add_argument("--prefill", nargs="+", metavar="BxT", help="prefill cases instead of the default four")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode cases")
     ap.add_argument("--hk", type=int, default=HK)
     ap.add_argument("--hv", type=int, default=HV)
     ap.add_argument("--d", type=int, default=D)
