@@ -132,7 +132,7 @@ def run_gdn(args, device, copy, rows, notes, save):
                 gbps = nbytes / ms / 1e6
                 rows.append(dict(case=case, impl=name, ms=ms, gbps=gbps, pct_copy=100 * gbps / copy, bytes=nbytes))
             if not decode:
-                split(x, case, rows, args.smoke)
+                launches_apart(x, case, rows, args.smoke)
                 if args.profile and (B, T) in PROFILE_CASES:
                     for name in ("ours", "fla", "cuda"):
                         if name in impls:
@@ -166,7 +166,7 @@ def profile_kernels(fn, x, case, name, rows, smoke, calls=10):
                              note=f"{e.count // calls} launch(es) per call"))
 
 
-def split(x, case, rows, smoke):
+def launches_apart(x, case, rows, smoke):
     """Our prefill's two launches timed apart (default launch parameters)."""
     from gdn_kernels.chunk import chunk_state_output_fwd
     from gdn_kernels.wy import chunk_wy_fwd
