@@ -3,15 +3,17 @@
     python benchmarks/sm90_compile_report.py
 
 For each kernel and launch configuration (bf16, Dk = Dv = 128, q/k L2 norm, initial state, as in
-bench_kernels.py): registers per thread, stack bytes (spills), spill loads / stores (LDL / STL)
-and wgmma (HGMMA) instructions in the SASS, and shared memory. Uses the ptxas and cuobjdump that
-ship with Triton; costs no device time. The local Triton (3.9) is newer than the device's (3.6),
-so register counts are a guide, not the device's numbers.
+bench_kernels.py): registers per thread, stack bytes (spills), spill loads / stores (LDL / STL),
+wgmma (HGMMA) instructions, shared memory, and the SASS's instruction, shuffle, barrier and
+shared-memory load / store counts (static: a loop body counts once). Uses the ptxas and cuobjdump
+that ship with Triton; costs no device time. Register use differs between Triton versions: run it
+with the device's (3.6, e.g. from a separate venv with torch on PYTHONPATH) to match its numbers.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,8 +43,12 @@ def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
                               capture_output=True, text=True).stdout
     usage = next(line for line in res.splitlines() if "REG:" in line).split()
     regs, stack = (next(u for u in usage if u.startswith(p)).split(":")[1] for p in ("REG:", "STACK:"))
-    return (f"{regs:>4} {stack:>5} {sass.count('LDL'):>4} {sass.count('STL'):>4} "
-            f"{sass.count('HGMMA'):>5} {k.metadata.shared:>7}")
+    # one SASS instruction per line "/*0a70*/  OPCODE ..."; a static count (loops count once)
+    ops = [m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
+    count = lambda *names: sum(op in names for op in ops)  # noqa: E731
+    return (f"{regs:>4} {stack:>5} {count('LDL'):>4} {count('STL'):>4} "
+            f"{count('HGMMA'):>5} {k.metadata.shared:>7} {len(ops):>6} {count('SHFL'):>5} "
+            f"{count('BAR'):>4} {count('LDS', 'LDSM'):>5} {count('STS'):>5}")
 
 
 def main() -> int:
@@ -50,21 +56,21 @@ def main() -> int:
     from gdn_kernels.wy import chunk_wy_fwd_kernel
 
     p = lambda names, t: {n: t for n in names.split()}  # noqa: E731
-    wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum", "*fp32"),
+    wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum fq fk", "*fp32"),
                   **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", T="i32")
-    fused_sig = dict(p("q k w o", "*bf16"), **p("u Aqk gcum h0 ht", "*fp32"), cu_seqlens="*i32",
-                     scale="fp32", T="i32")
-    flags = dict(IS_VARLEN=False, IEEE=False)
+    fused_sig = dict(p("q k w o", "*bf16"), **p("u Aqk gcum fq fk h0 ht", "*fp32"), cu_seqlens="*i32",
+                     T="i32")
+    flags = dict(IS_VARLEN=False, IEEE=False, SPLIT=True)
     rows = []
-    for bv, nw in ((64, 4), (32, 4)):
+    for bv, nw in ((64, 4), (32, 4), (64, 8), (32, 8)):
         c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_GATE=False, **flags)
         rows.append((f"wy.py BV={bv} warps={nw}", report(chunk_wy_fwd_kernel, wy_sig, c, nw)))
-    for bv, nw, ns in ((32, 4, 3), (64, 8, 2)):
-        c = dict(SHAPE, BV=bv, USE_L2NORM=True, USE_INITIAL_STATE=True, NUM_STAGES=ns, HALF_DOTS=True, **flags)
+    for bv, nw, ns in ((32, 4, 3), (32, 4, 2), (32, 8, 3), (64, 8, 2), (64, 4, 2)):
+        c = dict(SHAPE, BV=bv, USE_INITIAL_STATE=True, NUM_STAGES=ns, **flags)
         rows.append((f"chunk.py BV={bv} warps={nw} stages={ns}",
                      report(chunk_state_output_fwd_kernel, fused_sig, c, nw, ns)))
     width = max(len(name) for name, _ in rows)
-    print(f"{'kernel / configuration':<{width}}  REGS STACK  LDL  STL HGMMA  SHARED")
+    print(f"{'kernel / configuration':<{width}}  REGS STACK  LDL  STL HGMMA  SHARED  INSTR  SHFL  BAR   LDS   STS")
     for name, line in rows:
         print(f"{name:<{width}}  {line}")
     return 0

@@ -2,17 +2,23 @@
 
 The chunk-local work (cumsum, (I + A)^-1, w, u, causal q.k) runs first in wy.py, for all chunks
 at once. This kernel then walks the chunks of one sequence in order, one program per
-(value block, sequence x value head), with the fp32 state block h [Dk, BV] in registers:
+(value block, sequence x value head), with the fp32 state block in registers, held transposed as
+hT [BV, Dk] (h = hT^T):
 
     v_new = u - w h                                   (this chunk's corrected values)
-    o     = (scale q exp(G)) h + Aqk v_new            (written directly: no per-chunk h in memory)
-    h     = exp(G_last) h + (k exp(G_last - G))^T v_new
+    o     = fq * (q h) + Aqk v_new                    (written directly: no per-chunk h in memory)
+    hT    = exp(G_last) hT + (fk * v_new)^T k
 
-so the states between chunks never leave the SM and the only traffic is q, k, w, u, Aqk in and o
-out. Products: exact fp32 (ieee) for fp32 inputs. For 16-bit inputs w h and q h read the state
-rounded to the input dtype (bf16/fp16 tensor cores), while Aqk v_new and the state update stay on
-TF32 with fp32 operands: rounding v_new for the update alone cost ~6e-3 relative RMS of the final
-state (of the 1e-2 budget), the rest costs ~4e-4 on o (measured under the interpreter).
+(fq = scale exp(G) / ||q||, fk = exp(G_last - G) / ||k||, row factors from wy.py), so the states
+between chunks never leave the SM and the only traffic is q, k, w, u, Aqk in and o out.
+Products: exact fp32 (ieee) for fp32 inputs. For 16-bit inputs with head dims that are multiples
+of 64 (utils.raw_operands; other dims use fp32 copies on TF32) q, k and w enter the tensor cores
+as they are stored (no fp32 copies: fewer live registers); w h and q h read the state rounded to
+the input dtype (~4e-4 on o), Aqk v_new is TF32, and the update takes fk * v_new as two 16-bit
+halves (wy._dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
+The state is transposed so that the update reads k in its stored layout: with h [Dk, BV] the
+update needs k^T, and a transposed 16-bit tile as the left operand gave NaN or illegal addresses
+on the H200 with Triton 3.6 (benchmarks/README.md, run 5).
 """
 
 from __future__ import annotations
@@ -21,20 +27,20 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import as_kernel_input, chunk_indices, next_pow2, num_sms, prepare_inputs
-from gdn_kernels.wy import _dot, chunk_wy_fwd
+from gdn_kernels.utils import as_kernel_input, chunk_indices, next_pow2, prepare_inputs, raw_operands
+from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 
 
 # T is left unspecialised: one compiled kernel serves every length.
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_output_fwd_kernel(
-    q, k, w, u, Aqk, gcum, h0, o, ht,
+    q, k, w, u, Aqk, gcum, fq, fk, h0, o, ht,
     cu_seqlens,
-    scale, T,
+    T,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
-    USE_L2NORM: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, HALF_DOTS: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     BT: tl.constexpr = 64
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -53,82 +59,81 @@ def chunk_state_output_fwd_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_h = o_k[:, None] * DV + o_v[None, :]
+    # hT [BV, Dk]: the update then takes k in its stored layout (see the module docstring)
+    m_vk = m_v[:, None] & m_k[None, :]
+    p_hT = o_v[:, None] + o_k[None, :] * DV
     if USE_INITIAL_STATE:
-        b_h = tl.load(h0 + i_nh * DK * DV + p_h, mask=m_kv, other=0).to(tl.float32)
+        b_hT = tl.load(h0 + i_nh * DK * DV + p_hT, mask=m_vk, other=0).to(tl.float32)
     else:
-        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+        b_hT = tl.zeros([BV, BK], dtype=tl.float32)
 
     for i_t in tl.range(0, tl.cdiv(Tn, BT), num_stages=NUM_STAGES):
         o_r = i_t * BT + o_t
         m_r = o_r < Tn
         m_rk, m_rv = m_r[:, None] & m_k[None, :], m_r[:, None] & m_v[None, :]
         b_w = tl.load(w + (r0 + o_r[:, None]) * DK + o_k[None, :], mask=m_rk, other=0)
-        b_u = tl.load(u + (r0 + o_r[:, None]) * DV + o_v[None, :], mask=m_rv, other=0).to(tl.float32)
-        b_A = tl.load(Aqk + (r0 + o_r[:, None]) * BT + o_t[None, :], mask=m_r[:, None], other=0).to(tl.float32)
-        b_G = tl.load(gcum + r0 + o_r, mask=m_r, other=0)
+        b_u = tl.load(u + (r0 + o_r[:, None]) * DV + o_v[None, :], mask=m_rv, other=0)
+        b_A = tl.load(Aqk + (r0 + o_r[:, None]) * BT + o_t[None, :], mask=m_r[:, None], other=0)
+        b_fq = tl.load(fq + r0 + o_r, mask=m_r, other=0)
+        b_fk = tl.load(fk + r0 + o_r, mask=m_r, other=0)
         b_Gl = tl.load(gcum + r0 + tl.minimum(i_t * BT + BT, Tn) - 1)
         p_qk = ((bos + o_r[:, None]) * HK + i_hk) * DK + o_k[None, :]
-        b_q = tl.load(q + p_qk, mask=m_rk, other=0).to(tl.float32)
-        b_k = tl.load(k + p_qk, mask=m_rk, other=0).to(tl.float32)
-        if USE_L2NORM:
-            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+        b_q = tl.load(q + p_qk, mask=m_rk, other=0)
+        b_k = tl.load(k + p_qk, mask=m_rk, other=0)
 
-        if HALF_DOTS:
-            # The two [64, Dk] x [Dk, BV] products read the state rounded to the input dtype
-            # (costs ~4e-4 on o); the state update below stays TF32, because rounding v_new
-            # and k there costs ~6e-3 on the final state (measured).
-            dt = q.dtype.element_ty
-            b_hd = b_h.to(dt)
-            b_vn = b_u - _dot(b_w, b_hd, IEEE)
-            b_o = _dot((b_q * (scale * tl.exp(b_G))[:, None]).to(dt), b_hd, IEEE) + _dot(b_A, b_vn, IEEE)
+        if SPLIT:
+            # w h and q h read the state rounded to the input dtype (costs ~4e-4 on o)
+            b_hd = tl.trans(b_hT.to(q.dtype.element_ty))
         else:
-            b_vn = b_u - _dot(b_w.to(tl.float32), b_h, IEEE)
-            b_o = _dot(b_q * (scale * tl.exp(b_G))[:, None], b_h, IEEE) + _dot(b_A, b_vn, IEEE)
+            b_w, b_q, b_k = b_w.to(tl.float32), b_q.to(tl.float32), b_k.to(tl.float32)
+            b_hd = tl.trans(b_hT)
+        b_vn = b_u - _dot(b_w, b_hd, IEEE)
+        b_o = _dot(b_q, b_hd, IEEE) * b_fq[:, None] + _dot(b_A, b_vn, IEEE)
         tl.store(o + ((bos + o_r[:, None]) * HV + i_h) * DV + o_v[None, :],
                  b_o.to(o.dtype.element_ty), mask=m_rv)
-        b_kd = b_k * tl.exp(b_Gl - b_G)[:, None]
-        b_h = b_h * tl.exp(b_Gl) + _dot(tl.trans(b_kd), b_vn, IEEE)
+        # the update keeps v_new's precision (rounding it to bf16 cost ~6e-3 of the final state)
+        b_hT = b_hT * tl.exp(b_Gl) + _dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
 
-    tl.store(ht + i_nh * DK * DV + p_h, b_h, mask=m_kv)
+    tl.store(ht + i_nh * DK * DV + p_hT, b_hT, mask=m_vk)
 
 
-def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, initial_state, scale, use_qk_l2norm,
-                           cu_seqlens=None, out=None, final_state=None, block_v=None,
-                           num_warps=None, num_stages=None, half_dots=None):
-    """Launch the sequential kernel; returns o [B, T, Hv, Dv] and final_state [N, Hv, Dk, Dv] fp32."""
+def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seqlens=None, out=None,
+                           final_state=None, block_v=None, num_warps=None, num_stages=None):
+    """Launch the sequential kernel on wy.py's outputs.
+
+    Args:
+        q, k: [B, T, Hk, Dk] in the input dtype. w [B, Hv, T, Dk], u [B, Hv, T, Dv], Aqk
+            [B, Hv, T, 64], gcum / fq / fk [B, Hv, T]: wy.chunk_wy_fwd's outputs.
+        initial_state: [N, Hv, Dk, Dv] fp32 or None. cu_seqlens: [N + 1] int32 or None.
+        block_v, num_warps, num_stages: launch overrides (defaults: the run-5 sweep's best).
+    Returns:
+        o [B, T, Hv, Dv] in q's dtype and final_state [N, Hv, Dk, Dv] fp32.
+    """
     B, T, Hk, Dk = k.shape
     Hv, Dv = u.shape[1], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
         N, Hv, Dk, Dv, dtype=torch.float32, device=u.device)
-    few = N * Hv * triton.cdiv(Dv, 64) < 2 * num_sms(u.device)
-    if block_v is None:
-        # B = 1 prefill has only Hv sequential programs per 64 value columns: split the value
-        # axis finer so that every SM gets one (run 1 sweep: BV=32 3 stages best at B=1, BV=64
-        # 8 warps at B=8).
-        block_v = 32 if few else 64
-    if num_warps is None:
-        num_warps = 4 if block_v <= 32 else 8
-    if num_stages is None:
-        num_stages = 3 if few else 2
-    if half_dots is None:
-        half_dots = q.dtype != torch.float32
+    # Run 5 sweep (H200, bf16, Hv=32, 128 x 128): 32 value columns, 4 warps, 3 stages is the
+    # fastest at B=1 T=16384 (0.46 ms; 0.69 at 2 stages, 0.87 at BV=64) and at B=8 T=8192 (1.83
+    # ms; 1.92 at BV=64 4 warps 2 stages, 2.74 at BV=64 8 warps).
+    block_v = 32 if block_v is None else block_v
+    num_warps = 4 if num_warps is None else num_warps
+    num_stages = 3 if num_stages is None else num_stages
     BV = max(min(block_v, next_pow2(Dv)), 16)
     BK = max(next_pow2(Dk), 16)
-    key = (BK, BV, q.dtype, num_warps, num_stages, half_dots)
+    split = raw_operands(q.dtype, Dk, Dv)
+    key = (BK, BV, q.dtype, split, num_warps, num_stages)
     stages = _STAGES_THAT_FIT.get(key, num_stages)
     while True:
         try:
             chunk_state_output_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
-                q, k, w, u, Aqk, gcum, initial_state, o, ht, cu_seqlens, scale, T,
+                q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T,
                 HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
-                USE_L2NORM=use_qk_l2norm, USE_INITIAL_STATE=initial_state is not None,
-                IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32,
-                NUM_STAGES=stages, HALF_DOTS=half_dots, num_warps=num_warps,
+                USE_INITIAL_STATE=initial_state is not None,
+                IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,
+                NUM_STAGES=stages, num_warps=num_warps,
             )
             break
         except Exception as exc:
@@ -175,8 +180,5 @@ def chunk_gated_delta_rule(
     q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     h0 = None if initial_state is None else as_kernel_input(initial_state, torch.float32)
     idx = None if cu is None else chunk_indices(cu)
-    w, u, Aqk, gcum = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
-    o, ht = chunk_state_output_fwd(q, k, w, u, Aqk, gcum, h0, scale, use_qk_l2norm, cu,
-                                   out=out,
-                                   final_state=final_state)
-    return o, ht
+    w, u, Aqk, gcum, fq, fk = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
+    return chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, h0, cu, out=out, final_state=final_state)

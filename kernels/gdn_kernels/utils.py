@@ -14,11 +14,14 @@ def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-def num_sms(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device (1 elsewhere): launch heuristics count programs per SM."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:
+    """Whether the chunked kernels feed the stored 16-bit q, k, v, w to the tensor cores as they are
+    (fp32 factors met as hi + lo halves) instead of fp32 copies on TF32.
+
+    Only for head dims that are multiples of 64, the shapes the H200 test grid verified: with
+    Dv = 16 or 24 Triton 3.6 computed u wrong and a 32-column state block past Dv = 16 faulted
+    (run 5, benchmarks/README.md). Other dims take the fp32-operand path (slower, same math)."""
+    return dtype != torch.float32 and Dk % 64 == 0 and Dv % 64 == 0
 
 
 def compute_dtype(v: torch.Tensor) -> torch.dtype:

@@ -9,9 +9,15 @@ Per chunk of 64 tokens and value head (one program each), from k, v, g (or the r
     w      = X (beta exp(G) k)                                           w    [B, Hv, T, Dk] dtype
     u      = X (beta v)                                                  u    [B, Hv, T, Dv] fp32
     Aqk    = scale * lower(q_i.k_j exp(G_i - G_j)), diagonal included    Aqk  [B, Hv, T, 64] fp32
+    fq, fk = scale exp(G) / ||q||, exp(G_last - G) / ||k||               [B, Hv, T]         fp32
 
-u and Aqk stay fp32: rounding either to bf16 costs 0.3-0.5e-2 of the 1e-2 relative-RMS budget
-of a bf16 output (measured under the interpreter); w in bf16 costs ~1e-4.
+(q and k L2-normalised when asked.) For 16-bit inputs (head dims multiples of 64, see
+utils.raw_operands; otherwise every operand is an fp32 copy on TF32) q, k and v are tensor-core
+operands as they come (exact); norms, decays, beta and scale are row or column factors of the fp32 products, and an
+fp32 matrix meets a 16-bit one as two 16-bit halves (_dot_split, ~16 mantissa bits), so nothing
+is rounded to 16 bits on the way except w (costs ~1e-4). u and Aqk stay fp32: rounding either to
+bf16 costs 0.3-0.5e-2 of the 1e-2 relative-RMS budget of a bf16 output (interpreter). fq and fk
+let chunk.py use the raw q and k too.
 
 The intermediates are head-major so a chunk is one contiguous tile for the sequential kernel
 (chunk.py). With cu_seqlens (B = 1) T is the packed length and chunks never straddle sequences.
@@ -25,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, next_pow2
+from gdn_kernels.utils import CHUNK, next_pow2, raw_operands
 
 
 # Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
@@ -61,13 +67,54 @@ def _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_r, n_rows, HV: tl.const
 
 
 @triton.jit
-def _load_rows(p, o_r, n_rows, stride, D: tl.constexpr, BD: tl.constexpr, L2NORM: tl.constexpr):
+def _load_raw(p, o_r, n_rows, stride, D: tl.constexpr, BD: tl.constexpr, SPLIT: tl.constexpr):
+    # Rows o_r of a [*, D] tile (padded rows and columns read 0): in the input dtype with SPLIT,
+    # else in fp32 (all products then take fp32 operands).
     o_d = tl.arange(0, BD)
-    m = (o_r[:, None] < n_rows) & (o_d[None, :] < D)
-    b = tl.load(p + o_r[:, None] * stride + o_d[None, :], mask=m, other=0).to(tl.float32)
+    x = tl.load(p + o_r[:, None] * stride + o_d[None, :], mask=(o_r[:, None] < n_rows) & (o_d[None, :] < D),
+                other=0)
+    if SPLIT:
+        return x
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _inv_norm(x, L2NORM: tl.constexpr):
+    # 1 / ||row|| (the in-kernel L2 norm as a row factor, so the 16-bit operand stays exact), or 1.
     if L2NORM:
-        b = b * tl.rsqrt(tl.sum(b * b, 1) + 1e-6)[:, None]
-    return b
+        xf = x.to(tl.float32)
+        return tl.rsqrt(tl.sum(xf * xf, 1) + 1e-6)
+    else:
+        return tl.full([x.shape[0]], 1.0, tl.float32)
+
+
+@triton.jit
+def _split(a, dt: tl.constexpr):
+    # fp32 a as hi + lo, both in the 16-bit dtype dt: ~16 bits of a's mantissa survive (TF32 keeps
+    # 10), so an fp32 factor can meet a 16-bit tile on that dtype's tensor cores in two products.
+    hi = a.to(dt)
+    return hi, (a - hi.to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _dot_split(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    # fp32 a times b: with SPLIT (b a raw 16-bit tile) via _split, two products with fp32
+    # accumulation, so b needs no fp32 copy in registers; else one product of fp32 operands.
+    if SPLIT:
+        hi, lo = _split(a, b.dtype)
+        return _dot(hi, b, IEEE) + _dot(lo, b, IEEE)
+    else:
+        return _dot(a, b, IEEE)
+
+
+@triton.jit
+def _dot_halves(hi, lo, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    # (hi + lo) b with SPLIT (hi, lo from _split); else hi is the fp32 factor itself: hi b.
+    if SPLIT:
+        return _dot(hi, b, IEEE) + _dot(lo, b, IEEE)
+    else:
+        return _dot(hi, b, IEEE)
 
 
 @triton.jit
@@ -95,26 +142,27 @@ def _unit_lower_inverse(A, IEEE: tl.constexpr):
     # Xd = (I + D)^-1: I + A = (I + D)(I + N), N = Xd (A - D) strictly block lower, N^4 = 0, so
     #     (I + A)^-1 = (I - N)(I + N^2) Xd        (four 64^3 products).
     # Products of powers of A itself, (I - A)(I + A^2)...(I + A^32), cancel catastrophically when
-    # keys are correlated (post-conv SiLU keys), in TF32 and in fp32 alike; the entries of Xd and
-    # N stay bounded, so this keeps < 1e-3 in TF32 (benchmarks/inverse_stability.py).
+    # keys are correlated (post-conv SiLU keys): up to 100% error in TF32, even fp32 is not safe;
+    # the entries of Xd and N stay bounded, so this keeps ~1e-3 in TF32 (see the tests).
     o_t = tl.arange(0, 64)
-    eye = (o_t[:, None] == o_t[None, :]).to(tl.float32)
     Xd = _diagonal_block_inverses(A)
     N = _dot(Xd, tl.where(o_t[:, None] // 16 > o_t[None, :] // 16, A, 0.0), IEEE)
-    M = _dot(eye - N, eye + _dot(N, N, IEEE), IEEE)
-    return _dot(M, Xd, IEEE)
+    # (I - N)(I + N^2) Xd = Y - N Y with Y = Xd + N (N Xd): no identity or extra temporaries live
+    Y = Xd + _dot(N, _dot(N, Xd, IEEE), IEEE)
+    return Y - _dot(N, Y, IEEE)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
 @triton.jit(do_not_specialize=["T"])
 def chunk_wy_fwd_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,
-    w, u, Aqk, gcum,
+    w, u, Aqk, gcum, fq, fk,
     cu_seqlens, chunk_indices,
     scale, T,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     BT: tl.constexpr = 64
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -144,25 +192,41 @@ def chunk_wy_fwd_kernel(
     # exp only where i >= j: above the diagonal G_i - G_j > 0 could overflow
     b_decay = tl.exp(tl.where(m_causal, b_G[:, None] - b_G[None, :], 0.0))
 
-    b_k = _load_rows(p_k, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_q = _load_rows(p_q, o_t, n_rows, HK * DK, DK, BK, USE_L2NORM)
-    b_Aqk = tl.where(m_causal, _dot(b_q, tl.trans(b_k), IEEE) * b_decay * scale, 0.0)
-    tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_Aqk.to(Aqk.dtype.element_ty),
+    # q and k stay in the input dtype (exact tensor-core operands); their L2 norms, the decays,
+    # beta and scale are row / column factors applied to the fp32 products.
+    b_k = _load_raw(p_k, o_t, n_rows, HK * DK, DK, BK, SPLIT)
+    b_q = _load_raw(p_q, o_t, n_rows, HK * DK, DK, BK, SPLIT)
+    b_rk = _inv_norm(b_k, USE_L2NORM)
+    b_rq = _inv_norm(b_q, USE_L2NORM)
+    tl.store(fq + r0 + o_t, scale * b_rq * tl.exp(b_G), mask=m_t)
+    # padded rows have g = 0, so the chunk's last G is the sum of all its g
+    tl.store(fk + r0 + o_t, b_rk * tl.exp(tl.sum(b_g, 0) - b_G), mask=m_t)
+    b_Aqk = _dot(b_q, tl.trans(b_k), IEEE) * (b_rq * scale)[:, None] * b_rk[None, :]
+    tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], tl.where(m_causal, b_Aqk * b_decay, 0.0),
              mask=m_t[:, None])
 
-    b_A = tl.where(m_low, _dot(b_k, tl.trans(b_k), IEEE) * b_decay * b_beta[:, None], 0.0)
-    b_X = _unit_lower_inverse(b_A, IEEE)
+    b_A = _dot(b_k, tl.trans(b_k), IEEE) * (b_rk * b_beta)[:, None] * b_rk[None, :]
+    b_X = _unit_lower_inverse(tl.where(m_low, b_A * b_decay, 0.0), IEEE)
 
-    o_k = tl.arange(0, BK)
-    b_w = _dot(b_X, b_k * (b_beta * tl.exp(b_G))[:, None], IEEE)
-    tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(w.dtype.element_ty),
-             mask=m_t[:, None] & (o_k[None, :] < DK))
+    # w = X diag(beta exp(G) rk) k and u = X diag(beta) v: the diagonals folded into X's columns,
+    # and both in column blocks of BV (k and v re-read from cache) to bound the live registers
+    dt = w.dtype.element_ty
+    if SPLIT:
+        hi, lo = _split(b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], dt)
+    else:
+        hi, lo = b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], b_X
+    for i_k in tl.static_range(0, DK, BV):
+        o_k = i_k + tl.arange(0, BV)
+        b_w = _dot_halves(hi, lo, _load_raw(p_k + i_k, o_t, n_rows, HK * DK, DK - i_k, BV, SPLIT), IEEE, SPLIT)
+        tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(dt), mask=m_t[:, None] & (o_k[None, :] < DK))
+    if SPLIT:
+        hi, lo = _split(b_X * b_beta[None, :], dt)
+    else:
+        hi, lo = b_X * b_beta[None, :], b_X
     for i_v in tl.static_range(0, DV, BV):
         o_v = i_v + tl.arange(0, BV)
-        b_v = _load_rows(p_v + i_v, o_t, n_rows, HV * DV, DV - i_v, BV, False)
-        b_u = _dot(b_X, b_v * b_beta[:, None], IEEE)
-        tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u.to(u.dtype.element_ty),
-                 mask=m_t[:, None] & (o_v[None, :] < DV))
+        b_u = _dot_halves(hi, lo, _load_raw(p_v + i_v, o_t, n_rows, HV * DV, DV - i_v, BV, SPLIT), IEEE, SPLIT)
+        tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u, mask=m_t[:, None] & (o_v[None, :] < DV))
 
 
 def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None,
@@ -174,26 +238,26 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
         beta [B, T, Hv], or gates = (a [B, T, Hv], b [B, T, Hv], A_log [Hv], dt_bias [Hv]) with
         g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) computed in the kernel.
         cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices) when packed.
-        block_v: width of the value blocks u is computed in.
+        block_v: width of the column blocks w and u are computed in.
     Returns:
-        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64] and gcum [B, Hv, T]
-        fp32.
+        w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64], gcum [B, Hv, T] and the
+        row factors fq = scale exp(G) / ||q||, fk = exp(G_last - G) / ||k|| [B, Hv, T], all fp32.
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
     w = v.new_empty(B, Hv, T, Dk)
     u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
     Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
-    gcum = torch.empty(B, Hv, T, dtype=torch.float32, device=v.device)
+    gcum, fq, fk = torch.empty(3, B, Hv, T, dtype=torch.float32, device=v.device).unbind(0)
     NT = chunk_idx.shape[0] if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     BV = min(next_pow2(Dv), block_v)
     chunk_wy_fwd_kernel[(NT, B * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-        w, u, Aqk, gcum,
+        w, u, Aqk, gcum, fq, fk,
         cu_seqlens, chunk_idx, scale, T,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=max(BV, 16),
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
-        IEEE=v.dtype == torch.float32, num_warps=num_warps,
+        IEEE=v.dtype == torch.float32, SPLIT=raw_operands(v.dtype, Dk, Dv), num_warps=num_warps,
     )
-    return w, u, Aqk, gcum
+    return w, u, Aqk, gcum, fq, fk

@@ -12,7 +12,7 @@
  *       sequential pass over chunks with the state tile in shared memory (fp32), matrix products only:
  *         v_new = u - w S,  o = diag(fq) q S + P v_new,  S = exp(G_last) S + k^T diag(fk) v_new
  *
- * Chunk matrix products run on tensor cores (wmma: bf16 / fp16 operands, or tf32 for fp32 inputs)
+ * Chunk matrix products run on tensor cores (wmma: bf16 / fp16 operands, or 3xTF32 for fp32 inputs)
  * with fp32 accumulation; the triangular solve and all decays stay in fp32. Needs Dk, Dv multiples
  * of 8 and <= 128 (the launcher falls back to the recurrent kernel otherwise).
  *

@@ -141,7 +141,8 @@ struct MmaTraits<float>
 //! 16-bit inputs: products with an fp32 factor (the chunk inverse, P, v_new, the state) use two
 //! operands x = hi + lo, hi = T(x), lo = T(x - hi), i.e. two products accumulated in fp32 (about 16
 //! mantissa bits for bf16, better than tf32). One rounding to bf16 there costs ~1e-2 of o on nearly
-//! parallel keys (large inverse entries, cancellation in v_new and P v_new). fp32 inputs: tf32, no split.
+//! parallel keys (large inverse entries, cancellation in v_new and P v_new). fp32 inputs keep their
+//! fp32 values in shared memory and split inside mmaTile instead (3xTF32).
 template <typename T>
 constexpr bool kSPLIT = !std::is_same<T, float>::value;
 
@@ -161,13 +162,17 @@ using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 template <typename T>
 using AccFragT = wmma::fragment<wmma::accumulator, 16, 16, MmaTraits<T>::kK, float>;
 
+//! f = tf32(f) and lo = tf32(f - tf32(f)), element by element (one fragment layout for both).
 template <typename Frag>
-__device__ __forceinline__ void toTf32(Frag& f)
+__device__ __forceinline__ void splitTf32(Frag& f, Frag& lo)
 {
 #pragma unroll
     for (int32_t i = 0; i < f.num_elements; ++i)
     {
-        f.x[i] = wmma::__float_to_tf32(f.x[i]);
+        float const x = f.x[i];
+        float const hi = wmma::__float_to_tf32(x);
+        f.x[i] = hi;
+        lo.x[i] = wmma::__float_to_tf32(x - hi);
     }
 }
 
@@ -191,8 +196,15 @@ __device__ __forceinline__ void mmaTile(AccFragT<T>& acc, T const* a, int32_t ld
         wmma::load_matrix_sync(fb, kBCOL ? b + k0 : b + k0 * ldb, ldb);
         if constexpr (std::is_same<T, float>::value)
         {
-            toTf32(fa);
-            toTf32(fb);
+            // 3xTF32: a b = a_hi b_hi + a_hi b_lo + a_lo b_hi (+ a_lo b_lo, below fp32 rounding). One
+            // TF32 product keeps 10 mantissa bits, which put a whole tiny fp32 model over its 2e-3
+            // bound on model-shaped keys (run 4); fp32 inputs ask for fp32 results.
+            decltype(fa) faLo;
+            decltype(fb) fbLo;
+            splitTf32(fa, faLo);
+            splitTf32(fb, fbLo);
+            wmma::mma_sync(acc, faLo, fb, acc);
+            wmma::mma_sync(acc, fa, fbLo, acc);
         }
         wmma::mma_sync(acc, fa, fb, acc);
     }

@@ -13,6 +13,7 @@ from tests.conftest import DTYPES, assert_close_rms, gdn_inputs
 from gdn_kernels.chunk import chunk_gated_delta_rule
 from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
 from gdn_kernels.gates import gated_delta_rule_from_gates
+from gdn_kernels.utils import raw_operands
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [
@@ -60,6 +61,32 @@ def test_chunk_correlated_keys(B, T, Hk, Hv, Dk, Dv, dtype):
     # The WY inverse on the keys real models produce (gdn_inputs: correlated)
     x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE, correlated=True)
     _check("chunk", x, dtype)
+
+
+RAW16_SHAPES = [
+    # head dims multiples of 64: 16-bit q, k, v, w straight into the tensor cores (the model path)
+    pytest.param(1, 70, 1, 2, 64, 128, False, id="T70-Hv2Hk-Dk64-Dv128"),
+    pytest.param(2, 65, 1, 1, 64, 64, True, id="T65-B2-D64-correlated"),
+]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")])
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv,correlated", RAW16_SHAPES)
+def test_chunk_raw_16bit_operands(B, T, Hk, Hv, Dk, Dv, correlated, dtype):
+    assert raw_operands(dtype, Dk, Dv)
+    _check("chunk", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE, correlated=correlated), dtype)
+
+
+@pytest.mark.parametrize("dtype,Dk,Dv,raw", [
+    pytest.param(torch.bfloat16, 128, 128, True, id="bf16-128"),
+    pytest.param(torch.float16, 64, 192, True, id="fp16-64x192"),
+    pytest.param(torch.bfloat16, 16, 24, False, id="bf16-16x24"),
+    pytest.param(torch.bfloat16, 128, 96, False, id="bf16-128x96"),
+    pytest.param(torch.float32, 128, 128, False, id="fp32-128"),
+])
+def test_raw_operands_only_for_verified_head_dims(dtype, Dk, Dv, raw):
+    # the small-dim shapes of the tests above (and the tiny models) take the fp32-operand path
+    assert raw_operands(dtype, Dk, Dv) is raw
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
