@@ -22,6 +22,11 @@ from gdn_export.cuda import backend as cuda
 HV, D = 32, 128
 
 
+def _cell(ms: float) -> str:
+    """A table cell: the time, or "-" where that implementation was not timed (nan)."""
+    return "-" if ms != ms else f"{ms:.3f}"
+
+
 def _median_ms(fn, warmup=25, rep=200):
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
@@ -192,7 +197,7 @@ def main(argv=None):
             "| --- | ---: | --- | --- | ---: | ---: |",
         ]
         for case, t, unit, rate, tri, fl in rows:
-            lines.append(f"| {case} | {t:.3f} | {unit} | {rate} | {tri:.3f} | {fl:.3f} |")
+            lines.append(f"| {case} | {t:.3f} | {unit} | {rate} | {_cell(tri)} | {_cell(fl)} |")
         table = "\n".join(lines) + "\n"
         if args.out:
             with open(args.out, "w") as f:

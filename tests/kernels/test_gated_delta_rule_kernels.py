@@ -112,13 +112,15 @@ def test_without_l2norm_or_initial_state(kernel):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel", ["chunk", "recurrent"])
-def test_varlen_pack_matches_per_sequence(kernel, dtype):
+@pytest.mark.parametrize("kernel,Dk,Dv", [pytest.param("chunk", 16, 32, id="chunk"),
+                                          pytest.param("chunk", 64, 128, id="chunk-Dk64-Dv128"),
+                                          pytest.param("recurrent", 16, 32, id="recurrent")])
+def test_varlen_pack_matches_per_sequence(kernel, Dk, Dv, dtype):
     # 130 spans three chunks after a sequence that ends mid-chunk: per-chunk states of
-    # different sequences must not mix
+    # different sequences must not mix (Dk64-Dv128: the 16-bit operand path of utils.raw_operands)
     lens = [5, 65, 1, 130, 30] if kernel == "chunk" else [3, 1, 7]
-    x = gdn_inputs(1, sum(lens), 1, 2, 16, 32, dtype=dtype, device=DEVICE, state=False)
-    x["initial_state"] = torch.randn(len(lens), 2, 16, 32, device=DEVICE) * 0.1
+    x = gdn_inputs(1, sum(lens), 1, 2, Dk, Dv, dtype=dtype, device=DEVICE, state=False)
+    x["initial_state"] = torch.randn(len(lens), 2, Dk, Dv, device=DEVICE) * 0.1
     cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0)
     _check(kernel, x, dtype, cu_seqlens=cu)
 
@@ -134,9 +136,10 @@ def test_inplace_decode_updates_the_state_it_was_given():
     assert_close_rms(state.cpu(), rs, torch.bfloat16, "state (in place)")
 
 
-@pytest.mark.parametrize("T", [pytest.param(3, id="recurrent-T3"), pytest.param(70, id="chunk-T70")])
-def test_gates_computed_in_kernel(T):
-    x = gdn_inputs(2, T, 1, 2, 16, 16, dtype=torch.bfloat16, device=DEVICE)
+@pytest.mark.parametrize("T,D", [pytest.param(3, 16, id="recurrent-T3"), pytest.param(70, 16, id="chunk-T70"),
+                                 pytest.param(70, 64, id="chunk-T70-D64")])
+def test_gates_computed_in_kernel(T, D):
+    x = gdn_inputs(2, T, 1, 2, D, D, dtype=torch.bfloat16, device=DEVICE)
     a, b = (torch.randn(2, T, 2, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     A_log, dt_bias = torch.randn(2, device=DEVICE) * 0.5, torch.randn(2, device=DEVICE)
     g = -A_log.exp() * torch.nn.functional.softplus(a.float() + dt_bias)
