@@ -70,11 +70,12 @@ RAW16_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")])
+@pytest.mark.parametrize("dtype", DTYPES[1:])
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv,correlated", RAW16_SHAPES)
 def test_chunk_raw_16bit_operands(B, T, Hk, Hv, Dk, Dv, correlated, dtype):
     assert raw_operands(dtype, Dk, Dv)
-    _check("chunk", gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE, correlated=correlated), dtype)
+    x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device=DEVICE, correlated=correlated)
+    _check("chunk", x, dtype)
 
 
 @pytest.mark.parametrize("dtype,Dk,Dv,raw", [
