@@ -14,7 +14,7 @@ Per chunk of 64 tokens and value head (one program each), from k, v, g (or the r
 (q and k L2-normalised when asked.) For 16-bit inputs (head dims multiples of 64, see
 utils.raw_operands; otherwise every operand is an fp32 copy on TF32) q, k and v are tensor-core
 operands as they come (exact); norms, decays, beta and scale are row or column factors of the
-fp32 products, and an fp32 matrix meets a 16-bit one as two 16-bit halves (_split, ~16 mantissa
+fp32 products, and an fp32 matrix meets a 16-bit one as two 16-bit halves (_halves, ~16 mantissa
 bits), so nothing is rounded to 16 bits on the way except w (costs ~1e-4). u and Aqk stay fp32:
 rounding either to bf16 costs 0.3-0.5e-2 of the 1e-2 relative-RMS budget of a bf16 output
 (interpreter). fq and fk let chunk.py use the raw q and k too.
@@ -90,31 +90,31 @@ def _inv_norm(x, L2NORM: tl.constexpr):
 
 
 @triton.jit
-def _split(a, dt: tl.constexpr):
-    # fp32 a as hi + lo, both in the 16-bit dtype dt: ~16 bits of a's mantissa survive (TF32 keeps
-    # 10), so an fp32 factor can meet a 16-bit tile on that dtype's tensor cores in two products.
-    hi = a.to(dt)
-    return hi, (a - hi.to(tl.float32)).to(dt)
-
-
-@triton.jit
-def _dot_split(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
-    # fp32 a times b: with SPLIT (b a raw 16-bit tile) via _split, two products with fp32
-    # accumulation, so b needs no fp32 copy in registers; else one product of fp32 operands.
+def _halves(a, dt: tl.constexpr, SPLIT: tl.constexpr):
+    # With SPLIT, fp32 a as hi + lo, both in the 16-bit dtype dt: ~16 bits of a's mantissa survive
+    # (TF32 keeps 10), so an fp32 factor can meet a 16-bit tile on that dtype's tensor cores in two
+    # products. Without, a itself (the lo half is never read then).
     if SPLIT:
-        hi, lo = _split(a, b.dtype)
-        return _dot(hi, b, IEEE) + _dot(lo, b, IEEE)
+        hi = a.to(dt)
+        return hi, (a - hi.to(tl.float32)).to(dt)
     else:
-        return _dot(a, b, IEEE)
+        return a, a
 
 
 @triton.jit
 def _dot_halves(hi, lo, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
-    # (hi + lo) b with SPLIT (hi, lo from _split); else hi is the fp32 factor itself: hi b.
+    # (hi + lo) b for (hi, lo) from _halves, fp32 accumulation; without SPLIT the one product hi b.
     if SPLIT:
         return _dot(hi, b, IEEE) + _dot(lo, b, IEEE)
     else:
         return _dot(hi, b, IEEE)
+
+
+@triton.jit
+def _dot_split(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    # fp32 a times b (a raw 16-bit tile with SPLIT, so b needs no fp32 copy in registers).
+    hi, lo = _halves(a, b.dtype, SPLIT)
+    return _dot_halves(hi, lo, b, IEEE, SPLIT)
 
 
 @triton.jit
@@ -211,20 +211,14 @@ def chunk_wy_fwd_kernel(
     # w = X diag(beta exp(G) rk) k and u = X diag(beta) v: the diagonals folded into X's columns,
     # and both in column blocks of BV (k and v re-read from cache) to bound the live registers
     dt = w.dtype.element_ty
-    if SPLIT:
-        hi, lo = _split(b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], dt)
-    else:
-        hi, lo = b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], b_X
+    hi, lo = _halves(b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], dt, SPLIT)
     for i_k in tl.static_range(0, DK, BV):
         o_k = i_k + tl.arange(0, BV)
         b_kc = _load_raw(p_k + i_k, o_t, n_rows, HK * DK, DK - i_k, BV, SPLIT)
         b_w = _dot_halves(hi, lo, b_kc, IEEE, SPLIT)
         tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(dt),
                  mask=m_t[:, None] & (o_k[None, :] < DK))
-    if SPLIT:
-        hi, lo = _split(b_X * b_beta[None, :], dt)
-    else:
-        hi, lo = b_X * b_beta[None, :], b_X
+    hi, lo = _halves(b_X * b_beta[None, :], dt, SPLIT)
     for i_v in tl.static_range(0, DV, BV):
         o_v = i_v + tl.arange(0, BV)
         b_vc = _load_raw(p_v + i_v, o_t, n_rows, HV * DV, DV - i_v, BV, SPLIT)
