@@ -28,14 +28,22 @@ def _reference(x, cu_seqlens=None):
     return fn(**x, use_qk_l2norm=True, cu_seqlens=cu_seqlens)
 
 
-def _run(fn, x, cu_seqlens=None, **kw):
+def _run(fn, x, cu_seqlens=None):
     B, T, _, Dk = x["q"].shape
     Hv, Dv = x["v"].shape[2:]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     o = torch.full((B, T, Hv, Dv), float("nan"), dtype=x["v"].dtype, device="cuda")
     s = torch.full((N, Hv, Dk, Dv), float("nan"), device="cuda")
-    fn(**x, use_qk_l2norm=True, cu_seqlens=cu_seqlens, out=o, final_state=s, **kw)
+    fn(**x, use_qk_l2norm=True, cu_seqlens=cu_seqlens, out=o, final_state=s)
     return o, s
+
+
+def _check(fn, x, dtype, cu_seqlens=None):
+    """fn's o and final state (NaN-poisoned outputs) against the fp32 reference."""
+    o, s = _run(fn, x, cu_seqlens=cu_seqlens)
+    ro, rs = _reference(x, cu_seqlens)
+    assert_close_rms(o, ro, dtype, "o")
+    assert_close_rms(s, rs, dtype, "final_state")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -45,10 +53,7 @@ def _run(fn, x, cu_seqlens=None, **kw):
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 1000, 4097], ids=lambda t: f"T{t}")
 def test_chunk_grid(T, D, Hk, Hv, B, dtype):
     x = gdn_inputs(B, T, Hk, Hv, D, D, dtype=dtype, device="cuda")
-    o, s = _run(chunk_gated_delta_rule, x)
-    ro, rs = _reference(x)
-    assert_close_rms(o, ro, dtype, "o")
-    assert_close_rms(s, rs, dtype, "final_state")
+    _check(chunk_gated_delta_rule, x, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,10 +62,7 @@ def test_chunk_grid(T, D, Hk, Hv, B, dtype):
 def test_chunk_correlated_keys(T, D, dtype):
     # keys as models make them (see gdn_inputs): the WY inverse must stay accurate on tensor cores
     x = gdn_inputs(2, T, 2, 4, D, D, dtype=dtype, device="cuda", correlated=True)
-    o, s = _run(chunk_gated_delta_rule, x)
-    ro, rs = _reference(x)
-    assert_close_rms(o, ro, dtype, "o")
-    assert_close_rms(s, rs, dtype, "final_state")
+    _check(chunk_gated_delta_rule, x, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -70,10 +72,7 @@ def test_chunk_correlated_keys(T, D, dtype):
 @pytest.mark.parametrize("T", [1, 63, 64, 65], ids=lambda t: f"T{t}")
 def test_recurrent_grid(T, D, Hk, Hv, B, dtype):
     x = gdn_inputs(B, T, Hk, Hv, D, D, dtype=dtype, device="cuda")
-    o, s = _run(fused_recurrent_gated_delta_rule, x)
-    ro, rs = _reference(x)
-    assert_close_rms(o, ro, dtype, "o")
-    assert_close_rms(s, rs, dtype, "final_state")
+    _check(fused_recurrent_gated_delta_rule, x, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,10 +95,7 @@ def test_varlen_pack(lens, dtype):
     x["initial_state"] = torch.randn(len(lens), 4, 128, 128, device="cuda") * 0.1
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
     fn = chunk_gated_delta_rule if max(lens) > 16 else fused_recurrent_gated_delta_rule
-    o, s = _run(fn, x, cu_seqlens=cu)
-    ro, rs = _reference(x, cu)
-    assert_close_rms(o, ro, dtype, "o")
-    assert_close_rms(s, rs, dtype, "final_state")
+    _check(fn, x, dtype, cu_seqlens=cu)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
