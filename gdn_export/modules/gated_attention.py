@@ -54,6 +54,22 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, hidden] -> q [B, H, T, D], k, v [B, Hkv, T, D] (normed, rotated) and the output
+        gate [B, T, H*D] (None without `attn_output_gate`). Families override this alone."""
+        B, T, _ = x.shape
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, gate = self.q_proj(x), None
+        if self.gated:
+            # The checkpoint interleaves per head: [q_0 | gate_0 | q_1 | gate_1 | ...].
+            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
+            gate = gate.reshape(B, T, H * D)
+        q = self.q_norm(q.reshape(B, T, H, D)).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_norm(self.k_proj(x).view(B, T, Hkv, D)).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return q, k, v, gate
+
     def forward(
         self,
         x: torch.Tensor,
@@ -64,15 +80,7 @@ class GatedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_proj(x)
-        if self.gated:
-            # The checkpoint interleaves per head: [q_0 | gate_0 | q_1 | gate_1 | ...].
-            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
-            gate = gate.reshape(B, T, H * D)
-        q = self.q_norm(q.reshape(B, T, H, D)).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_norm(self.k_proj(x).view(B, T, Hkv, D)).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v, gate = self.project(x, cos, sin)
 
         key = torch.cat((past_key.to(k.dtype), k), dim=2)  # [B, Hkv, P+T, D]
         value = torch.cat((past_value.to(v.dtype), v), dim=2)
@@ -87,6 +95,6 @@ class GatedAttention(nn.Module):
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
         o = torch.matmul(probs, value[:, :, None])  # [B, Hkv, G, T, D]
         o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
-        if self.gated:
+        if gate is not None:
             o = o * torch.sigmoid(gate)
         return self.o_proj(o), key, value
