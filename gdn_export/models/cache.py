@@ -3,11 +3,12 @@
 States are one flat tuple in layer order; each layer contributes two tensors:
 
     linear_attention   past.{i}.conv        [batch, conv_dim, K-1]        model dtype
-                       past.{i}.recurrent   [batch, Hv, Dk, Dv]           fp32
-    full_attention     past.{i}.key         [batch, Hkv, past, head_dim]  model dtype
-                       past.{i}.value       [batch, Hkv, past, head_dim]  model dtype
+                       past.{i}.recurrent   [batch, Hv, Dk, Dv]           state dtype (fp32 default)
+    full_attention     past.{i}.key         [batch, Hkv, L, head_dim]     model dtype
+                       past.{i}.value       [batch, Hkv, L, head_dim]     model dtype
 
-The forward pass returns the new states in the same order, named present.{i}.*. "batch" and "past"
+L is the cache length (static) of the in-place layout, or the dynamic "past" of the concat layout.
+The forward pass returns the new states in the same order, named present.{i}.*. "batch" (and "past")
 are the dynamic dimensions (ONNX dim names).
 """
 
@@ -61,12 +62,13 @@ def check_states(specs: Sequence[StateSpec], states: Sequence[torch.Tensor]) -> 
         batch = t.shape[0] if batch is None else batch
         if t.shape[0] != batch:
             raise InputError(f"{spec.name} has batch {t.shape[0]}, other states have {batch}")
-        if spec.kind == "recurrent" and t.dtype != torch.float32:
-            raise InputError(f"{spec.name} must be float32, got {t.dtype}")
+        if spec.kind == "recurrent" and t.dtype != spec.dtype:
+            raise InputError(f"{spec.name} must be {str(spec.dtype).removeprefix('torch.')} (the "
+                             f"model's recurrent state dtype), got {str(t.dtype).removeprefix('torch.')}")
 
 
 class Cache:
-    """A named view over the flat state list: `cache[layer, "key"]`, `cache.past_length`.
+    """A named view over the flat state list: `cache[layer, "key"]`.
 
     Purely a convenience for Python callers; the model takes and returns the flat tuple
     (`cache.states`), and `cache.update(new_states)` swaps them in after a step.
@@ -86,14 +88,6 @@ class Cache:
 
     def __len__(self) -> int:
         return len(self.states)
-
-    @property
-    def past_length(self) -> int:
-        """Tokens already seen by the attention layers (0 without attention layers)."""
-        for spec, t in zip(self.specs, self.states):
-            if spec.kind == "key":
-                return t.shape[2]
-        return 0
 
     def update(self, new_states: Sequence[torch.Tensor]) -> None:
         check_states(self.specs, new_states)

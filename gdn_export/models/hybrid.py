@@ -1,20 +1,23 @@
 """`HybridForCausalLM`: the whole LM behind one forward used for both prefill and decode.
 
-    forward(input_ids [B, T] int64, position_ids [B, T] int64, *states)
-        -> (logits [B, T, V] fp32, *new_states)
+    forward(input_ids [B, T] int64, past_lengths [B] int64, seq_lens [B] int64, *states)
+        -> (logits fp32 [B, 1, V] (or [B, T, V]), *new_states)
 
-Positions are absolute (past length + i) and drive rope only; the causal mask comes from the past
-length P of the K/V states (query i sees keys j <= P + i). States are the flat tuple described in
-`gdn_export.models.cache`; prefill passes `empty_states(B)` (zero GDN states, P = 0 K/V). Every row
-of a batch shares P: there is no padding mask.
+Rows are right-padded: row b has seq_lens[b] real tokens at absolute positions past_lengths[b] + t,
+which drive rope and the attention mask. How the K/V cache and the outputs are shaped is the model's
+`layout` (gdn_export.models.layout.DeployLayout, an export choice): by default an in-place cache of
+`cache_len` slots per attention layer and logits of each row's last real token. States are the flat
+tuple described in `gdn_export.models.cache`; prefill passes `empty_states(B)`. Padded tokens change
+no state (gdn_export.modules.kv_cache says how), so rows of different lengths share a batch.
 
 Module names follow transformers' checkpoints (model.embed_tokens, model.layers.{i}.linear_attn /
 self_attn / mlp / input_layernorm / post_attention_layernorm, model.norm, lm_head), so a checkpoint's
 text weights load by name; `gdn_export.weights` does the family-specific renaming and checks.
 
 dtype: `model.to(dtype)` converts every parameter, as transformers does when loading in that dtype
-(A_log, dt_bias and the norm weights included). The recurrent state stays fp32, the decay g and all
-RMSNorms compute in fp32, logits are returned in fp32.
+(A_log, dt_bias and the norm weights included). The recurrent state is stored in
+`layout.state_dtype` (fp32 by default), the decay g and all RMSNorms compute in fp32, logits are
+returned in fp32.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from torch import nn
 
 from gdn_export.config import LINEAR, HybridConfig
 from gdn_export.models.cache import BATCH, PAST, StateSpec, check_states
+from gdn_export.models.layout import DEFAULT_LAYOUT, LOGITS_LAST, DeployLayout
+from gdn_export.modules.kv_cache import StepInputs, check_call, make_step
 from gdn_export.modules.gated_attention import GatedAttention
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
 from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
@@ -48,13 +53,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, state_a, state_b):
+    def forward(self, x, step: StepInputs, state_a, state_b):
         """x [B, T, hidden]; (state_a, state_b) = (conv, recurrent) or (key, value)."""
         h = self.input_layernorm(x)
         if self.kind == LINEAR:
-            h, state_a, state_b = self.linear_attn(h, state_a, state_b)
+            h, state_a, state_b = self.linear_attn(h, step, state_a, state_b)
         else:
-            h, state_a, state_b = self.self_attn(h, cos, sin, state_a, state_b)
+            h, state_a, state_b = self.self_attn(h, step, state_a, state_b)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, state_a, state_b
@@ -74,9 +79,10 @@ class HybridModel(nn.Module):
 class HybridForCausalLM(nn.Module):
     """Qwen3-Next / Qwen3.5 text LM with an explicit flat state tuple (see module docstring)."""
 
-    def __init__(self, config: HybridConfig) -> None:
+    def __init__(self, config: HybridConfig, layout: DeployLayout = DEFAULT_LAYOUT) -> None:
         super().__init__()
         self.config = config
+        self.layout = layout
         self.model = HybridModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -98,38 +104,49 @@ class HybridForCausalLM(nn.Module):
     def state_specs(self) -> list[StateSpec]:
         """One StateSpec per state tensor, in the order forward takes and returns them."""
         c, dtype, specs = self.config, self.dtype, []
+        kv_len = self.layout.cache_len if self.layout.inplace else PAST
         for i, kind in enumerate(c.layer_kinds):
             if kind == LINEAR:
                 specs.append(StateSpec(f"past.{i}.conv", (BATCH, c.conv_dim, c.linear_conv_kernel_dim - 1),
                                        dtype, i, "conv"))
                 specs.append(StateSpec(f"past.{i}.recurrent", (BATCH, c.linear_num_value_heads,
                                        c.linear_key_head_dim, c.linear_value_head_dim),
-                                       torch.float32, i, "recurrent"))
+                                       self.layout.state_dtype, i, "recurrent"))
             else:
-                kv = (BATCH, c.num_key_value_heads, PAST, c.head_dim)
+                kv = (BATCH, c.num_key_value_heads, kv_len, c.head_dim)
                 specs.append(StateSpec(f"past.{i}.key", kv, dtype, i, "key"))
                 specs.append(StateSpec(f"past.{i}.value", kv, dtype, i, "value"))
         return specs
 
     def empty_states(self, batch: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
-        """Prefill states: zero conv/recurrent states and P = 0 keys/values."""
+        """Prefill states: zero conv / recurrent states and an empty K/V cache (all slots zero in
+        place; P = 0 keys / values for the concat layout)."""
         device = self.device if device is None else device
         return [spec.zeros(batch, 0, device) for spec in self.state_specs()]
 
     # ------------------------------------------------------------------ forward
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *states: torch.Tensor):
-        """input_ids, position_ids [B, T] int64; states as `state_specs()`.
+    def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, seq_lens: torch.Tensor,
+                *states: torch.Tensor):
+        """input_ids [B, T] int64 (rows right-padded), past_lengths [B] int64 (tokens each row has
+        seen), seq_lens [B] int64 (real tokens per row, 1..T); states as `state_specs()`.
 
-        Returns (logits [B, T, V] fp32, *new_states) with new K/V = concat(past, new) along P.
+        Returns (logits, *new_states): logits fp32 [B, 1, V] at each row's last real token
+        (layout.logits "last") or [B, T, V]; new states in place (inplace K/V, eager) or new tensors.
         """
+        B, T = input_ids.shape
         if not torch.compiler.is_compiling():
             check_states(self.state_specs(), states)
+            check_call(past_lengths, seq_lens, T, self.layout)
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(position_ids, x.dtype)
+        step = make_step(past_lengths, seq_lens, T, self.model.rotary_emb, x.dtype, self.layout)
         new_states: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
-            x, a, b = layer(x, cos, sin, states[2 * i], states[2 * i + 1])
+            x, a, b = layer(x, step, states[2 * i], states[2 * i + 1])
             new_states += [a, b]
+        if self.layout.logits == LOGITS_LAST:
+            # Only each row's last real token goes through the norm and the vocab projection.
+            last = (seq_lens - 1).clamp(min=0)[:, None, None].expand(B, 1, x.shape[-1])
+            x = torch.gather(x, 1, last)
         x = self.model.norm(x)
         logits = self.lm_head(x).float()
         return (logits, *new_states)

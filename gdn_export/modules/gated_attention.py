@@ -1,16 +1,17 @@
-"""Gated full attention of Qwen3-Next / Qwen3.5 with an explicit K/V cache.
+"""Gated full attention of Qwen3-Next / Qwen3.5 over a K/V cache.
 
 Per layer (H query heads, Hkv key/value heads, head size D, R rotary channels):
 
     q, gate = q_proj(x) split per head as [q_h | gate_h]      (q_proj: H*2D outputs)
     q = rope(q_norm(q)), k = rope(k_norm(k_proj(x))), v = v_proj(x)
-    K, V = concat(past K, k), concat(past V, v) along time    (the new cache)
-    o = softmax(q K^T / sqrt(D) + causal mask) V              (GQA: head h reads kv head h // (H/Hkv))
+    cache:  in place: K, V = the cache [B, Hkv, L, D] with k, v written at each row's slots
+            (gdn::kv_cache_update -> ONNX TensorScatter), mask from gdn_export.modules.kv_cache
+            concat:   K, V = concat(past, new) along time, causal mask offset by the past length P
+    o = softmax(q K^T / sqrt(D), masked) V                     (GQA: head h reads kv head h // (H/Hkv))
     out = o_proj(o * sigmoid(gate))
 
-Attention is plain matmul + softmax with an explicit boolean mask so that it exports to standard
-ONNX ops. The mask is causal with the past length P as offset: query i (absolute position P + i)
-sees keys j <= P + i.
+In place, attention is gdn::attention (-> ONNX Attention, TensorRT's fused attention); the concat
+layout keeps the plain MatMul / Softmax chain that older TensorRT releases parse.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import torch
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
+from gdn_export.ops.attention import attention, kv_cache_update, write_cache_
 
 
 def causal_mask(t: int, past: int | torch.SymInt, device: torch.device) -> torch.Tensor:
@@ -33,8 +36,8 @@ def causal_mask(t: int, past: int | torch.SymInt, device: torch.device) -> torch
 class GatedAttention(nn.Module):
     """Causal GQA attention with per-head output gate, q/k RMSNorm and partial rope.
 
-    forward(x [B, T, hidden], cos, sin [B, T, R], past_key, past_value [B, Hkv, P, D])
-        -> (out [B, T, hidden], key, value [B, Hkv, P+T, D]), all in x's dtype.
+    forward(x [B, T, hidden], step: StepInputs, past_key, past_value) -> (out [B, T, hidden], key,
+    value), all in x's dtype; K/V shapes as the layout says (see forward).
     """
 
     def __init__(self, config: HybridConfig, layer_idx: int) -> None:
@@ -70,31 +73,51 @@ class GatedAttention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v, gate
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        past_key: torch.Tensor,
-        past_value: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, step: StepInputs, past_key: torch.Tensor,
+                past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, hidden] -> (out [B, T, hidden], key, value). In-place layout: key / value are
+        the caches [B, Hkv, L, D], updated in place in eager mode; concat layout: [B, Hkv, P+T, D]."""
         B, T, _ = x.shape
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v, gate = self.project(x, cos, sin)
+        q, k, v, gate = self.project(x, step.cos, step.sin)
+        if step.write_index is None:
+            o, key, value = self._attend_concat(q, k, v, past_key, past_value)
+        else:
+            key = _write(past_key, k, step)
+            value = _write(past_value, v, step)
+            o = attention(q, key, value, step.attn_mask, self.scaling)
+        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o), key, value
 
+    def _attend_concat(self, q, k, v, past_key, past_value):
+        """The concat layout: K/V grow by the new tokens; rows share the past length P."""
+        B, H, T, D = q.shape
+        Hkv = self.num_kv_heads
         key = torch.cat((past_key.to(k.dtype), k), dim=2)  # [B, Hkv, P+T, D]
         value = torch.cat((past_value.to(v.dtype), v), dim=2)
         past = past_key.shape[2]
-
         # GQA without materialising repeated K/V: query head h = kv * G + g reads kv head h // G.
         G = H // Hkv
         qg = q.reshape(B, Hkv, G, T, D)
         scores = torch.matmul(qg, key[:, :, None].transpose(-1, -2)) * self.scaling  # [B, Hkv, G, T, P+T]
-        mask = causal_mask(T, past, x.device)
+        mask = causal_mask(T, past, q.device)
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
         o = torch.matmul(probs, value[:, :, None])  # [B, Hkv, G, T, D]
-        o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
-        if gate is not None:
-            o = o * torch.sigmoid(gate)
-        return self.o_proj(o), key, value
+        return o.reshape(B, H, T, D), key, value
+
+
+def _write(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch.Tensor:
+    """Write a layer's new K or V [B, Hkv, T, D] into its cache at the rows' slots: in place when
+    eager, as the functional op (ONNX TensorScatter) when exporting."""
+    update = update.to(cache.dtype)
+    if step.keep_old:
+        # Streaming: padded tokens write back what their slot holds, so ring entries that a later
+        # window still needs survive (gdn_export.modules.kv_cache).
+        slots = step.write_index[:, None] + torch.arange(update.shape[2], device=update.device)
+        index = slots[:, None, :, None].expand_as(update)
+        update = torch.where(step.token_mask[:, None, :, None], update, torch.gather(cache, 2, index))
+    if torch.compiler.is_exporting():
+        return kv_cache_update(cache, update, step.write_index)
+    return write_cache_(cache, update, step.write_index)

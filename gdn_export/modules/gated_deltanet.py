@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
 from gdn_export.ops import causal_conv1d, gated_delta_rule
 
@@ -88,13 +89,15 @@ class GatedDeltaNet(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        step: StepInputs,
         conv_state: torch.Tensor,
         recurrent_state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         mixed, z, b, a = self.project(x)
         mixed, new_conv_state = causal_conv1d(
-            mixed, self.conv1d.weight[:, 0, :], None, conv_state.to(mixed.dtype), silu=True
+            mixed, self.conv1d.weight[:, 0, :], None, conv_state.to(mixed.dtype), silu=True,
+            **_conv_lengths(step.seq_lens),
         )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
@@ -104,8 +107,22 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b)
         # fp32 before exp: in fp16 a large A_log would overflow.
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        # Padded tokens of ragged rows take an exact identity step (g = 0: no decay, beta = 0: no
+        # write), so the state leaves each row's last real token untouched.
+        real = step.token_mask[..., None]
+        g = torch.where(real, g, 0.0)
+        beta = torch.where(real, beta, 0.0)
         o, new_recurrent_state = gated_delta_rule(
             q, k, v, g, beta, initial_state=recurrent_state.float(), use_qk_l2norm=True
         )
         o = self.norm(o, z).reshape(B, T, self.value_dim)
         return self.out_proj(o), new_conv_state, new_recurrent_state
+
+
+def _conv_lengths(seq_lens: torch.Tensor) -> dict:
+    """TEMPORARY until the conv op takes seq_lens (merge of the plugins branch)."""
+    import inspect
+
+    if "seq_lens" in inspect.signature(causal_conv1d).parameters:
+        return {"seq_lens": seq_lens.to(torch.int32)}
+    return {}

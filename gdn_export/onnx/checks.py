@@ -16,7 +16,8 @@ import onnx
 from gdn_export.onnx.schemas import DOMAIN, DOMAIN_VERSION, OP_MODULES
 
 STANDARD_DOMAINS = ("", "ai.onnx")
-MIN_OPSET, MAX_OPSET = 17, 21  # what TensorRT 10.x parsers accept
+# TensorRT 10.x parsers accept 17..21; TensorRT 10.15+ and TensorRT-RTX 1.7 parse 24 (TensorScatter).
+MIN_OPSET, MAX_OPSET = 17, 24
 
 
 class ExportCheckError(RuntimeError):

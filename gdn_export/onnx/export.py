@@ -1,12 +1,15 @@
 """`export_onnx`: one ONNX graph serving prefill and decode, with gdn custom nodes.
 
-    inputs   input_ids [batch, seq] int64, position_ids [batch, seq] int64,
-             past.{i}.conv|recurrent|key|value (model.state_specs(), in order)
-    outputs  logits [batch, seq, V] fp32, present.{i}.* (same order)
+    inputs   input_ids [batch, seq] int64 (rows right-padded), past_lengths [batch] int64,
+             seq_lens [batch] int64, past.{i}.conv|recurrent|key|value (model.state_specs(), in order)
+    outputs  logits [batch, 1, V] fp32 (or [batch, seq, V]), present.{i}.* (same order)
 
-The torch dynamo exporter traces the model once with example sizes B=2, T=3, P=5: torch.export
-specialises any dim whose example is 0 or 1, so prefill-only (P = 0) or decode-only (T = 1)
-examples would bake those sizes in. The gdn ops become bare gdn.* nodes through the translations
+The model's `layout` (gdn_export.models.layout) decides the K/V cache form: in place (default; the
+graph's opset is 24 for TensorScatter) or concatenated (opset 18..21, as older TensorRT parses).
+
+The torch dynamo exporter traces the model once with example sizes B=2, T=3 (and P=5 for the
+concat layout): torch.export specialises any dim whose example is 0 or 1, so prefill-only (P = 0)
+or decode-only (T = 1) examples would bake those sizes in. The gdn ops become bare gdn.* nodes through the translations
 in gdn_export/ops/*/onnx.py. The result is checked (onnx.checker full_check, strict shape
 inference, TensorRT plugin mapping) in a temporary folder beside the target, then renamed into
 place; a failure leaves nothing behind.
@@ -30,13 +33,16 @@ from gdn_export import __version__
 from gdn_export.errors import GdnExportError
 from gdn_export.onnx import metadata
 from gdn_export.onnx.checks import MAX_OPSET, check_plugin_mappable
+from gdn_export.ops.attention.onnx import OPSET as ATTENTION_OPSET
 from gdn_export.onnx.schemas import custom_translation_table, register_schemas
 
-ONNX_OPSET = 18
+ONNX_OPSET = 18  # the concat layout's default
+INPLACE_OPSET = ATTENTION_OPSET  # TensorScatter
 # torch's exporter builds opset 18 and cannot convert its reductions (axes as inputs) down to 17;
-# TensorRT 10 parses up to 21.
+# TensorRT 10 parses up to 21 (the concat layout), TensorRT 10.15+ / TensorRT-RTX 1.7 up to 24.
 MIN_EXPORT_OPSET, MAX_EXPORT_OPSET = 18, MAX_OPSET
-INPUT_IDS, POSITION_IDS, LOGITS = "input_ids", "position_ids", "logits"
+INPUT_IDS, PAST_LENGTHS, SEQ_LENS, LOGITS = "input_ids", "past_lengths", "seq_lens", "logits"
+TOKEN_INPUTS = (INPUT_IDS, PAST_LENGTHS, SEQ_LENS)
 BATCH, SEQ, PAST = "batch", "seq", "past"
 # Example sizes for tracing: all > 1 so that no dynamic dim is specialised (see module docstring).
 EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
@@ -49,6 +55,11 @@ def external_data_name(path: str | os.PathLike) -> str:
     return Path(path).name + ".data"
 
 
+def default_opset(layout) -> int:
+    """The opset export_onnx writes for `layout` when none is asked for."""
+    return INPLACE_OPSET if layout.inplace else ONNX_OPSET
+
+
 def _example_inputs(model, specs):
     import torch
 
@@ -56,12 +67,16 @@ def _example_inputs(model, specs):
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_SEQ), generator=gen).to(device)
-    positions = torch.arange(EXAMPLE_PAST, EXAMPLE_PAST + EXAMPLE_SEQ, device=device)
-    position_ids = positions.expand(EXAMPLE_BATCH, EXAMPLE_SEQ).contiguous()
+    if model.layout.inplace:  # ragged rows: any values work, the shapes are what is traced
+        past_lengths = torch.tensor([1, 0], device=device)
+        seq_lens = torch.tensor([EXAMPLE_SEQ, EXAMPLE_SEQ - 1], device=device)
+    else:
+        past_lengths = torch.full((EXAMPLE_BATCH,), EXAMPLE_PAST, device=device)
+        seq_lens = torch.full((EXAMPLE_BATCH,), EXAMPLE_SEQ, device=device)
     # Small random states: zeros could let the exporter fold a state away.
     states = [0.1 * torch.randn(s.concrete_shape(EXAMPLE_BATCH, EXAMPLE_PAST), generator=gen)
               .to(device=device, dtype=s.dtype) for s in specs]
-    return (input_ids, position_ids, *states)
+    return (input_ids, past_lengths, seq_lens, *states)
 
 
 def _dynamic_shapes(specs):
@@ -69,18 +84,18 @@ def _dynamic_shapes(specs):
 
     batch, seq, past = Dim(BATCH, min=1), Dim(SEQ, min=1), Dim(PAST, min=0)
     dims = {BATCH: batch, PAST: past}
-    tokens = {0: batch, 1: seq}
+    tokens, rows = {0: batch, 1: seq}, {0: batch}
     states = [{axis: dims[d] for axis, d in enumerate(s.shape) if isinstance(d, str)} for s in specs]
-    # torch.export sees forward(input_ids, position_ids, *states) as three arguments, the last
-    # being the tuple of states.
-    return (tokens, tokens, tuple(states))
+    # torch.export sees forward(input_ids, past_lengths, seq_lens, *states) as four arguments, the
+    # last being the tuple of states.
+    return (tokens, rows, rows, tuple(states))
 
 
 def _trace(model, specs, opset: int):
     """torch.onnx.export (dynamo) -> onnx_ir.Model, with the exporter's chatter swallowed."""
     import torch
 
-    input_names = [INPUT_IDS, POSITION_IDS, *(s.name for s in specs)]
+    input_names = [*TOKEN_INPUTS, *(s.name for s in specs)]
     output_names = [LOGITS, *(s.output_name for s in specs)]
     args = _example_inputs(model, specs)
     chatter = io.StringIO()
@@ -137,15 +152,23 @@ def _verify(onnx_path: Path, external: bool) -> None:
     check_plugin_mappable(proto)
 
 
-def check_export_target(path: str | os.PathLike, opset: int = ONNX_OPSET) -> Path:
-    """GdnExportError unless `export_onnx` can write `path` at `opset`: the opset is in
-    [MIN_EXPORT_OPSET, MAX_EXPORT_OPSET], the name ends in .onnx, its folder exists and it is not
-    a folder itself. Cheap: callers may check before loading a checkpoint. Returns Path(path)."""
+def check_export_target(path: str | os.PathLike, opset: int | None = None, layout=None) -> Path:
+    """GdnExportError unless `export_onnx` can write `path` at `opset` (default: the layout's): the
+    opset is in [MIN_EXPORT_OPSET, MAX_EXPORT_OPSET] (the in-place layout needs >= 24), the name ends
+    in .onnx, its folder exists and it is not a folder itself. Cheap: callers may check before
+    loading a checkpoint. Returns Path(path)."""
+    from gdn_export.models.layout import DEFAULT_LAYOUT
+
+    layout = layout or DEFAULT_LAYOUT
+    opset = default_opset(layout) if opset is None else opset
     path = Path(path)
     if isinstance(opset, bool) or not isinstance(opset, int) \
             or not MIN_EXPORT_OPSET <= opset <= MAX_EXPORT_OPSET:
         raise GdnExportError(f"opset {opset!r} is outside the range gdn-export writes and TensorRT "
                              f"parses [{MIN_EXPORT_OPSET}, {MAX_EXPORT_OPSET}]")
+    if layout.inplace and opset < INPLACE_OPSET:
+        raise GdnExportError(f"opset {opset} has no TensorScatter: the inplace kv cache needs opset >= "
+                             f"{INPLACE_OPSET} (or export with --kv-cache concat)")
     if path.suffix != ".onnx":
         raise GdnExportError(f"{path}: the output file name must end in .onnx")
     if not path.parent.is_dir():
@@ -155,24 +178,29 @@ def check_export_target(path: str | os.PathLike, opset: int = ONNX_OPSET) -> Pat
     return path
 
 
-def export_onnx(model, path: str | os.PathLike, *, opset: int = ONNX_OPSET,
+def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
                 progress: Callable[[str], None] | None = None) -> Path:
-    """Export `model` (HybridForCausalLM, any dtype) to `path`; returns the written path.
+    """Export `model` (HybridForCausalLM, any dtype, shaped by `model.layout`) to `path`; returns
+    the written path. `opset` defaults to 24 for the in-place layout, 18 for the concat layout.
 
     Weights go to a sidecar `<name>.data` when they exceed ~2 GB. metadata_props record the
-    gdn-export version, family, dtype, opset, vocab size and the state layout
-    (`gdn_export.onnx.metadata`).
+    gdn-export version, family, dtype, opset, vocab size, the state layout and the deployment
+    layout (`gdn_export.onnx.metadata`).
     """
-    path = check_export_target(path, opset)
+    layout = model.layout
+    opset = default_opset(layout) if opset is None else opset
+    path = check_export_target(path, opset, layout)
     say = progress or (lambda _msg: None)
     model.eval()
     specs = model.state_specs()
-    say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}")
+    say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}, "
+        f"{layout.describe()}")
     ir_model = _trace(model, specs, opset)
     ir_model.metadata_props.update(metadata.make_metadata(
         version=__version__, family=model.config.family,
         dtype=metadata.torch_dtype_name(model.dtype), opset=opset,
         vocab_size=model.config.vocab_size, states=metadata.layouts_from_specs(specs),
+        layout=layout,
     ))
     ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
     external = _initializer_bytes(ir_model) > EXTERNAL_DATA_THRESHOLD

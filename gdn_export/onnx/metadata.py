@@ -7,8 +7,15 @@
     gdn_export.vocab_size   logits width V
     gdn_export.state_specs  JSON list, in graph order, of
                             {"name": "past.3.key", "output": "present.3.key",
-                             "shape": ["batch", 2, "past", 64], "dtype": "float16",
+                             "shape": ["batch", 2, 4096, 64], "dtype": "float16",
                              "layer": 3, "kind": "key"}
+    gdn_export.kv_cache     "inplace" | "concat" (gdn_export.models.layout)
+    gdn_export.cache_len    K/V slots per attention layer (inplace)
+    gdn_export.attention_sinks / gdn_export.attention_window   streaming (0 / 0: off)
+    gdn_export.logits       "last" (logits [batch, 1, V]) | "all" ([batch, seq, V])
+    gdn_export.state_dtype  recurrent state dtype ("float32" | "bfloat16" | "float16")
+
+Files written before these keys existed are the concat layout with all logits and fp32 states.
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ KEY_DTYPE = PREFIX + "dtype"
 KEY_OPSET = PREFIX + "opset"
 KEY_VOCAB = PREFIX + "vocab_size"
 KEY_STATES = PREFIX + "state_specs"
+KEY_KV_CACHE = PREFIX + "kv_cache"
+KEY_CACHE_LEN = PREFIX + "cache_len"
+KEY_SINKS = PREFIX + "attention_sinks"
+KEY_WINDOW = PREFIX + "attention_window"
+KEY_LOGITS = PREFIX + "logits"
+KEY_STATE_DTYPE = PREFIX + "state_dtype"
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,9 @@ def layouts_from_specs(specs: Sequence) -> list[StateLayout]:
 
 
 def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_size: int,
-                  states: Sequence[StateLayout]) -> dict[str, str]:
-    """The metadata_props entries (all strings) of an exported file."""
+                  states: Sequence[StateLayout], layout) -> dict[str, str]:
+    """The metadata_props entries (all strings) of an exported file; `layout` is the model's
+    gdn_export.models.layout.DeployLayout."""
     return {
         KEY_VERSION: version,
         KEY_FAMILY: family,
@@ -67,7 +81,26 @@ def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_si
         KEY_OPSET: str(opset),
         KEY_VOCAB: str(vocab_size),
         KEY_STATES: json.dumps([s.to_json() for s in states]),
+        KEY_KV_CACHE: layout.kv_cache,
+        KEY_CACHE_LEN: str(layout.cache_len),
+        KEY_SINKS: str(layout.sinks),
+        KEY_WINDOW: str(layout.window),
+        KEY_LOGITS: layout.logits,
+        KEY_STATE_DTYPE: torch_dtype_name(layout.state_dtype),
     }
+
+
+def read_layout(metadata: dict[str, str]):
+    """The DeployLayout recorded in metadata_props (files without the keys: the concat layout of
+    earlier releases, all logits, fp32 states)."""
+    from gdn_export.models.layout import DeployLayout
+
+    kv = metadata.get(KEY_KV_CACHE, "concat")
+    window = int(metadata.get(KEY_WINDOW, 0))
+    cache_len = int(metadata[KEY_CACHE_LEN]) if kv == "inplace" and not window else None
+    return DeployLayout.make(kv_cache=kv, cache_len=cache_len, sinks=int(metadata.get(KEY_SINKS, 0)),
+                             window=window, logits=metadata.get(KEY_LOGITS, "all"),
+                             state_dtype=metadata.get(KEY_STATE_DTYPE, "float32"))
 
 
 def read_state_layouts(metadata: dict[str, str]) -> list[StateLayout] | None:

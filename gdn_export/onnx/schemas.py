@@ -27,5 +27,7 @@ def register_schemas() -> None:
 
 def custom_translation_table() -> dict:
     """{torch op overload: onnxscript translation} for torch.onnx.export(..., dynamo=True)."""
+    from gdn_export.ops.attention.onnx import translations
+
     register_schemas()
-    return {module.torch_target(): module.translation for module in OP_MODULES}
+    return {**{module.torch_target(): module.translation for module in OP_MODULES}, **translations()}

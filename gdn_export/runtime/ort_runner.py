@@ -3,6 +3,12 @@
 The file holds bare gdn.* nodes (what TensorRT maps to plugins). At load time the runner attaches
 standard-ONNX bodies of those ops as model-local functions (gdn_export.onnx.functions), which ORT
 inlines; nothing is written over the file and no compiled custom-op library is needed.
+
+Steps run through an IOBinding. With the in-place K/V cache each present.{i}.key / .value output is
+bound to its past.* input's own buffer, which ORT's TensorScatter then updates in place (it copies
+the cache only when the two differ): the cache arrays are written in place, never copied per step.
+The GDN conv / recurrent states (small, constant size) come back as new arrays. States are
+therefore consumed by `forward`: pass the returned ones to the next call.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from gdn_export.errors import InputError
+from gdn_export.errors import GdnExportError, InputError
 from gdn_export.onnx import metadata
-from gdn_export.onnx.export import INPUT_IDS, LOGITS, POSITION_IDS
+from gdn_export.onnx.export import INPUT_IDS, LOGITS, TOKEN_INPUTS
 from gdn_export.onnx.functions import attach_reference_functions
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 
@@ -43,12 +49,14 @@ def read_state_specs(model: onnx.ModelProto) -> list[StateInfo]:
     """State specs from the graph I/O (past.* inputs, present.* outputs in the same order),
     cross-checked with the layout recorded in metadata_props when the file has one."""
     inputs, outputs = list(model.graph.input), list(model.graph.output)
-    if [v.name for v in inputs[:2]] != [INPUT_IDS, POSITION_IDS] or \
-            [v.name for v in outputs[:1]] != [LOGITS] or len(inputs) != len(outputs) + 1:
-        raise InputError("not a gdn-export graph: expected inputs input_ids, position_ids, past.* "
-                         "and outputs logits, present.*")
+    first = len(TOKEN_INPUTS)
+    if tuple(v.name for v in inputs[:first]) != TOKEN_INPUTS or \
+            [v.name for v in outputs[:1]] != [LOGITS] or len(inputs) != len(outputs) + first - 1:
+        raise InputError(f"not a gdn-export graph of this release: expected inputs "
+                         f"{', '.join(TOKEN_INPUTS)}, past.* and outputs logits, present.* (files "
+                         f"exported before 0.2 have position_ids: export them again)")
     specs = []
-    for inp, out in zip(inputs[2:], outputs[1:]):
+    for inp, out in zip(inputs[first:], outputs[1:]):
         m = _STATE_NAME.match(inp.name)
         if m is None or out.name != "present" + inp.name[len("past"):]:
             raise InputError(f"not a gdn-export graph: state input {inp.name!r} / output {out.name!r}")
@@ -90,6 +98,10 @@ class OrtRunner(Runner):
         except InputError as exc:
             raise InputError(f"{self.path}: {exc}") from None
         self.metadata = {p.key: p.value for p in model.metadata_props}
+        try:
+            self.layout = metadata.read_layout(self.metadata)
+        except (GdnExportError, KeyError, ValueError) as exc:
+            raise InputError(f"{self.path}: unreadable gdn_export layout metadata ({exc})") from None
         logits_dims = _shape(model.graph.output[0])
         vocab = logits_dims[-1] if logits_dims else None
         if not isinstance(vocab, int) or vocab <= 0:
@@ -122,15 +134,35 @@ class OrtRunner(Runner):
     def empty_states(self, batch: int) -> list[np.ndarray]:
         return [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.state_specs]
 
-    def _forward(self, input_ids: np.ndarray, past_len: int, states):
-        states = [np.asarray(s) for s in states]
+    def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
+        import onnxruntime as ort
+
+        states = [np.ascontiguousarray(s) for s in states]
         batch, seq = input_ids.shape
-        check_states(self.state_specs, [(s.shape, s.dtype.name) for s in states], batch, past_len)
-        positions = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq))
-        feeds = {INPUT_IDS: input_ids, POSITION_IDS: np.ascontiguousarray(positions)}
-        feeds.update({spec.name: np.ascontiguousarray(s) for spec, s in zip(self.state_specs, states)})
-        logits, *new_states = self.session.run(self._output_names, feeds)
+        check_states(self.state_specs, [(s.shape, s.dtype.name) for s in states], batch,
+                     int(past_lengths[0]))
+        binding = self.session.io_binding()
+        for name, value in zip(TOKEN_INPUTS, (input_ids, past_lengths, seq_lens)):
+            binding.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
+        binding.bind_output(LOGITS)
+        in_place = self.layout.inplace
+        for spec, state in zip(self.state_specs, states):
+            if in_place and spec.kind in ("key", "value"):
+                # One OrtValue over the array, as input and output: TensorScatter writes in place.
+                value = ort.OrtValue.ortvalue_from_numpy(state)
+                binding.bind_ortvalue_input(spec.name, value)
+                binding.bind_ortvalue_output(spec.output_name, value)
+            else:
+                binding.bind_cpu_input(spec.name, state)
+                binding.bind_output(spec.output_name)
+        self.session.run_with_iobinding(binding)
+        outputs = dict(zip(self._output_names, binding.get_outputs()))
+        new_states = [state if in_place and spec.kind in ("key", "value")
+                      else outputs[spec.output_name].numpy()
+                      for spec, state in zip(self.state_specs, states)]
+        logits = outputs[LOGITS].numpy()
         return logits.astype(np.float32, copy=False), new_states
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
-        return {spec.name: np.asarray(s) for spec, s in zip(self.state_specs, states)}
+        """Copies: the runner updates the K/V arrays in place on the next step."""
+        return {spec.name: np.array(s) for spec, s in zip(self.state_specs, states)}

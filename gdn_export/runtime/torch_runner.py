@@ -29,6 +29,7 @@ class TorchRunner(Runner):
         self.model = model.to(self.device).eval()
         self.op_backend = op_backend
         self.vocab_size = int(model.config.vocab_size)
+        self.layout = model.layout
         self.state_specs = [
             StateInfo(s.name, s.output_name, tuple(s.shape), _dtype_name(s.dtype), s.layer, s.kind)
             for s in model.state_specs()
@@ -37,7 +38,7 @@ class TorchRunner(Runner):
     def empty_states(self, batch: int) -> list[torch.Tensor]:
         return list(self.model.empty_states(batch, device=self.device))
 
-    def _forward(self, input_ids: np.ndarray, past_len: int, states):
+    def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
         states = list(states)
         batch, seq = input_ids.shape
         # States are opaque per backend (runtime/base.py): this runner's are torch tensors, and
@@ -46,19 +47,22 @@ class TorchRunner(Runner):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"state {spec.name} must be a torch.Tensor for the torch runner, got "
                                  f"{type(t).__module__}.{type(t).__qualname__}")
+            if t.device != self.device:
+                raise InputError(f"state {spec.name} is on {t.device}, the model on {self.device}")
         check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states],
-                     batch, past_len)
+                     batch, int(past_lengths[0]))
         ids = torch.from_numpy(input_ids).to(self.device)
-        positions = torch.arange(past_len, past_len + seq, device=self.device).expand(batch, seq)
-        states = [t.to(self.device) for t in states]
+        past = torch.from_numpy(past_lengths).to(self.device)
+        lens = torch.from_numpy(seq_lens).to(self.device)
         if self.op_backend is None:
             backend = contextlib.nullcontext()
         else:
             from gdn_export.ops.backends import use_backend
 
             backend = use_backend(self.op_backend)
+        # The in-place K/V caches come back as the same tensors, written in place: no per-step copy.
         with torch.no_grad(), backend:
-            logits, *new_states = self.model(ids, positions.contiguous(), *states)
+            logits, *new_states = self.model(ids, past, lens, *states)
         return logits.float().cpu().numpy(), new_states
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:

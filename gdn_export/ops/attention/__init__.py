@@ -1,0 +1,78 @@
+"""The in-place K/V cache update and fused attention: two torch ops that export to standard ONNX.
+
+    gdn::kv_cache_update(cache, update, write_indices) -> new_cache
+        cache          [B, Hkv, L, D]   T    L = cache slots (static)
+        update         [B, Hkv, S, D]   T    S new tokens per row (S <= L)
+        write_indices  [B]              int64
+        new_cache[b, :, write_indices[b] + s] = update[b, :, s]; every other slot is cache's.
+        Rows must fit: write_indices[b] + S <= L (the model's layout guarantees it).
+        ONNX: TensorScatter (opset 24, axis 2, mode "linear") -> TensorRT KV_CACHE_UPDATE, whose output
+        is its input buffer updated in place.
+
+    gdn::attention(q, key, value, mask, scale) -> o
+        q      [B, H, S, D]    T     H = m * Hkv: query head h reads key/value head h // m
+        key    [B, Hkv, L, D]  T
+        value  [B, Hkv, L, D]  T
+        mask   [B, 1, S, L]    bool  True where query s may read slot l
+        o      [B, H, S, D]    T     softmax(scale * q key^T, masked) value, softmax in fp32
+        ONNX: Attention (opset 23, 4-D inputs: GQA from the head counts) -> TensorRT IAttention.
+
+These are not `gdn` domain nodes: TensorRT's parser and ONNX Runtime know them. They exist as torch
+ops so that the exporter emits exactly these two nodes (instead of decomposing scaled dot product
+attention), and so that the eager model can update the same cache tensors in place
+(`write_cache_`), which a functional op cannot.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KV_UPDATE_OP = "gdn::kv_cache_update"
+ATTENTION_OP = "gdn::attention"
+SEQ_AXIS = 2  # of cache and update: [B, Hkv, L, D]
+
+
+def _slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
+    """[B, Hkv, S, D] int64 slot of every update element along the sequence axis."""
+    B, Hkv, S, D = update.shape
+    slots = write_indices.to(torch.int64)[:, None] + torch.arange(S, device=update.device)
+    return slots[:, None, :, None].expand(B, Hkv, S, D)
+
+
+def write_cache_(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
+    """The eager in-place form of kv_cache_update: writes `update` into `cache` and returns it."""
+    return cache.scatter_(SEQ_AXIS, _slot_index(cache, update, write_indices), update.to(cache.dtype))
+
+
+@torch.library.custom_op(KV_UPDATE_OP, mutates_args=())
+def kv_cache_update(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
+    """Functional twin of `write_cache_` (a new tensor): what the ONNX graph computes."""
+    return write_cache_(cache.clone(), update, write_indices)
+
+
+@kv_cache_update.register_fake
+def _(cache, update, write_indices):
+    return torch.empty_like(cache)
+
+
+def _attention(q, key, value, mask, scale):
+    H, Hkv = q.shape[1], key.shape[1]
+    dtype = q.dtype
+    # fp32 scores and softmax, as TensorRT's fused kernels and ONNX Runtime's CPU kernel do for half
+    # inputs; the result is rounded once.
+    o = F.scaled_dot_product_attention(q.float(), key.float(), value.float(), attn_mask=mask,
+                                       scale=scale, enable_gqa=H != Hkv)
+    return o.to(dtype)
+
+
+@torch.library.custom_op(ATTENTION_OP, mutates_args=())
+def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """Masked GQA attention (see the module docstring for shapes)."""
+    return _attention(q, key, value, mask, scale)
+
+
+@attention.register_fake
+def _(q, key, value, mask, scale):
+    return torch.empty_like(q)
