@@ -131,7 +131,8 @@ class TrtRunner(Runner):
         self.vocab_size = self._vocab_size(metadata)
         logits_seq = int(self.engine.get_tensor_shape(LOGITS)[1])
         self.logits_mode = metadata.get(_KEY_LOGITS) or ("last" if logits_seq == 1 else "all")
-        self.cache_len = next((int(s.shape[2]) for s in self.state_specs if s.kind == "key"), None)
+        self.cache_len = next((int(s.shape[2]) for s in self.state_specs
+                               if s.kind == "key" and isinstance(s.shape[2], int)), None)  # inplace layout
         self._profiles = self._read_profiles()
         self._stream = cuda.new_stream()
         self._allocate()
