@@ -17,7 +17,12 @@ def add_parser(sub) -> None:
                    "plugins/build/libgdn_plugins.so)")
     for which in ("min", "opt", "max"):
         p.add_argument(f"--trt-{which}-shapes", nargs="+", default=[], metavar="NAME:[d0,...]",
-                       help=f"{which} shapes of the optimisation profile, e.g. input_ids:[1,1]")
+                       help=f"{which} shapes of the prefill optimisation profile, e.g. input_ids:[1,1]")
+    p.add_argument("--max-batch", type=int, metavar="N", help="largest batch of both profiles (default 8)")
+    p.add_argument("--max-prefill", type=int, metavar="N",
+                   help="longest prompt chunk of the prefill profile (default min(512, cache length))")
+    p.add_argument("--decode-batch", type=int, metavar="N",
+                   help="batch the decode profile (seq = 1) is tuned for (default --max-batch)")
     p.add_argument("--workspace", type=int, metavar="MiB", help="workspace memory pool limit")
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -34,7 +39,8 @@ def run(args) -> int:
               for w in ("min", "opt", "max")}
     path = build_engine(args.onnx, args.output, plugins=args.plugins,
                         min_shapes=shapes["min"] or None, opt_shapes=shapes["opt"] or None,
-                        max_shapes=shapes["max"] or None,
+                        max_shapes=shapes["max"] or None, max_batch=args.max_batch,
+                        max_prefill=args.max_prefill, decode_batch=args.decode_batch,
                         workspace=None if args.workspace is None else args.workspace << 20,
                         progress=progress)
     print(f"wrote {path}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -37,13 +38,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _make_logger(trt, errors: list[str]):
+def _make_logger(trt, errors: list[str], layer_info: list[str]):
     class Logger(trt.ILogger):
         def __init__(self):
             trt.ILogger.__init__(self)
 
         def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
+            if "LayerType: " in msg:
+                # The built engine's layers (verbose, DETAILED profiling verbosity): the only view
+                # of the engine, with the copies TensorRT inserted, where it cannot be deserialized.
+                layer_info.append(msg)
+            elif severity <= trt.ILogger.Severity.ERROR:
                 errors.append(msg)
                 emit(log=["E", msg])
             elif severity == trt.ILogger.Severity.WARNING:
@@ -125,6 +130,40 @@ def _parse(trt, builder, onnx_path: str, logger):
     return network, parser
 
 
+_ENGINE_LAYER = re.compile(r"^Name: (?P<name>.*?), LayerType: (?P<type>[^,]*), Inputs: \[(?P<rest>.*)$")
+_TENSOR_NAME = re.compile(r"\{ Name: (.*?), ")
+
+
+def _engine_layers(messages: list[str]) -> list[dict]:
+    """{name, type, inputs, outputs} of each engine layer in TensorRT's verbose layer report
+    (one "Name: ..., LayerType: ..., Inputs: [...], Outputs: [...], ..." line per layer)."""
+    out = []
+    for line in (line for msg in messages for line in msg.splitlines()):
+        m = _ENGINE_LAYER.match(line.strip())
+        if m is None:
+            continue
+        inputs, _, outputs = m["rest"].partition("Outputs: [")
+        outputs = outputs.split("}]", 1)[0]
+        out.append({"name": m["name"], "type": m["type"], "inputs": _TENSOR_NAME.findall(inputs),
+                    "outputs": _TENSOR_NAME.findall(outputs + ", ")})
+    return out
+
+
+def _allow_decomposed_attention(trt, network) -> int:
+    """Let every IAttention fall back to several kernels where TensorRT has no fused one for the
+    shape (fp32, head dim 16 of the tiny models: "Attention operation was not supported by a
+    dedicated kernel"); a shape with a fused kernel still gets it. Returns how many were set."""
+    count = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type.name != "ATTENTION_INPUT":
+            continue
+        layer.__class__ = trt.IAttentionInputLayer  # the Python API returns ILayer: downcast to reach .attention
+        layer.attention.decomposable = True
+        count += 1
+    return count
+
+
 def _layers(trt, network, model: onnx.ModelProto) -> list[dict]:
     """The network's layers; plugin layers carry the plugin identity of the ONNX node they came from."""
     plugin_of = {node.name: (name, version, namespace) for node, name, version, namespace in _gdn_nodes(model)}
@@ -132,6 +171,8 @@ def _layers(trt, network, model: onnx.ModelProto) -> list[dict]:
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         entry = {"name": layer.name, "type": layer.type.name,
+                 "inputs": [None if layer.get_input(j) is None else layer.get_input(j).name
+                            for j in range(layer.num_inputs)],
                  "outputs": [[layer.get_output(j).name, layer.get_output(j).dtype.name]
                              for j in range(layer.num_outputs)]}
         if layer.type.name == "PLUGIN_V3" and layer.name in plugin_of:
@@ -144,7 +185,8 @@ def build(request: dict) -> dict:
     t0 = time.perf_counter()
     trt = import_trt()
     errors: list[str] = []
-    logger = _make_logger(trt, errors)
+    layer_info: list[str] = []
+    logger = _make_logger(trt, errors, layer_info)
     emit(progress=f"loading {request['plugins']} into {trt.__name__} {trt.__version__}")
     registry, provided = _load_plugins(trt, request["plugins"], errors)
 
@@ -155,6 +197,9 @@ def build(request: dict) -> dict:
     # The parser owns the weights the network points at: it must live until the build is done.
     network, parser = _parse(trt, builder, request["onnx"], logger)
     layers = _layers(trt, network, model)
+    decomposable = _allow_decomposed_attention(trt, network) if hasattr(trt, "IAttentionInputLayer") else 0
+    if decomposable:
+        emit(progress=f"{decomposable} attention layers may decompose where no fused kernel fits the shape")
 
     config = builder.create_builder_config()
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
@@ -171,17 +216,19 @@ def build(request: dict) -> dict:
     if monitor is not None:
         config.progress_monitor = monitor
 
-    profile = builder.create_optimization_profile()
-    shapes = request["profile"]
-    for i in range(network.num_inputs):
-        tensor = network.get_input(i)
-        if tensor.name not in shapes:
-            raise GdnExportError(f"network input {tensor.name} has no optimisation profile shapes")
-        mn, opt, mx = shapes[tensor.name]
-        if tensor.is_shape_tensor:
-            raise GdnExportError(f"network input {tensor.name} is a shape tensor; gdn-export graphs have none")
-        profile.set_shape(tensor.name, mn, opt, mx)
-    config.add_optimization_profile(profile)
+    # Profiles in request order: the engine's profile i is request["profiles"][i] (TrtRunner
+    # reads the names from the build record).
+    for entry in request["profiles"]:
+        profile, shapes = builder.create_optimization_profile(), entry["shapes"]
+        for i in range(network.num_inputs):
+            tensor = network.get_input(i)
+            if tensor.name not in shapes:
+                raise GdnExportError(f"network input {tensor.name} has no shapes in the {entry['name']} profile")
+            mn, opt, mx = shapes[tensor.name]
+            if tensor.is_shape_tensor:
+                raise GdnExportError(f"network input {tensor.name} is a shape tensor; gdn-export graphs have none")
+            profile.set_shape(tensor.name, mn, opt, mx)
+        config.add_optimization_profile(profile)
 
     emit(progress=f"building ({network.num_layers} layers, "
                   f"{sum('plugin' in layer for layer in layers)} gdn plugin layers)")
@@ -192,7 +239,8 @@ def build(request: dict) -> dict:
     with open(request["engine_tmp"], "wb") as f:
         f.write(memoryview(serialized))
     del parser
-    return {"layers": layers, "bytes": serialized.nbytes, "trt": trt.__name__, "trt_version": trt.__version__,
+    return {"layers": layers, "engine_layers": _engine_layers(layer_info), "decomposable_attention": decomposable,
+            "bytes": serialized.nbytes, "trt": trt.__name__, "trt_version": trt.__version__,
             "seconds": round(time.perf_counter() - t0, 3),
             "inputs": [network.get_input(i).name for i in range(network.num_inputs)],
             "outputs": [network.get_output(i).name for i in range(network.num_outputs)],

@@ -1,15 +1,20 @@
 """`build_engine`: ONNX with gdn nodes -> serialized TensorRT engine using libgdn_plugins.so.
 
 The engine is strongly typed (every tensor keeps the dtype the ONNX gives it), the gdn plugin
-layers update their state inputs in place (ALIASED_PLUGIN_IO preview feature), and one
-optimisation profile covers prefill and decode (`gdn_export.trt.profile`).
+layers update their state inputs in place (ALIASED_PLUGIN_IO preview feature), the attention
+layers (ONNX Attention -> IAttention) may decompose where TensorRT has no fused kernel for the
+shape, and two optimisation profiles are built, "prefill" (profile 0) and "decode" (profile 1,
+seq = 1) (`gdn_export.trt.profile.make_profiles`).
 
 The build itself runs in a child process (`gdn_export.trt._worker`) whose environment is set up
 before it starts (`loader.build_env`, needed by TensorRT-RTX); the child reports progress and
 errors as JSON lines. The engine is written to a temporary name beside the target and renamed
 into place, together with `<engine>.layers.json`: the network's layers at build time (the only
-layer list available where the engine cannot be deserialized, e.g. TensorRT-RTX without a GPU)
-and the ONNX's metadata_props (state layout, vocab size) for `TrtRunner`.
+layer list available where the engine cannot be deserialized, e.g. TensorRT-RTX without a GPU),
+the built engine's layers as TensorRT's verbose build log reports them ("engine_layers": which
+layer reads and writes which tensor, copies included), the profiles by name, the TensorRT flavour
+and version that built it (TrtRunner refuses another), and the ONNX's metadata_props (state
+layout, vocab size) for `TrtRunner`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Callable
 
 from gdn_export.errors import GdnExportError
 from gdn_export.trt import loader
-from gdn_export.trt.profile import ShapeSpecs, make_profile, onnx_inputs
+from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_inputs, onnx_metadata
 
 LAYERS_SUFFIX = ".layers.json"
 
@@ -104,6 +109,9 @@ def build_engine(
     min_shapes: ShapeSpecs = None,
     opt_shapes: ShapeSpecs = None,
     max_shapes: ShapeSpecs = None,
+    max_batch: int | None = None,
+    max_prefill: int | None = None,
+    decode_batch: int | None = None,
     workspace: int | None = None,
     progress: Callable[[str], None] | None = None,
     timeout: float | None = None,
@@ -111,8 +119,11 @@ def build_engine(
     """Build `engine_path` from `onnx_path`; returns the engine's path.
 
     plugins: libgdn_plugins.so (default: $GDN_EXPORT_PLUGINS, then plugins/build/).
-    min/opt/max_shapes: {input: dims} or trtexec-style "name:[d0,d1,...]" specs; inputs not named get
-        defaults from their dim names (batch 1..8, seq 1..512, past 0..2048; `profile.DEFAULT_RANGES`).
+    min/opt/max_shapes: {input: dims} or trtexec-style "name:[d0,d1,...]" specs of the prefill
+        profile; inputs not named get defaults from their dim names (batch 1..max_batch, seq
+        1..max_prefill, past 0..cache_len).
+    max_batch, max_prefill, decode_batch: the profiles' limits (`profile.make_profiles`: default
+        8, min(512, cache_len), max_batch); the decode profile is the prefill one with seq = 1.
     workspace: workspace memory pool limit in bytes (default: TensorRT's).
     progress: called with one line per build phase.
     Raises GdnExportError (one line) for a missing plugin library, a node whose plugin creator is
@@ -129,22 +140,27 @@ def build_engine(
     if workspace is not None and workspace <= 0:
         raise GdnExportError(f"workspace must be a positive number of bytes, got {workspace}")
     library = loader.find_plugins(plugins)
-    profile = make_profile(onnx_inputs(onnx_path), min_shapes, opt_shapes, max_shapes)
-    for name, (mn, opt, mx) in profile.items():
-        if mn != mx:
-            say(f"profile {name}: min {list(mn)} opt {list(opt)} max {list(mx)}")
+    profiles = make_profiles(onnx_inputs(onnx_path), onnx_metadata(onnx_path), max_batch=max_batch,
+                             max_prefill=max_prefill, decode_batch=decode_batch, min_shapes=min_shapes,
+                             opt_shapes=opt_shapes, max_shapes=max_shapes)
+    for which, profile in profiles.items():
+        for name, (mn, opt, mx) in profile.items():
+            if mn != mx:
+                say(f"{which} profile {name}: min {list(mn)} opt {list(opt)} max {list(mx)}")
 
     tmp = engine_path.with_name(f".{engine_path.name}.{os.getpid()}.tmp")
     tmp_layers = tmp.with_name(tmp.name + LAYERS_SUFFIX)
     request = {"onnx": str(onnx_path.resolve()), "engine_tmp": str(tmp), "plugins": str(library),
-               "profile": {k: [list(s) for s in v] for k, v in profile.items()}, "workspace": workspace}
+               "profiles": [{"name": which, "shapes": {k: [list(s) for s in v] for k, v in profile.items()}}
+                            for which, profile in profiles.items()],
+               "workspace": workspace}
     try:
         result = _run_worker(request, say, timeout)
-        tmp_layers.write_text(json.dumps({"trt": result["trt"], "trt_version": result["trt_version"],
-                                          "onnx": str(onnx_path), "inputs": result["inputs"],
-                                          "outputs": result["outputs"], "metadata": result["metadata"],
-                                          "layers": result["layers"]},
-                                         indent=1) + "\n", encoding="utf-8")
+        record = {"trt": result["trt"], "trt_version": result["trt_version"], "onnx": str(onnx_path),
+                  "inputs": result["inputs"], "outputs": result["outputs"], "metadata": result["metadata"],
+                  "profiles": request["profiles"], "decomposable_attention": result["decomposable_attention"],
+                  "layers": result["layers"], "engine_layers": result["engine_layers"]}
+        tmp_layers.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, engine_path)
         os.replace(tmp_layers, layers_path(engine_path))
     finally:

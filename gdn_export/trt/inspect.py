@@ -135,3 +135,48 @@ def inspect_engine(engine_path: str | os.PathLike, *, plugins: str | os.PathLike
         raise GdnExportError(f"{engine_path}: cannot deserialize the engine here{why} and there is no build "
                              f"record {layers_path(engine_path).name} beside it")
     return EngineLayers(engine_path, "build record", record, _scan_plan(data), messages)
+
+
+# ------------------------------------------------------------------------------ state aliasing
+
+KV_CACHE, PLUGIN, SEPARATE = "kv_cache", "plugin", "separate"
+
+
+def _past_name(present: str) -> str:
+    return "past" + present[len("present"):]
+
+
+def state_aliasing(engine_path: str | os.PathLike) -> dict[str, str]:
+    """{present.* output: how it relates to its past.* input} in the built engine, from the engine
+    layers that `build_engine` recorded (TensorRT's verbose layer report, available without a GPU):
+
+      "kv_cache"  an engine layer reads the present.* tensor itself: the past.* input was folded
+                  into it (the KV cache update writes in place), so input and output MUST be one
+                  buffer (TensorRT also reports it through ICudaEngine.get_aliased_input_tensor)
+      "plugin"    past.* is read only by the layer that writes present.* (a gdn plugin with aliased
+                  I/O; TensorRT inserted no copy): one buffer for both updates it in place
+      "separate"  anything else (past.* has other readers, or a copy layer writes present.*):
+                  input and output need their own buffers
+    Empty when the record has no engine layers (built by an older gdn-export, or a TensorRT whose
+    verbose log has no layer report).
+    """
+    record = layers_path(engine_path)
+    if not record.is_file():
+        return {}
+    data = json.loads(record.read_text(encoding="utf-8"))
+    layers = data.get("engine_layers") or []
+    if not layers:
+        return {}
+    out = {}
+    for present in (o for o in data.get("outputs", []) if o.startswith("present.")):
+        past = _past_name(present)
+        # By name: the report repeats the layers once per optimisation profile.
+        readers = {layer["name"] for layer in layers if past in layer["inputs"]}
+        writers = {layer["name"] for layer in layers if present in layer["outputs"]}
+        if any(present in layer["inputs"] for layer in layers) and not readers:
+            out[present] = KV_CACHE
+        elif len(readers) == 1 and writers == readers:
+            out[present] = PLUGIN
+        else:
+            out[present] = SEPARATE
+    return out

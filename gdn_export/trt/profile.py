@@ -74,14 +74,23 @@ def parse_shape_specs(specs: ShapeSpecs, flag: str = "shapes") -> dict[str, Shap
     return out
 
 
-def onnx_inputs(onnx_path: str | os.PathLike) -> list[InputInfo]:
-    """The graph inputs of an ONNX file (initializers excluded), without loading its weights."""
+def _load(onnx_path: str | os.PathLike):
     import onnx
 
     try:
-        model = onnx.load(str(onnx_path), load_external_data=False)
+        return onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:
         raise GdnExportError(f"{onnx_path}: not a readable ONNX file ({type(exc).__name__}: {exc})") from None
+
+
+def onnx_metadata(onnx_path: str | os.PathLike) -> dict[str, str]:
+    """The metadata_props of an ONNX file (gdn_export.* keys: cache_len, kv_cache, ...)."""
+    return {p.key: p.value for p in _load(onnx_path).metadata_props}
+
+
+def onnx_inputs(onnx_path: str | os.PathLike) -> list[InputInfo]:
+    """The graph inputs of an ONNX file (initializers excluded), without loading its weights."""
+    model = _load(onnx_path)
     initializers = {t.name for t in model.graph.initializer}
     inputs = []
     for value in model.graph.input:
@@ -94,15 +103,17 @@ def onnx_inputs(onnx_path: str | os.PathLike) -> list[InputInfo]:
     return inputs
 
 
-def _default_range(dim, named: dict[str, tuple[int, int, int]]) -> tuple[int, int, int] | None:
+def _default_range(dim, named: dict[str, tuple[int, int, int]],
+                   defaults: Mapping[str, tuple[int, int, int]] = DEFAULT_RANGES) -> tuple[int, int, int] | None:
     if isinstance(dim, int) and dim > 0:
         return (dim, dim, dim)
     if isinstance(dim, str):
-        return named.get(dim) or DEFAULT_RANGES.get(dim)
+        return named.get(dim) or defaults.get(dim)
     return None
 
 
-def _fill(info: InputInfo, given: dict[str, Shape | None]) -> tuple[Shape, Shape, Shape]:
+def _fill(info: InputInfo, given: dict[str, Shape | None],
+          defaults: Mapping[str, tuple[int, int, int]] = DEFAULT_RANGES) -> tuple[Shape, Shape, Shape]:
     """min / opt / max of an input named in the specs; missing ones from the dim defaults, kept
     consistent with the given ones (min <= opt <= max), else copied from a given one."""
     copy_order = {"min": ("opt", "max"), "opt": ("max", "min"), "max": ("opt", "min")}
@@ -115,7 +126,7 @@ def _fill(info: InputInfo, given: dict[str, Shape | None]) -> tuple[Shape, Shape
         copied = next(given[o] for o in fallbacks if given[o] is not None)
         dims = []
         for axis in range(rank):
-            default = _default_range(info.shape[axis], {}) if axis < len(info.shape) else None
+            default = _default_range(info.shape[axis], {}, defaults) if axis < len(info.shape) else None
             if default is None:
                 dims.append(copied[axis])
                 continue
@@ -151,8 +162,10 @@ def _check(info: InputInfo, mn: Shape, opt: Shape, mx: Shape) -> None:
 
 
 def make_profile(inputs: list[InputInfo], min_shapes: ShapeSpecs = None, opt_shapes: ShapeSpecs = None,
-                 max_shapes: ShapeSpecs = None) -> dict[str, tuple[Shape, Shape, Shape]]:
-    """{input: (min, opt, max)} for every input (see module docstring)."""
+                 max_shapes: ShapeSpecs = None, *,
+                 defaults: Mapping[str, tuple[int, int, int]] = DEFAULT_RANGES) -> dict[str, tuple[Shape, Shape, Shape]]:
+    """{input: (min, opt, max)} for every input (see module docstring); `defaults` replaces
+    DEFAULT_RANGES (dim name -> (min, opt, max))."""
     specs = {"min": parse_shape_specs(min_shapes, "--trt-min-shapes"),
              "opt": parse_shape_specs(opt_shapes, "--trt-opt-shapes"),
              "max": parse_shape_specs(max_shapes, "--trt-max-shapes")}
@@ -169,7 +182,7 @@ def make_profile(inputs: list[InputInfo], min_shapes: ShapeSpecs = None, opt_sha
         given = {which: specs[which].get(info.name) for which in specs}
         if all(s is None for s in given.values()):
             continue
-        mn, opt, mx = _fill(info, given)
+        mn, opt, mx = _fill(info, given, defaults)
         _check(info, mn, opt, mx)
         profile[info.name] = (tuple(mn), tuple(opt), tuple(mx))
         for axis, d in enumerate(info.shape):
@@ -186,8 +199,8 @@ def make_profile(inputs: list[InputInfo], min_shapes: ShapeSpecs = None, opt_sha
         for axis, d in enumerate(info.shape):
             if isinstance(d, int) and d > 0:
                 dims.append((d, d, d))
-            elif isinstance(d, str) and (d in named_ranges or d in DEFAULT_RANGES):
-                dims.append(named_ranges.get(d) or DEFAULT_RANGES[d])
+            elif isinstance(d, str) and (d in named_ranges or d in defaults):
+                dims.append(named_ranges.get(d) or defaults[d])
             else:
                 what = f"'{d}'" if isinstance(d, str) else "unnamed"
                 raise GdnExportError(
@@ -198,3 +211,76 @@ def make_profile(inputs: list[InputInfo], min_shapes: ShapeSpecs = None, opt_sha
         profile[info.name] = (tuple(mn), tuple(opt), tuple(mx))
     profile = {info.name: profile[info.name] for info in inputs}  # graph order
     return profile
+
+
+# ------------------------------------------------------------------------ prefill / decode
+
+PREFILL, DECODE = "prefill", "decode"
+KEY_CACHE_LEN = "gdn_export.cache_len"
+DEFAULT_MAX_BATCH, DEFAULT_MAX_PREFILL, DEFAULT_OPT_PREFILL = 8, 512, 128
+Profile = dict[str, tuple[Shape, Shape, Shape]]
+
+
+def _positive(value, flag: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GdnExportError(f"{flag} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _dim_range(profile: Profile, inputs: list[InputInfo], dim_name: str) -> tuple[int, int, int] | None:
+    for info in inputs:
+        for axis, d in enumerate(info.shape):
+            if d == dim_name:
+                mn, opt, mx = profile[info.name]
+                return mn[axis], opt[axis], mx[axis]
+    return None
+
+
+def make_profiles(inputs: list[InputInfo], metadata: Mapping[str, str] | None = None, *,
+                  max_batch: int | None = None, max_prefill: int | None = None, decode_batch: int | None = None,
+                  min_shapes: ShapeSpecs = None, opt_shapes: ShapeSpecs = None,
+                  max_shapes: ShapeSpecs = None) -> dict[str, Profile]:
+    """{"prefill": profile, "decode": profile} (profile: {input: (min, opt, max)}, every input).
+
+    prefill: batch 1..max_batch (opt 1), seq 1..max_prefill (opt min(128, max_prefill)), past
+        (the growing K/V of the "concat" layout) 0..cache_len (opt 0); the `--trt-*-shapes`
+        specs apply to this profile as in `make_profile`.
+    decode: seq = 1, batch and past over the prefill profile's ranges (resolved after the specs),
+        opt batch = decode_batch (default: the largest batch: decode steps are batched when
+        serving), opt past the middle of its range.
+    Defaults come from the ONNX metadata (`metadata`, the file's metadata_props):
+    gdn_export.cache_len caps max_prefill (default min(512, cache_len)) and the concat layout's
+    past (default cache_len, else 2048). A graph whose inputs have no "seq" dim, or whose prefill
+    profile is already seq = 1 only, gets the prefill profile alone.
+    """
+    metadata = metadata or {}
+    max_batch = _positive(max_batch, "--max-batch") or DEFAULT_MAX_BATCH
+    decode_batch = _positive(decode_batch, "--decode-batch")
+    try:
+        cache_len = int(metadata.get(KEY_CACHE_LEN, 0)) or None
+    except ValueError:
+        raise GdnExportError(f"ONNX metadata {KEY_CACHE_LEN} is not an integer: {metadata[KEY_CACHE_LEN]!r}") from None
+    max_prefill = _positive(max_prefill, "--max-prefill") or min(DEFAULT_MAX_PREFILL, cache_len or DEFAULT_MAX_PREFILL)
+    if cache_len is not None and max_prefill > cache_len:
+        raise GdnExportError(f"--max-prefill {max_prefill} exceeds the export's cache length {cache_len}")
+    if decode_batch is not None and decode_batch > max_batch:
+        raise GdnExportError(f"--decode-batch {decode_batch} exceeds --max-batch {max_batch}")
+    max_past = cache_len or DEFAULT_RANGES["past"][2]
+    prefill_defaults = {"batch": (1, 1, max_batch), "seq": (1, min(DEFAULT_OPT_PREFILL, max_prefill), max_prefill),
+                        "past": (0, 0, max_past)}
+    prefill = make_profile(inputs, min_shapes, opt_shapes, max_shapes, defaults=prefill_defaults)
+    seq = _dim_range(prefill, inputs, "seq")
+    if seq is None or seq[2] == 1:
+        return {PREFILL: prefill}
+    batch = _dim_range(prefill, inputs, "batch") or (1, 1, 1)
+    past = _dim_range(prefill, inputs, "past") or (0, 0, 0)
+    opt_batch = min(max(decode_batch or batch[2], batch[0]), batch[2])
+    decode_defaults = {"batch": (batch[0], opt_batch, batch[2]), "seq": (1, 1, 1),
+                       "past": (past[0], (past[0] + past[2]) // 2, past[2])}
+    for info in inputs:  # any other named dim keeps the range the specs gave it
+        for d in info.shape:
+            if isinstance(d, str) and d not in decode_defaults:
+                decode_defaults[d] = _dim_range(prefill, inputs, d)
+    return {PREFILL: prefill, DECODE: make_profile(inputs, defaults=decode_defaults)}

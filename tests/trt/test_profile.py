@@ -82,3 +82,38 @@ def test_named_dims_follow_the_given_specs():
 def test_conflicting_named_dims_are_refused():
     with pytest.raises(GdnExportError, match="dim 'batch' gets min/opt/max"):
         make_profile(INPUTS, max_shapes="input_ids:[4,256],past.0.conv:[2,96,3]")
+
+
+NEW_INPUTS = [
+    InputInfo("input_ids", ("batch", "seq")),
+    InputInfo("past_lengths", ("batch",)),
+    InputInfo("past.0.conv", ("batch", 96, 3)),
+    InputInfo("past.3.key", ("batch", 2, 256, 16)),
+]
+
+
+def test_prefill_and_decode_profiles_from_metadata():
+    from gdn_export.trt.profile import make_profiles
+
+    profiles = make_profiles(NEW_INPUTS, {"gdn_export.cache_len": "256"}, max_batch=4, decode_batch=2)
+    assert list(profiles) == ["prefill", "decode"]
+    assert profiles["prefill"]["input_ids"] == ((1, 1), (1, 128), (4, 256))  # max_prefill = min(512, cache_len)
+    assert profiles["decode"]["input_ids"] == ((1, 1), (2, 1), (4, 1))
+    assert profiles["decode"]["past_lengths"] == ((1,), (2,), (4,))
+    assert profiles["decode"]["past.3.key"] == ((1, 2, 256, 16), (2, 2, 256, 16), (4, 2, 256, 16))
+    # --trt-*-shapes shape the prefill profile; decode follows its batch range.
+    profiles = make_profiles(NEW_INPUTS, max_shapes="input_ids:[2,64]")
+    assert profiles["prefill"]["input_ids"][2] == (2, 64) and profiles["decode"]["input_ids"][2] == (2, 1)
+    assert list(make_profiles(NEW_INPUTS, max_shapes="input_ids:[2,1]")) == ["prefill"]  # decode-only specs
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(max_batch=0), "--max-batch must be an integer >= 1"),
+    (dict(max_prefill=300), "exceeds the export's cache length 256"),
+    (dict(max_batch=2, decode_batch=3), "--decode-batch 3 exceeds --max-batch 2"),
+], ids=["zero-batch", "prefill-above-cache", "decode-above-max"])
+def test_bad_profile_limits(kwargs, match):
+    from gdn_export.trt.profile import make_profiles
+
+    with pytest.raises(GdnExportError, match=match):
+        make_profiles(NEW_INPUTS, {"gdn_export.cache_len": "256"}, **kwargs)
