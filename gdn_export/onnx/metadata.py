@@ -97,7 +97,13 @@ def read_layout(metadata: dict[str, str]):
 
     kv = metadata.get(KEY_KV_CACHE, "concat")
     window = int(metadata.get(KEY_WINDOW, 0))
-    cache_len = int(metadata[KEY_CACHE_LEN]) if kv == "inplace" and not window else None
+    cache_len = None
+    if kv == "inplace" and not window:
+        if KEY_CACHE_LEN in metadata:
+            cache_len = int(metadata[KEY_CACHE_LEN])
+        else:  # the key cache's static length in the recorded state shapes
+            keys = [s.shape[2] for s in read_state_layouts(metadata) or [] if s.kind == "key"]
+            cache_len = keys[0] if keys and isinstance(keys[0], int) else None
     return DeployLayout.make(kv_cache=kv, cache_len=cache_len, sinks=int(metadata.get(KEY_SINKS, 0)),
                              window=window, logits=metadata.get(KEY_LOGITS, "all"),
                              state_dtype=metadata.get(KEY_STATE_DTYPE, "float32"))

@@ -126,8 +126,7 @@ class TrtRunner(Runner):
         metadata = self._record.get("metadata", {})
         self._check_io()
         self.state_specs = self._state_specs(metadata)
-        self.layout = metadata.get(_KEY_LAYOUT) or ("concat" if any(PAST in s.shape for s in self.state_specs)
-                                                    else "inplace")
+        self.layout = self._layout(metadata)
         self.vocab_size = self._vocab_size(metadata)
         logits_seq = int(self.engine.get_tensor_shape(LOGITS)[1])
         self.logits_mode = metadata.get(_KEY_LOGITS) or ("last" if logits_seq == 1 else "all")
@@ -209,6 +208,20 @@ class TrtRunner(Runner):
         if len(tuple(self.engine.get_tensor_shape(LOGITS))) != 3:
             raise GdnExportError(f"{self.path}: logits must be [batch, seq or 1, vocab], got "
                                  f"{list(self.engine.get_tensor_shape(LOGITS))}")
+
+    def _layout(self, metadata: dict):
+        """The DeployLayout recorded by the export (gdn_export.onnx.metadata); an engine without the
+        record is read from its shapes: a static key length is the in-place layout."""
+        from gdn_export.models.layout import DeployLayout
+        from gdn_export.onnx.metadata import read_layout
+
+        if _KEY_LAYOUT in metadata:
+            return read_layout(metadata)
+        key = next((s for s in self.state_specs if s.kind == "key"), None)
+        if key is None or not isinstance(key.shape[2], int):
+            return DeployLayout.make(kv_cache="concat", logits="all")
+        logits = "last" if int(self.engine.get_tensor_shape(LOGITS)[1]) == 1 else "all"
+        return DeployLayout.make(cache_len=int(key.shape[2]), logits=logits)
 
     def _state_specs(self, metadata: dict) -> list[StateInfo]:
         if _KEY_STATES in metadata:
@@ -314,26 +327,13 @@ class TrtRunner(Runner):
         self._generation += 1
         return TrtStates(tensors, int(batch), np.zeros(batch, np.int64), self._generation)
 
-    def forward(self, input_ids, past_lengths, seq_lens=None, states=None):
-        """forward(input_ids [B, T], past_lengths [B], seq_lens [B], states) -> (logits, states).
-
-        ADAPTER until runtime/base.py has the issue-11 interface (then delete this method): also
-        takes the old forward(input_ids, past_len: int, states), meaning past_lengths = past_len and
-        seq_lens = T for every row."""
-        ids = check_input_ids(input_ids, self.vocab_size)
-        if states is None:
-            states, seq_lens = seq_lens, np.full(ids.shape[0], ids.shape[1], np.int64)
-            if isinstance(past_lengths, (int, np.integer)) and not isinstance(past_lengths, bool):
-                past_lengths = np.full(ids.shape[0], past_lengths, np.int64)
-        return self._forward(ids, past_lengths, seq_lens, states)
-
     def _forward(self, input_ids: np.ndarray, past_lengths, seq_lens, states) -> tuple[np.ndarray, TrtStates]:
         if not isinstance(states, TrtStates) or states.generation != self._generation:
             raise InputError("TensorRT states are updated in place: pass the states returned by the latest "
                              "forward / empty_states of this runner")
         batch, seq = input_ids.shape
         past = self._lengths(past_lengths, batch, "past_lengths", 0)
-        lens = self._lengths(seq_lens, batch, "seq_lens", 1)
+        lens = self._lengths(seq_lens, batch, "seq_lens", 0)
         if states.batch != batch:
             raise InputError(f"the states are for batch {states.batch}, input_ids has {batch} rows")
         if (lens > seq).any():
@@ -341,13 +341,13 @@ class TrtRunner(Runner):
         if not np.array_equal(past, states.seen):
             raise InputError(f"past_lengths {past.tolist()} do not match the states, which have seen "
                              f"{states.seen.tolist()} tokens")
-        if self.layout == "concat" and (len(set(past.tolist())) != 1 or (lens != seq).any()):
+        if not self.layout.inplace and (len(set(past.tolist())) != 1 or (lens != seq).any()):
             raise InputError("this engine has the concat K/V layout: every row needs the same past length and "
                              "seq_lens = the full width of input_ids")
-        if self.cache_len is not None and self.layout == "inplace" and (past + lens > self.cache_len).any():
+        if self.cache_len is not None and self.layout.inplace and not self.layout.streaming and (past + lens > self.cache_len).any():
             raise InputError(f"past_lengths + seq_lens {(past + lens).tolist()} exceed the K/V cache length "
                              f"{self.cache_len}")
-        p_len = int(past[0]) if self.layout == "concat" else 0
+        p_len = int(past[0]) if not self.layout.inplace else 0
         check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states.tensors],
                      batch, p_len)
         profile = self._choose_profile(batch, seq, p_len)
@@ -414,7 +414,7 @@ class TrtRunner(Runner):
         if not fitting:
             have = "; ".join(f"{p.name}: input_ids {list(p.ranges[INPUT_IDS][0])} .. {list(p.ranges[INPUT_IDS][1])}"
                              for p in self._profiles)
-            raise InputError(f"batch {batch}, seq {seq}" + (f", past {past}" if self.layout == "concat" else "")
+            raise InputError(f"batch {batch}, seq {seq}" + (f", past {past}" if not self.layout.inplace else "")
                              + f" fits none of the engine's profiles ({have})")
         # The narrowest profile in seq: decode steps (seq = 1) run on the decode profile.
         return min(fitting, key=lambda p: (p.ranges[INPUT_IDS][1][1], p.index))

@@ -28,7 +28,7 @@ def _step(runner, ids, states, past=None, lens=None):
     ids = np.asarray(ids, np.int64)
     past = states.seen if past is None else np.asarray(past, np.int64)
     lens = np.full(ids.shape[0], ids.shape[1], np.int64) if lens is None else np.asarray(lens, np.int64)
-    return runner.forward(ids, past, lens, states)
+    return runner.forward(ids, past, states, lens)
 
 
 def test_states_bound_once_same_address_for_past_and_present(tmp_path):
@@ -98,11 +98,11 @@ def test_stale_and_mismatched_states_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(ids=[[1, 2]], lens=[3]), "exceed the 2 tokens"),
-    (dict(ids=[[1, 2]], lens=[0]), "seq_lens must be >= 1"),
-    (dict(ids=[[1, 2]], lens=[2, 2]), "seq_lens must be 1 integers"),
+    (dict(ids=[[1, 2]], lens=[3]), r"seq_lens must be \[0, 2\], got \[3\]"),
+    (dict(ids=[[1, 2]], lens=[-1]), r"seq_lens must be \[0, 2\], got \[-1\]"),
+    (dict(ids=[[1, 2]], lens=[2, 2]), r"seq_lens must have one entry per row \(1\)"),
     (dict(ids=[[1] * 17]), "fits none of the engine's profiles"),
-], ids=["len-above-width", "len-zero", "len-count", "seq-above-prefill"])
+], ids=["len-above-width", "len-negative", "len-count", "seq-above-prefill"])
 def test_bad_lengths_and_shapes_name_the_problem(tmp_path, kwargs, match):
     runner, trt, _ = _runner(tmp_path)
     states = runner.empty_states(len(kwargs["ids"]))
@@ -116,7 +116,7 @@ def test_batch_and_cache_limits_are_refused(tmp_path):
     with pytest.raises(InputError, match="batch 5 is outside the engine's profiles \\(1 .. 4\\)"):
         runner.empty_states(5)
     _, states = _step(runner, [[1] * 8], runner.empty_states(1))
-    with pytest.raises(InputError, match="exceed the K/V cache length 8"):
+    with pytest.raises(InputError, match="exceed the cache of 8 slots"):
         _step(runner, [[1]], states)
 
 
@@ -153,7 +153,7 @@ def test_ping_pong_where_the_engine_keeps_the_input(tmp_path):
     got = runner.states_to_numpy(states)
     assert np.all(got["past.0.recurrent"] == 3) and np.all(got["past.0.conv"] == 3)
     assert got["past.1.key"].shape == (1, 2, 5, 4)
-    with pytest.raises(InputError, match="concat K/V layout"):
+    with pytest.raises(InputError, match="need the inplace kv cache layout"):
         _step(runner, [[1, 2]], states, lens=[1])
 
 
