@@ -15,6 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from gdn_export.models.layout import DeployLayout  # noqa: E402
 from gdn_export.weights import load_checkpoint  # noqa: E402
 
 BATCH, STEPS, ATOL = 2, 8, 1e-4
@@ -92,16 +93,17 @@ def test_prefill_and_decode_match_transformers(pair, prompt):
     hf, ours = pair
     ids = torch.randint(0, 256, (BATCH, prompt), generator=torch.Generator().manual_seed(prompt))
     hf_out = hf(input_ids=ids, use_cache=True)
-    positions = torch.arange(prompt)[None].expand(BATCH, prompt)
-    logits, *states = ours(ids, positions, *ours.empty_states(BATCH))
+    ours.layout = DeployLayout.make(cache_len=prompt + STEPS, logits="all")
+    lens = torch.full((BATCH,), prompt)
+    logits, *states = ours(ids, torch.zeros(BATCH, dtype=torch.long), lens, *ours.empty_states(BATCH))
     diffs = [(hf_out.logits - logits).abs().max().item()]
     cache = hf_out.cache
     for step in range(STEPS):
         token = hf_out.logits[:, -1].argmax(-1, keepdim=True)
         hf_out = hf(input_ids=token, cache=cache, use_cache=True)
         cache = hf_out.cache
-        logits, *states = ours(token, torch.full((BATCH, 1), prompt + step), *states)
+        logits, *states = ours(token, torch.full((BATCH,), prompt + step), torch.ones(BATCH, dtype=torch.long),
+                               *states)
         diffs.append((hf_out.logits - logits).abs().max().item())
-    assert states[-1].shape[2] == prompt + STEPS
     assert max(diffs) <= ATOL, f"max |logits diff| per step (prefill first): {diffs}"
     assert hf_out.logits.std() > 0.3  # the comparison is not between near-constant logits

@@ -67,7 +67,7 @@ def parse_tolerances(atol_args, rtol_args, default_atol: float, default_rtol: fl
 
 
 def parse_input_ids(rows: list[str]):
-    """`--input-ids 1,2,3 --input-ids 4,5,6` into an int64 array [B, T] (rows of equal length)."""
+    """`--input-ids 1,2,3 --input-ids 4,5` into a list of int64 arrays, one per row (any lengths)."""
     import numpy as np
 
     if not rows:
@@ -85,11 +85,8 @@ def parse_input_ids(rows: list[str]):
             raise InputError(f"--input-ids {row!r}: token id {big} is out of range")
         if not ids:
             raise InputError("--input-ids is empty: give at least one token id")
-        parsed.append(ids)
-    if len({len(r) for r in parsed}) != 1:
-        raise InputError(f"--input-ids rows differ in length ({[len(r) for r in parsed]}); "
-                         f"give rows of one length")
-    return np.asarray(parsed, dtype=np.int64)
+        parsed.append(np.asarray(ids, dtype=np.int64))
+    return parsed
 
 
 def check_output_file(path: str, flag: str) -> Path:

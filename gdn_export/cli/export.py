@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_export.cli.common import DTYPES, Progress, add_quiet, torch_dtype
+from gdn_export.cli.common import DTYPES, TORCH_DTYPE_NAMES, Progress, add_quiet, torch_dtype
 from gdn_export.errors import InputError
 
 
@@ -16,23 +16,57 @@ def add_parser(sub) -> None:
     p.add_argument("checkpoint", help="folder with config.json and *.safetensors")
     p.add_argument("-o", "--output", required=True, help="path of the .onnx file to write")
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="precision of the exported graph")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
+    p.add_argument("--opset", type=int, default=None,
+                   help="ONNX opset (default 24 for the inplace kv cache, 18 for concat)")
+    add_layout_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
 
 
+def add_layout_flags(p) -> None:
+    """The deployment-layout flags (gdn_export.models.layout), shared by export and bench."""
+    g = p.add_argument_group("deployment layout")
+    g.add_argument("--kv-cache", choices=("inplace", "concat"), default="inplace",
+                   help="inplace (default): preallocated K/V cache updated in place (ONNX TensorScatter "
+                   "+ Attention, opset 24); concat: K/V grow each step, for TensorRT < 10.15")
+    g.add_argument("--max-cache-len", type=int, default=None,
+                   help="K/V slots per attention layer of the inplace cache: the longest prompt plus "
+                   "generation a row can hold (default 4096)")
+    g.add_argument("--attention-sinks", type=int, default=0, metavar="S",
+                   help="streaming: keep the first S tokens of every row (with --attention-window)")
+    g.add_argument("--attention-window", type=int, default=0, metavar="W",
+                   help="streaming: keep the last W tokens in a ring; the cache is S + W slots and "
+                   "memory stays constant for unbounded streams")
+    g.add_argument("--all-logits", action="store_true",
+                   help="return logits [batch, seq, V] for every position (default: [batch, 1, V] at "
+                   "each row's last token)")
+    g.add_argument("--state-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="storage dtype of the recurrent GDN state (math stays fp32)")
+
+
+def layout_from_args(args):
+    """The DeployLayout the layout flags ask for (GdnExportError naming a bad combination)."""
+    from gdn_export.models.layout import DeployLayout
+
+    return DeployLayout.make(kv_cache=args.kv_cache, cache_len=args.max_cache_len,
+                             sinks=args.attention_sinks, window=args.attention_window,
+                             logits="all" if args.all_logits else "last",
+                             state_dtype=TORCH_DTYPE_NAMES[args.state_dtype])
+
+
 def run(args) -> int:
-    from gdn_export.onnx.export import ONNX_OPSET, check_export_target, export_onnx
+    from gdn_export.onnx.export import check_export_target, export_onnx
     from gdn_export.weights import load_checkpoint
 
+    layout = layout_from_args(args)
     # export_onnx checks the target too, but only after the (possibly minutes long) checkpoint load.
-    check_export_target(args.output, ONNX_OPSET if args.opset is None else args.opset)
+    check_export_target(args.output, args.opset, layout)
     if not Path(args.checkpoint).is_dir():
         raise InputError(f"{args.checkpoint}: checkpoint folder not found")
     progress = Progress("export", args.quiet)
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))
-    kwargs = {} if args.opset is None else {"opset": args.opset}
-    path = export_onnx(model, args.output, progress=progress, **kwargs)
+    model.layout = layout
+    path = export_onnx(model, args.output, opset=args.opset, progress=progress)
     print(f"wrote {path}")
     return 0

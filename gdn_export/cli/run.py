@@ -19,10 +19,15 @@ def add_parser(sub) -> None:
     p.add_argument("model", help="checkpoint folder (torch), .onnx (ort) or .engine (trt)")
     p.add_argument("--backend", choices=BACKENDS, help="default: from the MODEL path")
     p.add_argument("--input-ids", action="append", default=[], metavar="ID,ID,...", required=True,
-                   help="prompt token ids; repeat the flag for a batch (rows of equal length)")
+                   help="prompt token ids; repeat the flag for a batch (rows may differ in length)")
     p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prefill long prompts in calls of at most N tokens (default: one call, or "
+                   "as many as the cache allows)")
     p.add_argument("--save-logits", metavar="OUT.npz",
-                   help="save the logits of every step (step_0 = prefill [B, T, V], then [B, 1, V])")
+                   help="save generated [B, N], prompt_lengths [B] and the logits of every step: "
+                   "step_0 = the prompt's ([B, 1, V] at each row's last prompt token, or [B, T, V] "
+                   "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V]")
     p.add_argument("--dtype", choices=DTYPES, help="torch backend precision (default fp32; an "
                    "exported model keeps the precision it was exported in)")
     p.add_argument("--device", help="torch backend device (default cpu; cuda, cuda:1, ...)")
@@ -36,10 +41,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from gdn_export.runtime.base import check_input_ids, generate
+    from gdn_export.runtime.base import as_prompts, generate
 
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise InputError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     ids = parse_input_ids(args.input_ids)
     if args.save_logits:
         check_output_file(args.save_logits, "--save-logits")
@@ -47,25 +54,35 @@ def run(args) -> int:
     _check_flags_apply(args, backend)
     progress = Progress("run", args.quiet)
     runner = open_runner(args.model, backend, dtype=args.dtype or "fp32", device=args.device or "cpu",
-                         plugins=args.plugins, op_backend=args.op_backend)
-    check_input_ids(ids, runner.vocab_size)  # before the progress line: the error stays one line
-    progress(f"{runner.backend}: prefill {ids.shape[1]} tokens x {ids.shape[0]} rows, then greedy "
-             f"decoding of {args.max_new_tokens} new tokens")
-    result = generate(runner, ids, args.max_new_tokens)
-    for row in result.tokens:
+                         plugins=args.plugins, op_backend=args.op_backend,
+                         layout=_torch_layout(ids, args.max_new_tokens) if backend == "torch" else None)
+    prompts = as_prompts(ids, runner.vocab_size)  # before the progress line: the error stays one line
+    lengths = sorted({len(p) for p in prompts})
+    size = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}..{lengths[-1]}"
+    progress(f"{runner.backend}: prefill {size} tokens x {len(prompts)} rows, then greedy decoding of "
+             f"{args.max_new_tokens} new tokens")
+    result = generate(runner, prompts, args.max_new_tokens, prefill_chunk=args.prefill_chunk)
+    for row in result.rows():
         print(" ".join(str(int(t)) for t in row))
     if args.save_logits:
         path = Path(args.save_logits)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent or ".")
         os.close(fd)
         try:
-            np.savez(tmp, tokens=result.tokens,
+            np.savez(tmp, generated=result.generated, prompt_lengths=result.prompt_lengths,
                      **{f"step_{i}": lg for i, lg in enumerate(result.step_logits)})
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
         progress(f"saved {len(result.step_logits)} steps of logits to {path}")
     return 0
+
+
+def _torch_layout(prompts, max_new_tokens: int):
+    """A checkpoint run in PyTorch gets an in-place cache just long enough for this generation."""
+    from gdn_export.models.layout import DeployLayout
+
+    return DeployLayout.make(cache_len=max(len(p) for p in prompts) + max(max_new_tokens, 1))
 
 
 def _check_flags_apply(args, backend: str) -> None:

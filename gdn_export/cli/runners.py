@@ -24,8 +24,9 @@ def guess_backend(path: str) -> str:
 
 
 def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", device: str = "cpu",
-                plugins: str | None = None, op_backend: str | None = None):
-    """A `gdn_export.runtime.base.Runner` for `path`."""
+                plugins: str | None = None, op_backend: str | None = None, layout=None):
+    """A `gdn_export.runtime.base.Runner` for `path`; `layout` (a DeployLayout) shapes a PyTorch
+    model's cache and outputs (default: the export default)."""
     backend = backend or guess_backend(path)
     if not Path(path).exists():
         raise InputError(f"{path}: no such file or folder")
@@ -37,6 +38,8 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
             raise InputError(f"--backend torch needs a checkpoint folder, got {path}")
         check_device(device, op_backend)
         model = load_checkpoint(path, dtype=torch_dtype(dtype))
+        if layout is not None:
+            model.layout = layout
         return TorchRunner(model, device=device, op_backend=op_backend)
     if backend in ("ort", "trt") and Path(path).is_dir():
         raise InputError(f"--backend {backend} needs a .onnx / .engine file, got the folder {path}")

@@ -26,8 +26,13 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="device of the PyTorch reference")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=37)
-    p.add_argument("--decode-steps", type=int, default=4)
+    p.add_argument("--decode-steps", type=int, default=4,
+                   help="forced decode steps after the prefill (well past the window to check "
+                   "streaming)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--equal-lengths", action="store_true",
+                   help="give every row --prompt-len tokens (default with the inplace kv cache: "
+                   "ragged rows from --prompt-len down to 1 token)")
     p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
     p.add_argument("--logits-only", action="store_true", help="print only the logits rows")
     add_tolerances(p)
@@ -66,12 +71,13 @@ def run(args) -> int:
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
     _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
-    reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device)
+    reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device, layout=first.layout)
     for what, runner in candidates.items():
         _check_same_model(reference, runner, what)
     report = run_parity(reference, list(candidates.values()), vocab_size=reference.vocab_size, tolerances=tolerances,
                         batch=args.batch, prompt_len=args.prompt_len,
-                        decode_steps=args.decode_steps, seed=args.seed, progress=progress)
+                        decode_steps=args.decode_steps, seed=args.seed,
+                        ragged=False if args.equal_lengths else None, progress=progress)
     print(format_table(report, states=not args.logits_only))
     if args.json:
         write_json(report, args.json)

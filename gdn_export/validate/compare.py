@@ -2,7 +2,9 @@
 
 The reference runner (normally the PyTorch model) drives the tokens: after the prefill, each decode
 step feeds the reference's greedy token to every runner, so that all of them see identical inputs
-and a small logit difference can never snowball into a different token sequence.
+and a small logit difference can never snowball into a different token sequence. With the in-place
+K/V layout the rows are ragged by default (lengths from prompt_len down to 1), so that padding is
+checked too; the concat layout needs equal rows.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Report:
     reference: str
     batch: int
     prompt_len: int
+    prompt_lengths: list[int]
     decode_steps: int
     seed: int
     rows: list[Row] = field(default_factory=list)
@@ -110,6 +113,13 @@ def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> n
     return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, prompt_len), dtype=np.int64)
 
 
+def ragged_lengths(batch: int, prompt_len: int) -> list[int]:
+    """Row lengths spread from prompt_len down to 1 (one row: prompt_len)."""
+    if batch == 1:
+        return [prompt_len]
+    return [int(round(prompt_len - (prompt_len - 1) * b / (batch - 1))) for b in range(batch)]
+
+
 def run_parity(
     reference,
     candidates: Sequence,
@@ -120,28 +130,38 @@ def run_parity(
     prompt_len: int = 37,
     decode_steps: int = 4,
     seed: int = 0,
+    ragged: bool | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Prefill `batch` random prompts, then `decode_steps` forced steps, on every runner.
 
+    ragged (default: when every runner has the in-place layout): row lengths from `ragged_lengths`.
     Compares the logits of each step and every state after the prefill and after the last step.
     A state of the reference that a candidate lacks is a failed row with note "missing".
     """
+    from gdn_export.runtime.base import prefill
+
     check_parity_sizes(batch, prompt_len, decode_steps)
     say = progress or (lambda _msg: None)
-    ids = random_prompts(vocab_size, batch, prompt_len, seed)
-    report = Report(reference.backend, batch, prompt_len, decode_steps, seed)
     runners = [reference, *candidates]
-    states = [r.empty_states(batch) for r in runners]
-    past = 0
+    if ragged is None:
+        ragged = all(r.layout.inplace for r in runners)
+    lens = ragged_lengths(batch, prompt_len) if ragged else [prompt_len] * batch
+    ids = random_prompts(vocab_size, batch, prompt_len, seed)
+    prompts = [row[:n] for row, n in zip(ids, lens)]
+    report = Report(reference.backend, batch, prompt_len, lens, decode_steps, seed)
+    past = np.array(lens, np.int64)
+    say(f"prefill of rows of {', '.join(map(str, lens))} tokens: {', '.join(r.backend for r in runners)}")
+    outs = [prefill(r, prompts, r.empty_states(batch)) for r in runners]
     for step in range(decode_steps + 1):
         phase = "prefill" if step == 0 else f"decode {step}"
-        say(f"{phase}: {', '.join(r.backend for r in runners)}")
-        outs = [r.forward(ids, past, s) for r, s in zip(runners, states)]
-        states = [o[1] for o in outs]
+        if step:
+            say(f"{phase}: {', '.join(r.backend for r in runners)}")
+            outs = [r.forward(token, past, s) for r, (_, s) in zip(runners, outs)]
+            past += 1
         ref_logits = outs[0][0]
         last = step in (0, decode_steps)
-        ref_states = reference.states_to_numpy(states[0]) if last else {}
+        ref_states = reference.states_to_numpy(outs[0][1]) if last else {}
         for runner, (logits, new_states) in zip(candidates, outs[1:]):
             _add(report, runner.backend, phase, "logits", logits, ref_logits, tolerances)
             if last:
@@ -153,8 +173,9 @@ def run_parity(
                         atol, rtol = tolerances.get(name)
                         report.rows.append(Row(runner.backend, phase, name, float("nan"),
                                                float("nan"), atol, rtol, False, "missing"))
-        past += ids.shape[1]
-        ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        final = ref_logits[np.arange(batch), past - 1] if step == 0 and ref_logits.shape[1] > 1 \
+            else ref_logits[:, -1]
+        token = final.argmax(-1)[:, None].astype(np.int64)
     return report
 
 

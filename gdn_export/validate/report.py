@@ -29,8 +29,11 @@ def format_table(report: Report, *, states: bool = True) -> str:
         verdict = f"PASS: {len(report.rows)} tensors within tolerance"
     else:
         verdict = f"FAIL: {failed} of {len(report.rows)} tensors over tolerance"
-    summary = (f"reference {report.reference}, batch {report.batch}, prompt {report.prompt_len} "
-               f"tokens, {report.decode_steps} decode steps, seed {report.seed}")
+    lengths = sorted(set(report.prompt_lengths))
+    prompt = (f"prompt {lengths[0]} tokens" if len(lengths) == 1 else
+              f"ragged prompts of {', '.join(map(str, report.prompt_lengths))} tokens")
+    summary = (f"reference {report.reference}, batch {report.batch}, {prompt}, "
+               f"{report.decode_steps} decode steps, seed {report.seed}")
     return "\n".join([summary, line(head), line(["-" * w for w in widths]), *map(line, body), verdict])
 
 
