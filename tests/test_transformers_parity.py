@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from gdn_export.models.layout import DeployLayout  # noqa: E402
+from gdn_export.layout import DeployLayout  # noqa: E402
 from gdn_export.weights import load_checkpoint  # noqa: E402
 
 BATCH, STEPS, ATOL = 2, 8, 1e-4

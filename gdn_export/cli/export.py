@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 
 def add_layout_flags(p) -> None:
-    """The deployment-layout flags (gdn_export.models.layout), shared by export and bench."""
+    """The deployment-layout flags (gdn_export.layout), shared by export and bench."""
     g = p.add_argument_group("deployment layout")
     g.add_argument("--kv-cache", choices=("inplace", "concat"), default="inplace",
                    help="inplace (default): preallocated K/V cache updated in place (ONNX TensorScatter "
@@ -46,7 +46,7 @@ def add_layout_flags(p) -> None:
 
 def layout_from_args(args):
     """The DeployLayout the layout flags ask for (GdnExportError naming a bad combination)."""
-    from gdn_export.models.layout import DeployLayout
+    from gdn_export.layout import DeployLayout
 
     return DeployLayout.make(kv_cache=args.kv_cache, cache_len=args.max_cache_len,
                              sinks=args.attention_sinks, window=args.attention_window,

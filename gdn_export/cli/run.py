@@ -80,7 +80,7 @@ def run(args) -> int:
 
 def _torch_layout(prompts, max_new_tokens: int):
     """A checkpoint run in PyTorch gets an in-place cache just long enough for this generation."""
-    from gdn_export.models.layout import DeployLayout
+    from gdn_export.layout import DeployLayout
 
     return DeployLayout.make(cache_len=max(len(p) for p in prompts) + max(max_new_tokens, 1))
 

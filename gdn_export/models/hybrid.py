@@ -5,7 +5,7 @@
 
 Rows are right-padded: row b has seq_lens[b] real tokens at absolute positions past_lengths[b] + t,
 which drive rope and the attention mask. How the K/V cache and the outputs are shaped is the model's
-`layout` (gdn_export.models.layout.DeployLayout, an export choice): by default an in-place cache of
+`layout` (gdn_export.layout.DeployLayout, an export choice): by default an in-place cache of
 `cache_len` slots per attention layer and logits of each row's last real token. States are the flat
 tuple described in `gdn_export.models.cache`; prefill passes `empty_states(B)`. Padded tokens change
 no state (gdn_export.modules.kv_cache says how), so rows of different lengths share a batch.
@@ -27,7 +27,7 @@ from torch import nn
 
 from gdn_export.config import LINEAR, HybridConfig
 from gdn_export.models.cache import BATCH, PAST, StateSpec, check_states
-from gdn_export.models.layout import DEFAULT_LAYOUT, LOGITS_LAST, DeployLayout
+from gdn_export.layout import DEFAULT_LAYOUT, LOGITS_LAST, DeployLayout
 from gdn_export.modules.kv_cache import StepInputs, check_call, make_step
 from gdn_export.modules.gated_attention import GatedAttention
 from gdn_export.modules.gated_deltanet import GatedDeltaNet

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from gdn_export.errors import InputError
-from gdn_export.models.layout import DeployLayout
+from gdn_export.layout import DeployLayout
 
 
 @dataclass

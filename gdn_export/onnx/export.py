@@ -4,7 +4,7 @@
              seq_lens [batch] int64, past.{i}.conv|recurrent|key|value (model.state_specs(), in order)
     outputs  logits [batch, 1, V] fp32 (or [batch, seq, V]), present.{i}.* (same order)
 
-The model's `layout` (gdn_export.models.layout) decides the K/V cache form: in place (default; the
+The model's `layout` (gdn_export.layout) decides the K/V cache form: in place (default; the
 graph's opset is 24 for TensorScatter) or concatenated (opset 18..21, as older TensorRT parses).
 
 The torch dynamo exporter traces the model once with example sizes B=2, T=3 (and P=5 for the
@@ -157,7 +157,7 @@ def check_export_target(path: str | os.PathLike, opset: int | None = None, layou
     opset is in [MIN_EXPORT_OPSET, MAX_EXPORT_OPSET] (the in-place layout needs >= 24), the name ends
     in .onnx, its folder exists and it is not a folder itself. Cheap: callers may check before
     loading a checkpoint. Returns Path(path)."""
-    from gdn_export.models.layout import DEFAULT_LAYOUT
+    from gdn_export.layout import DEFAULT_LAYOUT
 
     layout = layout or DEFAULT_LAYOUT
     opset = default_opset(layout) if opset is None else opset

@@ -9,7 +9,7 @@
                             {"name": "past.3.key", "output": "present.3.key",
                              "shape": ["batch", 2, 4096, 64], "dtype": "float16",
                              "layer": 3, "kind": "key"}
-    gdn_export.kv_cache     "inplace" | "concat" (gdn_export.models.layout)
+    gdn_export.kv_cache     "inplace" | "concat" (gdn_export.layout)
     gdn_export.cache_len    K/V slots per attention layer (inplace)
     gdn_export.attention_sinks / gdn_export.attention_window   streaming (0 / 0: off)
     gdn_export.logits       "last" (logits [batch, 1, V]) | "all" ([batch, seq, V])
@@ -73,7 +73,7 @@ def layouts_from_specs(specs: Sequence) -> list[StateLayout]:
 def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_size: int,
                   states: Sequence[StateLayout], layout) -> dict[str, str]:
     """The metadata_props entries (all strings) of an exported file; `layout` is the model's
-    gdn_export.models.layout.DeployLayout."""
+    gdn_export.layout.DeployLayout."""
     return {
         KEY_VERSION: version,
         KEY_FAMILY: family,
@@ -93,7 +93,7 @@ def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_si
 def read_layout(metadata: dict[str, str]):
     """The DeployLayout recorded in metadata_props (files without the keys: the concat layout of
     earlier releases, all logits, fp32 states)."""
-    from gdn_export.models.layout import DeployLayout
+    from gdn_export.layout import DeployLayout
 
     kv = metadata.get(KEY_KV_CACHE, "concat")
     window = int(metadata.get(KEY_WINDOW, 0))

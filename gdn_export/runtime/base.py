@@ -8,7 +8,7 @@ A runner owns a model (PyTorch module, ONNX Runtime session, TensorRT engine) an
         already seen; seq_lens [B]: real tokens per row (default T; 0 = the row sits the call out);
         logits fp32 [B, 1, V] at each row's last real token (layout.logits "last") or [B, T, V]
 
-`runner.layout` (gdn_export.models.layout.DeployLayout) says how the model was shaped: in-place or
+`runner.layout` (gdn_export.layout.DeployLayout) says how the model was shaped: in-place or
 concatenated K/V cache, its length, streaming, which logits, the recurrent state dtype. States are
 opaque to callers (torch tensors, numpy arrays, device buffers); `states_to_numpy` names them after
 `state_specs` (past.{layer}.{kind}) for comparison. Token ids, lengths and states are checked before
@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gdn_export.errors import InputError
-from gdn_export.models.layout import DeployLayout
+from gdn_export.layout import DeployLayout
 from gdn_export.modules.kv_cache import tokens_until_wrap
 
 BATCH, PAST = "batch", "past"
@@ -179,8 +179,12 @@ def check_states(specs: Sequence[StateInfo], shapes_and_dtypes: Sequence[tuple[t
 def as_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
     """Prompts as a list of 1-D int64 arrays: from a [B, T] array, or from B sequences of their own
     lengths (each checked like input_ids)."""
-    if isinstance(input_ids, np.ndarray) and input_ids.ndim == 2:
-        return list(check_input_ids(input_ids, vocab_size))
+    try:
+        arr = np.asarray(input_ids)
+    except ValueError:  # rows of different lengths
+        arr = None
+    if arr is not None and arr.dtype != object:
+        return list(check_input_ids(arr, vocab_size))
     rows = list(input_ids)
     if not rows:
         raise InputError("no prompts given")

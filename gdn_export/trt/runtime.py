@@ -212,7 +212,7 @@ class TrtRunner(Runner):
     def _layout(self, metadata: dict):
         """The DeployLayout recorded by the export (gdn_export.onnx.metadata); an engine without the
         record is read from its shapes: a static key length is the in-place layout."""
-        from gdn_export.models.layout import DeployLayout
+        from gdn_export.layout import DeployLayout
         from gdn_export.onnx.metadata import read_layout
 
         if _KEY_LAYOUT in metadata:

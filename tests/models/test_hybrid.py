@@ -9,7 +9,7 @@ import torch
 from gdn_export.config import HybridConfig
 from gdn_export.errors import InputError
 from gdn_export.models import Cache, HybridForCausalLM
-from gdn_export.models.layout import DeployLayout
+from gdn_export.layout import DeployLayout
 from gdn_export.modules import kv_cache
 from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
 

@@ -1,4 +1,4 @@
-"""Gated attention: explicit-loop reference, causal mask offset, cache concatenation."""
+"""Gated attention: explicit-loop reference, causal mask offset, both cache layouts."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import pytest
 import torch
 
 from gdn_export.config import HybridConfig
+from gdn_export.layout import DeployLayout
 from gdn_export.modules.gated_attention import GatedAttention, causal_mask
 from gdn_export.modules.rotary import RotaryEmbedding, apply_rotary
 from gdn_export.weights.tiny import tiny_config_dict
+from tests.modules._steps import CONCAT, step
+
+INPLACE = DeployLayout.make(cache_len=80)
+LAYOUTS = {"inplace": INPLACE, "concat": CONCAT}
 
 
 def _attn(gated=True, heads=4, kv_heads=2):
@@ -53,28 +58,52 @@ def test_mask_offsets_queries_by_past_length():
     assert torch.equal(causal_mask(4, 0, torch.device("cpu")), torch.ones(4, 4, dtype=torch.bool).tril())
 
 
+def _cache(layout, kv_heads, batch=2):
+    return torch.zeros(batch, kv_heads, layout.cache_len if layout.inplace else 0, 16)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 @pytest.mark.parametrize("gated, heads, kv_heads", [(True, 4, 2), (False, 4, 2), (True, 6, 1), (True, 2, 2)],
                          ids=["gated-H4-KV2", "ungated-H4-KV2", "gated-H6-KV1", "gated-H2-KV2"])
-def test_matches_loop_reference(gated, heads, kv_heads):
+def test_matches_loop_reference(gated, heads, kv_heads, layout):
     m, rope = _attn(gated, heads, kv_heads)
+    layout = LAYOUTS[layout]
     x = torch.randn(2, 7, 64)
     positions = torch.arange(7)[None].expand(2, 7)
-    cos, sin = rope(positions, x.dtype)
-    empty = torch.zeros(2, kv_heads, 0, 16)
-    out, key, value = m(x, cos, sin, empty, empty)
+    out, key, value = m(x, step(2, 7, layout=layout, rope=rope), _cache(layout, kv_heads), _cache(layout, kv_heads))
     torch.testing.assert_close(out, _reference(m, rope, x, positions), atol=1e-5, rtol=1e-4)
-    assert key.shape == value.shape == (2, kv_heads, 7, 16)
+    assert key.shape == value.shape == (2, kv_heads, layout.cache_len if layout.inplace else 7, 16)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 @pytest.mark.parametrize("past, new", [(1, 1), (5, 3), (63, 1), (0, 9)], ids=lambda v: str(v))
-def test_cached_steps_equal_one_pass(past, new):
+def test_cached_steps_equal_one_pass(past, new, layout):
     m, rope = _attn()
+    layout = LAYOUTS[layout]
     x = torch.randn(2, past + new, 64)
-    pos = torch.arange(past + new)[None].expand(2, -1)
-    empty = torch.zeros(2, 2, 0, 16)
-    full, k_full, v_full = m(x, *rope(pos, x.dtype), empty, empty)
-    _, k, v = m(x[:, :past], *rope(pos[:, :past], x.dtype), empty, empty)
-    out, k, v = m(x[:, past:], *rope(pos[:, past:], x.dtype), k, v)
+    full, k_full, v_full = m(x, step(2, past + new, layout=layout, rope=rope), _cache(layout, 2), _cache(layout, 2))
+    k, v = _cache(layout, 2), _cache(layout, 2)
+    if past:
+        _, k, v = m(x[:, :past], step(2, past, layout=layout, rope=rope), k, v)
+    out, k, v = m(x[:, past:], step(2, new, past, layout=layout, rope=rope), k, v)
     torch.testing.assert_close(out, full[:, past:], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(k, k_full, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(v, v_full, atol=1e-6, rtol=1e-5)
+
+
+def test_inplace_rows_at_their_own_positions():
+    """Row b at past_b: its keys land at slots past_b.., every other slot keeps its content, and the
+    row attends only to its own slots <= its position."""
+    m, rope = _attn()
+    x = torch.randn(3, 4, 64)
+    k0, v0 = torch.randn(3, 2, 80, 16), torch.randn(3, 2, 80, 16)
+    k, v = k0.clone(), v0.clone()
+    out, k, v = m(x, step(3, 4, [0, 10, 50], layout=INPLACE, rope=rope), k, v)
+    for b, p in enumerate([0, 10, 50]):
+        alone_k, alone_v = k0[b:b + 1].clone(), v0[b:b + 1].clone()
+        ref, alone_k, alone_v = m(x[b:b + 1], step(1, 4, p, layout=INPLACE, rope=rope), alone_k, alone_v)
+        torch.testing.assert_close(out[b], ref[0])
+        torch.testing.assert_close(k[b], alone_k[0])
+        untouched = torch.ones(80, dtype=torch.bool)
+        untouched[p:p + 4] = False
+        assert torch.equal(k[b][:, untouched], k0[b][:, untouched])

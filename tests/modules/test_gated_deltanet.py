@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from gdn_export.config import HybridConfig
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
 from gdn_export.weights.tiny import tiny_config_dict
+from tests.modules._steps import step
 
 SHAPES = [  # (Hk, Hv, Dk, Dv)
     (2, 4, 16, 24),
@@ -93,11 +94,11 @@ def _fused_to_split(fused: GatedDeltaNet, split: GatedDeltaNet) -> None:
             split.get_parameter(name).copy_(fused.get_parameter(name))
 
 
-def _run(m, x):
-    B = x.shape[0]
+def _run(m, x, lens=None):
+    B, T = x.shape[:2]
     conv = torch.zeros(B, m.conv_dim, m.conv_kernel_size - 1)
     rec = torch.zeros(B, m.num_v_heads, m.head_k_dim, m.head_v_dim)
-    return m(x, conv, rec)
+    return m(x, step(B, T, lens=lens), conv, rec)
 
 
 @pytest.mark.parametrize("T", [1, 5, 65], ids=lambda t: f"T{t}")
@@ -131,7 +132,23 @@ def test_states_carry_over(split_at):
     x = torch.randn(1, 70, m.out_proj.out_features)
     full, conv_full, rec_full = _run(m, x)
     first, conv, rec = _run(m, x[:, :split_at])
-    rest, conv, rec = m(x[:, split_at:], conv, rec)
+    rest, conv, rec = m(x[:, split_at:], step(1, 70 - split_at, split_at), conv, rec)
     torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(conv, conv_full)
     torch.testing.assert_close(rec, rec_full, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_padded_tokens_leave_the_states_of_their_row_alone(family):
+    """Right-padded rows of 1, 6 and 13 tokens: each row's output and final states equal the row
+    run alone (padding takes an identity step: g = 0, beta = 0, and the conv reads seq_lens)."""
+    m = GatedDeltaNet(_config(family, 2, 4, 16, 24), 0)
+    _randomise(m, seed=11)
+    lens = [1, 6, 13]
+    x = torch.randn(3, 13, m.out_proj.out_features)
+    out, conv, rec = _run(m, x, lens)
+    for b, n in enumerate(lens):
+        alone, conv_b, rec_b = _run(m, x[b:b + 1, :n])
+        torch.testing.assert_close(out[b, :n], alone[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(conv[b], conv_b[0])
+        torch.testing.assert_close(rec[b], rec_b[0], atol=1e-6, rtol=1e-5)

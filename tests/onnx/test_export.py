@@ -20,17 +20,24 @@ from gdn_export.onnx.checks import check_plugin_mappable
 from gdn_export.onnx.schemas import register_schemas
 from gdn_export.runtime.ort_runner import OrtRunner
 from gdn_export.runtime.torch_runner import TorchRunner
-from tests.onnx._tiny import FAMILIES, tiny_checkpoint, tiny_export
+from gdn_export.layout import DeployLayout
+from gdn_export.runtime.base import generate
+from tests.onnx._tiny import CONCAT, FAMILIES, TEST_LAYOUT, tiny_checkpoint, tiny_export
 
 ATOL = 1e-4
 PROMPTS = (1, 63, 130)
 DECODE_STEPS = 8
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+LAYOUTS = {"inplace": TEST_LAYOUT, "concat": CONCAT}
+
+
+@pytest.fixture(scope="module", params=[(f, k) for f in FAMILIES for k in LAYOUTS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def exported(request, tiny_root):
-    model, path = tiny_export(request.param, tiny_root)
-    return request.param, model, path
+    family, kv = request.param
+    model, path = tiny_export(family, tiny_root, layout=LAYOUTS[kv])
+    return family, model, path
 
 
 def _dims(value):
@@ -43,9 +50,19 @@ def test_file_holds_plugin_nodes_and_no_functions(exported):
     n_linear = model.config.layer_kinds.count(LINEAR)
     assert check_plugin_mappable(proto) == {"GatedDeltaRule": n_linear, "CausalConv1d": n_linear}
     assert len(proto.functions) == 0
-    assert {e.domain: e.version for e in proto.opset_import} == {"": export_module.ONNX_OPSET, "gdn": 1}
+    opset = 24 if model.layout.inplace else export_module.ONNX_OPSET
+    assert {e.domain: e.version for e in proto.opset_import} == {"": opset, "gdn": 1}
     domains = Counter(n.domain for n in proto.graph.node)
     assert set(domains) == {"", "gdn"}
+    ops = Counter(n.op_type for n in proto.graph.node)
+    n_attention = len(model.config.layer_kinds) - n_linear
+    if model.layout.inplace:  # one cache update per K and V, one fused attention, per layer
+        assert (ops["TensorScatter"], ops["Attention"]) == (2 * n_attention, n_attention)
+        for node in proto.graph.node:
+            if node.op_type == "TensorScatter":
+                assert node.input[0].startswith("past.") and node.output[0].startswith("present.")
+    else:
+        assert (ops["TensorScatter"], ops["Attention"]) == (0, 0) and ops["Softmax"] >= n_attention
 
 
 def test_checker_and_strict_shape_inference(exported):
@@ -72,11 +89,13 @@ def test_io_names_and_dynamic_axes(exported):
     proto = onnx.load(path)
     specs = model.state_specs()
     V = model.config.vocab_size
-    assert [i.name for i in proto.graph.input] == ["input_ids", "position_ids", *(s.name for s in specs)]
+    assert [i.name for i in proto.graph.input] == ["input_ids", "past_lengths", "seq_lens",
+                                                   *(s.name for s in specs)]
     assert [o.name for o in proto.graph.output] == ["logits", *(s.output_name for s in specs)]
     assert _dims(proto.graph.input[0]) == ["batch", "seq"]
-    assert _dims(proto.graph.output[0]) == ["batch", "seq", V]
-    for spec, value in zip(specs, proto.graph.input[2:]):
+    assert _dims(proto.graph.input[1]) == _dims(proto.graph.input[2]) == ["batch"]
+    assert _dims(proto.graph.output[0]) == ["batch", "seq" if model.layout.logits == "all" else 1, V]
+    for spec, value in zip(specs, proto.graph.input[3:]):
         assert tuple(_dims(value)) == spec.shape, spec.name
 
 
@@ -88,28 +107,58 @@ def test_metadata_records_state_layout(exported):
     assert props[metadata.KEY_DTYPE] == "float32"
     assert props[metadata.KEY_VOCAB] == str(model.config.vocab_size)
     assert metadata.read_state_layouts(props) == metadata.layouts_from_specs(model.state_specs())
+    assert metadata.read_layout(props) == model.layout
 
 
 @pytest.mark.parametrize("prompt_len", PROMPTS, ids=[f"prompt{t}" for t in PROMPTS])
 def test_ort_matches_torch_prefill_and_decode(exported, prompt_len):
-    """Batch 2: prefill (P = 0), then 8 decode steps (T = 1) fed the torch model's greedy tokens."""
+    """Batch 2 (inplace: ragged rows of prompt_len and 1 tokens): prefill, then 8 decode steps fed
+    the torch model's greedy tokens; every step's logits and every final state agree."""
     _, model, path = exported
     torch_runner, ort_runner = TorchRunner(model), OrtRunner(path)
-    ids = np.random.default_rng(prompt_len).integers(0, model.config.vocab_size, (2, prompt_len))
-    t_states, o_states = torch_runner.empty_states(2), ort_runner.empty_states(2)
-    past = 0
-    for step in range(DECODE_STEPS + 1):
-        t_logits, t_states = torch_runner.forward(ids, past, t_states)
-        o_logits, o_states = ort_runner.forward(ids, past, o_states)
-        assert o_logits.shape == t_logits.shape == (2, ids.shape[1], model.config.vocab_size)
+    rng = np.random.default_rng(prompt_len)
+    lens = [prompt_len, 1] if model.layout.inplace else [prompt_len] * 2
+    prompts = [rng.integers(0, model.config.vocab_size, n) for n in lens]
+    a, b = generate(torch_runner, prompts, DECODE_STEPS + 1), generate(ort_runner, prompts, DECODE_STEPS + 1)
+    np.testing.assert_array_equal(a.generated, b.generated)
+    for step, (t_logits, o_logits) in enumerate(zip(a.step_logits, b.step_logits)):
         np.testing.assert_allclose(o_logits, t_logits, rtol=0, atol=ATOL, err_msg=f"step {step}")
-        past += ids.shape[1]
-        ids = t_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
-    want = torch_runner.states_to_numpy(t_states)
-    got = ort_runner.states_to_numpy(o_states)
+    width = prompt_len if model.layout.logits == "all" else 1
+    assert a.step_logits[0].shape == (2, width, model.config.vocab_size)
+
+
+def test_ort_states_match_torch_after_a_ragged_prefill(tiny_root):
+    model, path = tiny_export("qwen3_next", tiny_root)
+    torch_runner, ort_runner = TorchRunner(model), OrtRunner(path)
+    ids = np.random.default_rng(3).integers(0, model.config.vocab_size, (3, 70))
+    lens = np.array([70, 5, 1])
+    want = torch_runner.states_to_numpy(torch_runner.forward(ids, 0, torch_runner.empty_states(3), lens)[1])
+    got = ort_runner.states_to_numpy(ort_runner.forward(ids, 0, ort_runner.empty_states(3), lens)[1])
     for name, expected in want.items():
         np.testing.assert_allclose(got[name], expected, rtol=0, atol=ATOL, err_msg=name)
-    assert got["past.3.key"].shape[2] == prompt_len + DECODE_STEPS
+
+
+def test_ort_updates_the_cache_in_place(tiny_root):
+    """IOBinding: each present.*.key / value output is the past.* array itself, written in place."""
+    _, path = tiny_export("qwen3_5", tiny_root)
+    runner = OrtRunner(path)
+    states = runner.empty_states(2)
+    _, new = runner.forward(np.ones((2, 4), np.int64), 0, states)
+    for spec, old, now in zip(runner.state_specs, states, new):
+        if spec.kind in ("key", "value"):
+            assert now is old and np.abs(old[:, :, :4]).sum() > 0 and not old[:, :, 4:].any()
+
+
+@pytest.mark.parametrize("sinks,window", [(2, 8), (0, 5)], ids=["sinks2-window8", "window5"])
+def test_streaming_export_matches_torch_far_past_the_window(tiny_root, sinks, window):
+    layout = DeployLayout.make(sinks=sinks, window=window)
+    model, path = tiny_export("qwen3_5", tiny_root, layout=layout)
+    prompts = [np.arange(1, 12), np.arange(3, 6)]
+    a = generate(TorchRunner(model), prompts, 40)
+    b = generate(OrtRunner(path), prompts, 40)
+    np.testing.assert_array_equal(a.generated, b.generated)
+    for x, y in zip(a.step_logits, b.step_logits):
+        np.testing.assert_allclose(y, x, rtol=0, atol=ATOL)
 
 
 # ------------------------------------------------------------------------- writing the file
@@ -160,11 +209,12 @@ def test_large_model_writes_sidecar_data(retrace_free, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name,opset,message", [
-    ("model.txt", 18, "must end in .onnx"),
+    ("model.txt", 24, "must end in .onnx"),
     ("model.onnx", 17, "outside the range"),
-    ("model.onnx", 22, "outside the range"),
-    ("missing/model.onnx", 18, "does not exist"),
-], ids=["bad-suffix", "opset17", "opset22", "no-folder"])
+    ("model.onnx", 25, "outside the range"),
+    ("model.onnx", 21, "the inplace kv cache needs opset >= 24"),
+    ("missing/model.onnx", 24, "does not exist"),
+], ids=["bad-suffix", "opset17", "opset25", "inplace-opset21", "no-folder"])
 def test_bad_targets_raise_before_tracing(tiny_root, tmp_path, name, opset, message):
     model, _ = tiny_export("qwen3_5", tiny_root)
     with pytest.raises(GdnExportError, match=message):
@@ -182,6 +232,7 @@ def test_half_precision_export(tiny_root, dtype):
     elem = {torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16}[dtype]
     types = {v.name: v.type.tensor_type.elem_type for v in proto.graph.input}
     assert types["past.0.conv"] == types["past.3.key"] == elem
+    assert types["past_lengths"] == types["seq_lens"] == onnx.TensorProto.INT64
     assert types["past.0.recurrent"] == onnx.TensorProto.FLOAT
     assert {p.key: p.value for p in proto.metadata_props}[metadata.KEY_DTYPE] == name
     check_plugin_mappable(proto)
