@@ -2,8 +2,9 @@
 
 Shapes (same argument order as the reference backend):
     gated_delta_rule(q [B, T, Hk, Dk], k [B, T, Hk, Dk], v [B, T, Hv, Dv], g [B, T, Hv],
-                     beta [B, T, Hv], initial_state [N, Hv, Dk, Dv] fp32 | None, scale,
-                     use_qk_l2norm, cu_seqlens [N + 1] | None) -> (o [B, T, Hv, Dv], final_state fp32)
+                     beta [B, T, Hv], initial_state [N, Hv, Dk, Dv] S | None, scale,
+                     use_qk_l2norm, cu_seqlens [N + 1] | None) -> (o [B, T, Hv, Dv], final_state S)
+        S: the state's storage dtype, fp32, fp16 or bf16 (fp32 for None; float64 runs as fp32).
     causal_conv1d(x [B, T, C], weight [C, K], bias [C] | None, conv_state [B, C, K-1] | None, silu)
         -> (y [B, T, C], new_conv_state [B, C, K-1])
 
@@ -23,7 +24,9 @@ import torch
 
 from gdn_export.errors import GdnExportError
 from gdn_export.ops.causal_conv1d import check_inputs as _check_conv_inputs
+from gdn_export.ops.gated_delta_rule import STATE_DTYPES
 from gdn_export.ops.gated_delta_rule import check_inputs as _check_gdr_inputs
+from gdn_export.ops.gated_delta_rule import state_storage_dtype
 
 PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
 SOURCES = (
@@ -137,11 +140,12 @@ def _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens):
 
 
 def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, path=PATH_AUTO):
-    """Returns fresh o [B, T, Hv, Dv] (v's dtype) and final_state [N, Hv, Dk, Dv] fp32."""
+    """Returns fresh o [B, T, Hv, Dv] (v's dtype) and final_state [N, Hv, Dk, Dv] in the state's
+    storage dtype (initial_state's; fp32 for None), rounded once at the end."""
     out_dtype = v.dtype
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
     if initial_state is not None:
-        initial_state = initial_state.to(torch.float32).contiguous()
+        initial_state = initial_state.to(state_storage_dtype(initial_state)).contiguous()
     o, state = load().gated_delta_rule(
         q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens, None, None, path
     )
@@ -150,24 +154,27 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
 
 def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, o, final_state,
                          path=PATH_AUTO):
-    """Writes into the given o and final_state (final_state may be initial_state: in place)."""
+    """Writes into the given o and final_state (final_state may be initial_state: in place); the
+    state's storage dtype is final_state's (fp32, fp16 or bf16), initial_state must share it."""
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
     B, T, _, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     _check_out("o", o, (B, T, Hv, Dv), v.dtype, v.device)
-    _check_out("final_state", final_state, (N, Hv, Dk, Dv), torch.float32, v.device)
+    state_dtype = final_state.dtype if final_state.dtype in STATE_DTYPES else torch.float32
+    _check_out("final_state", final_state, (N, Hv, Dk, Dv), state_dtype, v.device)
     if initial_state is not None:
-        _check_out("initial_state", initial_state, (N, Hv, Dk, Dv), torch.float32, v.device)
+        _check_out("initial_state", initial_state, (N, Hv, Dk, Dv), state_dtype, v.device)
     load().gated_delta_rule(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
                             o, final_state, path)
     return o, final_state
 
 
 def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_seqlens=None):
-    """Decode step that updates `state` [N, Hv, Dk, Dv] (fp32, contiguous, CUDA) in place; returns o."""
-    if state.dtype != torch.float32 or not state.is_contiguous():
-        raise GdnExportError(f"in-place state must be contiguous float32, got {state.dtype}")
+    """Decode step that updates `state` [N, Hv, Dk, Dv] (fp32, fp16 or bf16, contiguous, CUDA) in
+    place, rounding it once; returns o."""
+    if state.dtype not in STATE_DTYPES or not state.is_contiguous():
+        raise GdnExportError(f"in-place state must be contiguous float32, float16 or bfloat16, got {state.dtype}")
     o = torch.empty(v.shape, dtype=_compute_dtype(v.dtype, "v"), device=v.device)
     gated_delta_rule_out(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_seqlens, o, state)
     return o.to(v.dtype)

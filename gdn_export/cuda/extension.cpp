@@ -82,10 +82,15 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     {
         checkInt32(x, "a dimension of gated_delta_rule");
     }
+    // The state's storage dtype: initial_state's, else final_state_out's, else fp32.
+    at::ScalarType const stateDtype = initialState.has_value() ? initialState->scalar_type()
+        : finalStateOut.has_value()                            ? finalStateOut->scalar_type()
+                                                               : at::kFloat;
+    gdn::DataType const st = toDataType(stateDtype, "the recurrent state");
     if (initialState.has_value())
     {
         checkShape(*initialState, "initial_state", {N, Hv, Dk, Dv});
-        checkTensor(*initialState, "initial_state", device, at::kFloat);
+        checkTensor(*initialState, "initial_state", device, stateDtype);
     }
     at::Tensor o;
     if (oOut.has_value())
@@ -102,12 +107,12 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     if (finalStateOut.has_value())
     {
         checkShape(*finalStateOut, "final_state", {N, Hv, Dk, Dv});
-        checkTensor(*finalStateOut, "final_state", device, at::kFloat);
+        checkTensor(*finalStateOut, "final_state", device, stateDtype);
         finalState = *finalStateOut;
     }
     else
     {
-        finalState = at::empty({N, Hv, Dk, Dv}, v.options().dtype(at::kFloat));
+        finalState = at::empty({N, Hv, Dk, Dv}, v.options().dtype(stateDtype));
     }
     TORCH_CHECK(path >= 0 && path <= 2, "path must be 0 (auto), 1 (recurrent) or 2 (chunked), got ", path);
 
@@ -128,9 +133,10 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     p.v = v.data_ptr();
     p.g = g.data_ptr<float>();
     p.beta = beta.data_ptr();
-    p.initialState = initialState.has_value() ? initialState->data_ptr<float>() : nullptr;
+    p.initialState = initialState.has_value() ? initialState->data_ptr() : nullptr;
     p.o = o.data_ptr();
-    p.finalState = finalState.data_ptr<float>();
+    p.finalState = finalState.data_ptr();
+    p.stateType = st;
 
     auto const which = static_cast<gdn::GatedDeltaRulePath>(path);
     size_t const bytes = which == gdn::GatedDeltaRulePath::kCHUNKED ? gdn::gatedDeltaRuleChunkedWorkspaceSize(p)

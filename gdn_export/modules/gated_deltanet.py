@@ -34,8 +34,11 @@ from gdn_export.ops import causal_conv1d, gated_delta_rule
 
 
 class GatedDeltaNet(nn.Module):
-    """forward(x [B, T, hidden], conv_state [B, C, K-1], recurrent_state [B, Hv, Dk, Dv] fp32)
-    -> (out [B, T, hidden], new conv_state [B, C, K-1] in x's dtype, new recurrent_state fp32).
+    """forward(x [B, T, hidden], conv_state [B, C, K-1], recurrent_state [B, Hv, Dk, Dv] S)
+    -> (out [B, T, hidden], new conv_state [B, C, K-1] in x's dtype, new recurrent_state S).
+
+    S, the state's storage dtype (fp32, fp16 or bf16), is kept: the op computes in fp32 and rounds
+    the state once per call where it stores it (see gdn_export.ops.gated_delta_rule).
 
     C = 2*Hk*Dk + Hv*Dv. `layout` is "fused" (Qwen3-Next) or "split" (Qwen3.5).
     """
@@ -113,7 +116,7 @@ class GatedDeltaNet(nn.Module):
         g = torch.where(real, g, 0.0)
         beta = torch.where(real, beta, 0.0)
         o, new_recurrent_state = gated_delta_rule(
-            q, k, v, g, beta, initial_state=recurrent_state.float(), use_qk_l2norm=True
+            q, k, v, g, beta, initial_state=recurrent_state, use_qk_l2norm=True
         )
         o = self.norm(o, z).reshape(B, T, self.value_dim)
         return self.out_proj(o), new_conv_state, new_recurrent_state

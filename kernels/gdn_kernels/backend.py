@@ -2,7 +2,7 @@
 
 Decode and short prompts (every sequence at most RECURRENT_MAX_T tokens) run the fused recurrent
 kernel; longer ones the chunked WY kernels. Outputs are fresh tensors (custom ops may not alias
-their inputs), o in v's dtype and the state in fp32.
+their inputs), o in v's dtype and the state in initial_state's storage dtype (fp32 for None).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The chunk-local work (cumsum, (I + A)^-1, w, u, causal q.k) runs first in wy.py, for all chunks
 at once. This kernel then walks the chunks of one sequence in order, one program per
 (value block, sequence x value head), with the fp32 state block in registers, held transposed as
-hT [BV, Dk] (h = hT^T):
+hT [BV, Dk] (h = hT^T); a 16-bit stored state is read once and rounded once, at the final store:
 
     v_new = u - w h                                   (this chunk's corrected values)
     o     = fq * (q h) + Aqk v_new                    (written directly: no per-chunk h in memory)
@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import as_kernel_input, chunk_indices, next_pow2, prepare_inputs, raw_operands
+from gdn_kernels.utils import (as_kernel_input, chunk_indices, next_pow2, prepare_inputs, raw_operands,
+                               state_dtype, to_state_dtype)
 from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 
 
@@ -94,7 +95,8 @@ def chunk_state_output_fwd_kernel(
         # the update keeps v_new's precision (rounding it to bf16 cost ~6e-3 of the final state)
         b_hT = b_hT * tl.exp(b_Gl) + _dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
 
-    tl.store(ht + i_nh * DK * DV + p_hT, b_hT, mask=m_vk)
+    # the one rounding of a 16-bit state per call (the op's rounding rule)
+    tl.store(ht + i_nh * DK * DV + p_hT, to_state_dtype(b_hT, ht.dtype.element_ty), mask=m_vk)
 
 
 def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seqlens=None, out=None,
@@ -104,17 +106,19 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     Args:
         q, k: [B, T, Hk, Dk] in the input dtype. w [B, Hv, T, Dk], u [B, Hv, T, Dv], Aqk
             [B, Hv, T, 64], gcum / fq / fk [B, Hv, T]: wy.chunk_wy_fwd's outputs.
-        initial_state: [N, Hv, Dk, Dv] fp32 or None. cu_seqlens: [N + 1] int32 or None.
+        initial_state: [N, Hv, Dk, Dv] contiguous fp32, fp16 or bf16, or None. cu_seqlens: [N + 1]
+            int32 or None.
         block_v, num_warps, num_stages: launch overrides (defaults: the run-5 sweep's best).
     Returns:
-        o [B, T, Hv, Dv] in q's dtype and final_state [N, Hv, Dk, Dv] fp32.
+        o [B, T, Hv, Dv] in q's dtype and final_state [N, Hv, Dk, Dv] in initial_state's dtype
+        (fp32 for None; a given final_state may have any of the three), rounded once at the end.
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = u.shape[1], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
-        N, Hv, Dk, Dv, dtype=torch.float32, device=u.device)
+        N, Hv, Dk, Dv, dtype=torch.float32 if initial_state is None else initial_state.dtype, device=u.device)
     # Run 5 sweep (H200, bf16, Hv=32, 128 x 128): 32 value columns, 4 warps, 3 stages is the
     # fastest at B=1 T=16384 (0.46 ms; 0.69 at 2 stages, 0.87 at BV=64) and at B=8 T=8192 (1.83
     # ms; 1.92 at BV=64 4 warps 2 stages, 2.74 at BV=64 8 warps).
@@ -168,17 +172,19 @@ def chunk_gated_delta_rule(
     Args:
         q, k: [B, T, Hk, Dk]. v: [B, T, Hv, Dv], Hv a multiple of Hk (key head h // (Hv // Hk)).
         g: [B, T, Hv] log decay (read as fp32). beta: [B, T, Hv].
-        initial_state: [N, Hv, Dk, Dv] fp32 or None (zeros).
+        initial_state: [N, Hv, Dk, Dv] fp32, fp16 or bf16 (the state's storage dtype; float64
+            reads as fp32) or None (zeros, fp32 storage).
         scale: multiplies q (default Dk ** -0.5). use_qk_l2norm: L2-normalise q, k in the kernels.
         cu_seqlens: [N + 1] token offsets of packed sequences (B must be 1), or None.
         gates: (a, b, A_log, dt_bias) instead of g / beta (pass g = beta = None): a, b [B, T, Hv],
             A_log, dt_bias [Hv]; g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
         out, final_state: optional preallocated o / final_state to write into.
     Returns:
-        o [B, T, Hv, Dv] in v's dtype (fp32 compute for float64), final_state [N, Hv, Dk, Dv] fp32.
+        o [B, T, Hv, Dv] in v's dtype (fp32 compute for float64), final_state [N, Hv, Dk, Dv] in
+        the state's storage dtype, held in fp32 across all chunks and rounded once when stored.
     """
     q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
-    h0 = None if initial_state is None else as_kernel_input(initial_state, torch.float32)
+    h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
     idx = None if cu is None else chunk_indices(cu)
     w, u, Aqk, gcum, fq, fk = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
     return chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, h0, cu, out=out, final_state=final_state)

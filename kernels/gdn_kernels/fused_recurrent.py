@@ -6,6 +6,9 @@ pure stream over the state (64 KiB per head at 128 x 128), and the value axis is
 thousands of 8-16 KiB tiles are in flight. With inplace the final state is written over the
 initial one: every program reads its own tile before it writes it, and tiles never overlap.
 
+The state is stored in fp32, fp16 or bf16 (h0 / ht's dtype) and held in fp32: a 16-bit state is
+rounded once, where it is stored at the end (half the bytes of an fp32 decode step).
+
 Per step: h = exp(g) h; v' = beta (v - h^T k); h += k v'^T; o = scale h^T q, with h^T q taken
 from the decayed state before the update (one pass over the state for both reductions).
 """
@@ -16,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import as_kernel_input, next_pow2, prepare_inputs
+from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, next_pow2, prepare_inputs, state_dtype,
+                               to_state_dtype)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -74,18 +78,20 @@ def fused_recurrent_fwd_kernel(
         b_o = (b_qh + b_v * tl.sum(b_k * b_q, 0)) * scale
         tl.store(o + (t * HV + i_h) * DV + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
-    tl.store(ht + p_h, b_h, mask=m_k[:, None] & m_v[None, :])
+    # the one rounding of a 16-bit state per call (the op's rounding rule)
+    tl.store(ht + p_h, to_state_dtype(b_h, ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
 
 
 def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=None, gates=None,
                         out=None, final_state=None, block_v=None, num_warps=None):
-    """Launch the recurrent kernel on prepared (contiguous, one-dtype) inputs."""
+    """Launch the recurrent kernel on prepared (contiguous, one-dtype) inputs; h0 [N, Hv, Dk, Dv]
+    contiguous in the state dtype (or None); a new final_state takes h0's dtype (fp32 for None)."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else v.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
-        N, Hv, Dk, Dv, dtype=torch.float32, device=v.device)
+        N, Hv, Dk, Dv, dtype=torch.float32 if h0 is None else h0.dtype, device=v.device)
     BK = max(next_pow2(Dk), 16)
     if block_v is None:
         # 32 fp32 columns = 128-byte rows: full cache lines, and 4 tiles per 128-wide head.
@@ -126,23 +132,25 @@ def fused_recurrent_gated_delta_rule(
 
     Args:
         q, k: [B, T, Hk, Dk]. v: [B, T, Hv, Dv], Hv a multiple of Hk. g: [B, T, Hv] log decay.
-        beta: [B, T, Hv]. initial_state: [N, Hv, Dk, Dv] fp32 or None (zeros).
+        beta: [B, T, Hv]. initial_state: [N, Hv, Dk, Dv] fp32, fp16 or bf16 (the state's storage
+            dtype; float64 reads as fp32) or None (zeros, fp32 storage).
         scale: default Dk ** -0.5. use_qk_l2norm: L2-normalise q and k in the kernel.
         cu_seqlens: [N + 1] offsets of packed sequences (B = 1), or None.
-        inplace: write the final state over initial_state (must be a contiguous fp32 tensor);
-            the returned final_state is then initial_state itself.
+        inplace: write the final state over initial_state (must be a contiguous fp32, fp16 or
+            bf16 tensor); the returned final_state is then initial_state itself.
         gates: (a, b, A_log, dt_bias) instead of g / beta (see chunk.chunk_gated_delta_rule).
         out, final_state: optional preallocated outputs. block_v: value columns per program.
     Returns:
-        o [B, T, Hv, Dv] in v's dtype (fp32 for float64 inputs), final_state [N, Hv, Dk, Dv] fp32.
+        o [B, T, Hv, Dv] in v's dtype (fp32 for float64 inputs), final_state [N, Hv, Dk, Dv] in
+        the state's storage dtype (initial_state's), rounded once at the end.
     """
     q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     if inplace:
-        if initial_state is None or initial_state.dtype != torch.float32 or not initial_state.is_contiguous():
+        if initial_state is None or initial_state.dtype not in STATE_DTYPES or not initial_state.is_contiguous():
             got = None if initial_state is None else (initial_state.dtype, initial_state.is_contiguous())
-            raise ValueError(f"inplace needs a contiguous fp32 initial_state, got {got}")
+            raise ValueError(f"inplace needs a contiguous fp32, fp16 or bf16 initial_state, got {got}")
         h0 = final_state = initial_state
     else:
-        h0 = None if initial_state is None else as_kernel_input(initial_state, torch.float32)
+        h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
     return fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu, gates=gates,
                                out=out, final_state=final_state, block_v=block_v)

@@ -37,11 +37,11 @@ def gated_delta_rule_from_gates(
 
     Args:
         q, k: [B, T, Hk, Dk]. v: [B, T, Hv, Dv]. a, b: [B, T, Hv] (any float dtype).
-        A_log, dt_bias: [Hv]. initial_state: [N, Hv, Dk, Dv] fp32 or None.
+        A_log, dt_bias: [Hv]. initial_state: [N, Hv, Dk, Dv] fp32, fp16 or bf16 (storage), or None.
         cu_seqlens: [N + 1] or None. inplace: (recurrent path only, T <= 16) update
             initial_state in place.
     Returns:
-        o [B, T, Hv, Dv] in v's dtype, final_state [N, Hv, Dk, Dv] fp32.
+        o [B, T, Hv, Dv] in v's dtype, final_state [N, Hv, Dk, Dv] in initial_state's dtype (fp32 for None).
     """
     Hv = v.shape[2]
     for name, t in (("a", a), ("b", b)):

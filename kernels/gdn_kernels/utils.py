@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 # Every chunked kernel works on chunks of this many tokens; the WY solve is written for 4 x 16.
 CHUNK = 64
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+# Storage dtypes of the recurrent state (math is fp32 whatever the storage).
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def next_pow2(n: int) -> int:
@@ -27,6 +30,30 @@ def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:
 def compute_dtype(v: torch.Tensor) -> torch.dtype:
     """The dtype the kernels read and write: v's, except float64 which runs in fp32."""
     return torch.float32 if v.dtype == torch.float64 else v.dtype
+
+
+@triton.jit
+def to_state_dtype(x, dtype: tl.constexpr):
+    """fp32 x rounded to the state's storage dtype, round-to-nearest-even as torch and CUDA do.
+
+    bf16 is rounded by hand on the bits (then the cast is exact): Triton's interpreter truncates
+    fp32 -> bf16 whatever fp_downcast_rounding says, so the CPU tests would otherwise test a
+    different rounding than the GPU's. NaN and inf keep their class; a few integer ops per
+    element cost nothing in these memory-bound stores."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+def state_dtype(initial_state: torch.Tensor) -> torch.dtype:
+    """The storage dtype the kernels read and write the state in: initial_state's (float64 -> fp32)."""
+    if initial_state.dtype == torch.float64:
+        return torch.float32
+    if initial_state.dtype not in STATE_DTYPES:
+        raise ValueError(f"initial_state must be float32, float16 or bfloat16, got {initial_state.dtype}")
+    return initial_state.dtype
 
 
 def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

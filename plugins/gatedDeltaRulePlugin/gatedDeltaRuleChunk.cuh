@@ -642,7 +642,9 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
         cpAsyncCommit();
     }
 
-    float const* init = p.initialState;
+    // The state is read once here and stored once at the end in p.stateType; in between it stays
+    // fp32 in shared memory (the op's rounding rule: one rounding per call).
+    void const* init = p.initialState;
     size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
     for (int32_t e = tid; e < kDK * kSTATE_BV; e += kCHUNK_THREADS)
     {
@@ -651,7 +653,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
         float s = 0.F;
         if (init != nullptr && r < dk && cc < validV)
         {
-            s = init[stateOffset + static_cast<size_t>(r) * dv + col0 + cc];
+            s = loadStateElem(init, stateOffset + static_cast<size_t>(r) * dv + col0 + cc, p.stateType);
         }
         sS[r * L::kLDVF + cc] = s;
         splitStore(sSop + r * L::kLDV + cc, sSopLo + r * L::kLDV + cc, s);
@@ -801,7 +803,8 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
         int32_t const cc = e % kSTATE_BV;
         if (r < dk && cc < validV)
         {
-            p.finalState[stateOffset + static_cast<size_t>(r) * dv + col0 + cc] = sS[r * L::kLDVF + cc];
+            storeStateElem(p.finalState, stateOffset + static_cast<size_t>(r) * dv + col0 + cc, p.stateType,
+                sS[r * L::kLDVF + cc]);
         }
     }
 }

@@ -12,6 +12,8 @@
 #include <mma.h>
 #include <type_traits>
 
+#include "gatedDeltaRuleKernels.h"
+
 namespace gdn
 {
 namespace kernels
@@ -54,6 +56,78 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
 {
     return __float2bfloat16_rn(x);
+}
+
+//! Four consecutive elements of a state stored as S (fp32, fp16 or bf16), aligned to 4 elements:
+//! one 16-byte load for fp32, one 8-byte load for 16-bit storage (half the bytes of a decode step).
+template <typename S>
+struct alignas(4 * sizeof(S)) Vec4
+{
+    S x[4];
+};
+
+template <typename S>
+__device__ __forceinline__ void loadVec4(S const* src, float (&out)[4])
+{
+    if constexpr (std::is_same<S, float>::value)
+    {
+        float4 const x = *reinterpret_cast<float4 const*>(src);
+        out[0] = x.x;
+        out[1] = x.y;
+        out[2] = x.z;
+        out[3] = x.w;
+    }
+    else
+    {
+        Vec4<S> const x = *reinterpret_cast<Vec4<S> const*>(src);
+#pragma unroll
+        for (int32_t c = 0; c < 4; ++c)
+        {
+            out[c] = toFloat(x.x[c]);
+        }
+    }
+}
+
+//! The one rounding of a stored state (round to nearest even), as one vector store.
+template <typename S>
+__device__ __forceinline__ void storeVec4(S* dst, float const (&in)[4])
+{
+    if constexpr (std::is_same<S, float>::value)
+    {
+        *reinterpret_cast<float4*>(dst) = make_float4(in[0], in[1], in[2], in[3]);
+    }
+    else
+    {
+        Vec4<S> x;
+#pragma unroll
+        for (int32_t c = 0; c < 4; ++c)
+        {
+            x.x[c] = fromFloat<S>(in[c]);
+        }
+        *reinterpret_cast<Vec4<S>*>(dst) = x;
+    }
+}
+
+//! Element i of a state stored in `type`, as fp32 (the chunked kernel reads and writes its state
+//! once per launch, so a uniform runtime switch costs nothing there and saves template copies).
+__device__ __forceinline__ float loadStateElem(void const* base, size_t i, DataType type)
+{
+    switch (type)
+    {
+    case DataType::kFLOAT16: return __half2float(static_cast<__half const*>(base)[i]);
+    case DataType::kBFLOAT16: return __bfloat162float(static_cast<__nv_bfloat16 const*>(base)[i]);
+    default: return static_cast<float const*>(base)[i];
+    }
+}
+
+__device__ __forceinline__ void storeStateElem(void* base, size_t i, DataType type, float x)
+{
+    switch (type)
+    {
+    case DataType::kFLOAT16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    case DataType::kBFLOAT16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); break;
+    default: static_cast<float*>(base)[i] = x; break;
+    }
 }
 
 __device__ __forceinline__ float warpSum(float x)

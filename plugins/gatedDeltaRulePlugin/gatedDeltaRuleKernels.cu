@@ -45,7 +45,10 @@ int32_t numSequences(GatedDeltaRuleParams const& p)
 //! The shapes, dtype and scale alone: enough to size the workspace before any buffer exists.
 bool shapesValid(GatedDeltaRuleParams const& p)
 {
-    bool const dtypeOk = p.dtype == DataType::kFLOAT32 || p.dtype == DataType::kFLOAT16 || p.dtype == DataType::kBFLOAT16;
+    auto const floatType = [](DataType t) {
+        return t == DataType::kFLOAT32 || t == DataType::kFLOAT16 || t == DataType::kBFLOAT16;
+    };
+    bool const dtypeOk = floatType(p.dtype) && floatType(p.stateType);
     bool const shapeOk = p.batch >= 1 && p.seqLen >= 0 && p.numKeyHeads >= 1 && p.numValueHeads >= 1
         && p.numValueHeads % p.numKeyHeads == 0 && p.keyDim >= 1 && p.valueDim >= 1 && p.numValueHeads <= kMAX_GRID_YZ;
     bool const varlenOk = p.cuSeqlens == nullptr || (p.batch == 1 && p.numSeqs >= 1);
@@ -141,21 +144,35 @@ int32_t maxDynamicSmem()
 
 // ---------------------------------------------------------------- recurrent
 
-template <typename T>
-cudaError_t launchRecurrent(GatedDeltaRuleParams const& p, cudaStream_t stream)
+//! S: the state's storage type. The decode kernel is templated on it (its loads and stores are the
+//! whole cost of a step); the chunked kernels switch on p.stateType at their one load and store.
+template <typename T, typename S>
+cudaError_t launchRecurrentState(GatedDeltaRuleParams const& p, cudaStream_t stream)
 {
     dim3 const grid((p.valueDim + kernels::kREC_BV - 1) / kernels::kREC_BV, p.numValueHeads, numSequences(p));
     dim3 const block(kernels::kREC_THREADS);
     switch (roundDim(p.keyDim, 16))
     {
-    case 16: kernels::gatedDeltaRuleRecurrentKernel<T, 16><<<grid, block, 0, stream>>>(p); break;
-    case 32: kernels::gatedDeltaRuleRecurrentKernel<T, 32><<<grid, block, 0, stream>>>(p); break;
-    case 64: kernels::gatedDeltaRuleRecurrentKernel<T, 64><<<grid, block, 0, stream>>>(p); break;
-    case 128: kernels::gatedDeltaRuleRecurrentKernel<T, 128><<<grid, block, 0, stream>>>(p); break;
-    case 256: kernels::gatedDeltaRuleRecurrentKernel<T, 256><<<grid, block, 0, stream>>>(p); break;
+    case 16: kernels::gatedDeltaRuleRecurrentKernel<T, S, 16><<<grid, block, 0, stream>>>(p); break;
+    case 32: kernels::gatedDeltaRuleRecurrentKernel<T, S, 32><<<grid, block, 0, stream>>>(p); break;
+    case 64: kernels::gatedDeltaRuleRecurrentKernel<T, S, 64><<<grid, block, 0, stream>>>(p); break;
+    case 128: kernels::gatedDeltaRuleRecurrentKernel<T, S, 128><<<grid, block, 0, stream>>>(p); break;
+    case 256: kernels::gatedDeltaRuleRecurrentKernel<T, S, 256><<<grid, block, 0, stream>>>(p); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launchRecurrent(GatedDeltaRuleParams const& p, cudaStream_t stream)
+{
+    switch (p.stateType)
+    {
+    case DataType::kFLOAT32: return launchRecurrentState<T, float>(p, stream);
+    case DataType::kFLOAT16: return launchRecurrentState<T, __half>(p, stream);
+    case DataType::kBFLOAT16: return launchRecurrentState<T, __nv_bfloat16>(p, stream);
+    }
+    return cudaErrorInvalidValue;
 }
 
 // ---------------------------------------------------------------- chunked

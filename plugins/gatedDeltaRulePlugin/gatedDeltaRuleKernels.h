@@ -7,11 +7,14 @@
  *   v             [B, T, Hv, Dv]   dtype           Hv % Hk == 0; value head h reads key head h / (Hv / Hk)
  *   g             [B, T, Hv]       fp32            log decay (<= 0)
  *   beta          [B, T, Hv]       dtype
- *   initialState  [N, Hv, Dk, Dv]  fp32            nullptr = zeros; may alias finalState (in-place)
+ *   initialState  [N, Hv, Dk, Dv]  stateType       nullptr = zeros; may alias finalState (in-place)
  *   o             [B, T, Hv, Dv]   dtype
- *   finalState    [N, Hv, Dk, Dv]  fp32
+ *   finalState    [N, Hv, Dk, Dv]  stateType
  *   N = B, or numSeqs when cuSeqlens [numSeqs + 1] (int32, device) packs sequences (then B == 1).
  *   Per token: S = exp(g) S; u = beta (v - S^T k); S += k u^T; o = scale S^T q.
+ *   stateType (fp32, fp16 or bf16, independent of dtype) is storage only: a launch reads the state,
+ *   keeps it fp32 on-chip for all its tokens and chunks, and rounds it once (RTNE) where it stores
+ *   finalState, as the op's references do (gdn_export/ops/gated_delta_rule).
  */
 #pragma once
 
@@ -47,9 +50,10 @@ struct GatedDeltaRuleParams
     void const* v{nullptr};
     float const* g{nullptr};
     void const* beta{nullptr};
-    float const* initialState{nullptr};
+    void const* initialState{nullptr};
     void* o{nullptr};
-    float* finalState{nullptr};
+    void* finalState{nullptr};
+    DataType stateType{DataType::kFLOAT32}; // of initialState and finalState (storage only; math is fp32)
 };
 
 //! Bytes of scratch memory launchGatedDeltaRule needs for these shapes (0 allowed).

@@ -116,7 +116,8 @@ std::string paramsToString(GatedDeltaRuleParams const& p)
 {
     std::ostringstream os;
     os << "B=" << p.batch << " T=" << p.seqLen << " Hk=" << p.numKeyHeads << " Hv=" << p.numValueHeads
-       << " Dk=" << p.keyDim << " Dv=" << p.valueDim << " dtype=" << static_cast<int32_t>(p.dtype);
+       << " Dk=" << p.keyDim << " Dv=" << p.valueDim << " dtype=" << static_cast<int32_t>(p.dtype)
+       << " stateType=" << static_cast<int32_t>(p.stateType);
     return os.str();
 }
 
@@ -201,14 +202,14 @@ int32_t GatedDeltaRulePlugin::getOutputDataTypes(
                                                                   << dataTypeName(t) << " and " << IO::inputName(i)
                                                                   << " is " << dataTypeName(inputTypes[i]));
         }
-        for (int32_t i : {IO::kG, IO::kINITIAL_STATE})
-        {
-            GDN_PLUGIN_CHECK(inputTypes[i] == DataType::kFLOAT, kGDR_PLUGIN_NAME << ": " << IO::inputName(i)
-                                                                                 << " must be kFLOAT, got "
-                                                                                 << dataTypeName(inputTypes[i]));
-        }
+        GDN_PLUGIN_CHECK(inputTypes[IO::kG] == DataType::kFLOAT,
+            kGDR_PLUGIN_NAME << ": g must be kFLOAT, got " << dataTypeName(inputTypes[IO::kG]));
+        // The state's storage dtype is independent of T; final_state keeps it.
+        DataType const st = inputTypes[IO::kINITIAL_STATE];
+        GDN_PLUGIN_CHECK(isKernelFloat(st), kGDR_PLUGIN_NAME << ": initial_state has dtype " << dataTypeName(st)
+                                                             << "; only kFLOAT, kHALF and kBF16 are supported");
         outputTypes[IO::kO] = t;
-        outputTypes[IO::kFINAL_STATE] = DataType::kFLOAT;
+        outputTypes[IO::kFINAL_STATE] = st;
         return 0;
     }
     GDN_PLUGIN_CATCH("GatedDeltaRulePlugin::getOutputDataTypes")
@@ -255,9 +256,17 @@ bool GatedDeltaRulePlugin::supportsFormatCombination(
         }
         int32_t const oPos = nbInputs + IO::kO;
         int32_t const statePos = nbInputs + IO::kFINAL_STATE;
-        if (pos == IO::kG || pos == IO::kINITIAL_STATE || pos == statePos)
+        if (pos == IO::kG)
         {
             return desc.type == DataType::kFLOAT;
+        }
+        if (pos == IO::kINITIAL_STATE)
+        {
+            return isKernelFloat(desc.type);
+        }
+        if (pos == statePos)
+        {
+            return desc.type == inOut[IO::kINITIAL_STATE].desc.type;
         }
         if (pos == IO::kQ)
         {
@@ -355,9 +364,10 @@ int32_t GatedDeltaRulePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
         p.v = inputs[IO::kV];
         p.g = static_cast<float const*>(inputs[IO::kG]);
         p.beta = inputs[IO::kBETA];
-        p.initialState = static_cast<float const*>(inputs[IO::kINITIAL_STATE]);
+        p.initialState = inputs[IO::kINITIAL_STATE];
         p.o = outputs[IO::kO];
-        p.finalState = static_cast<float*>(outputs[IO::kFINAL_STATE]);
+        p.finalState = outputs[IO::kFINAL_STATE];
+        p.stateType = toKernelDataType(inputDesc[IO::kINITIAL_STATE].type, "GatedDeltaRule initial_state");
         if (p.batch == 0)
         {
             return 0;
@@ -367,7 +377,8 @@ int32_t GatedDeltaRulePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
             // No tokens: the state passes through unchanged.
             if (p.finalState != p.initialState)
             {
-                size_t const bytes = static_cast<size_t>(volume(outputDesc[IO::kFINAL_STATE].dims)) * sizeof(float);
+                size_t const bytes = static_cast<size_t>(volume(outputDesc[IO::kFINAL_STATE].dims))
+                    * (p.stateType == gdn::DataType::kFLOAT32 ? sizeof(float) : sizeof(uint16_t));
                 cudaError_t const err
                     = cudaMemcpyAsync(p.finalState, p.initialState, bytes, cudaMemcpyDeviceToDevice, stream);
                 GDN_PLUGIN_CHECK(err == cudaSuccess,

@@ -8,11 +8,13 @@
  *   in  2  v               [B, T, Hv, Dv]    T      Hv % Hk == 0
  *   in  3  g               [B, T, Hv]        fp32   log decay (<= 0)
  *   in  4  beta            [B, T, Hv]        T      write strength in (0, 1)
- *   in  5  initial_state   [B, Hv, Dk, Dv]   fp32
+ *   in  5  initial_state   [B, Hv, Dk, Dv]   S
  *   out 0  o               [B, T, Hv, Dv]    T
- *   out 1  final_state     [B, Hv, Dk, Dv]   fp32   aliases in 5 (in place) with ALIASED_PLUGIN_IO
+ *   out 1  final_state     [B, Hv, Dk, Dv]   S      aliases in 5 (in place) with ALIASED_PLUGIN_IO
  *
- *   T is fp32, fp16 or bf16; all tensors linear (row-major, contiguous).
+ *   T is fp32, fp16 or bf16; all tensors linear (row-major, contiguous). S, the state's storage
+ *   dtype, is fp32, fp16 or bf16 independently of T (the same for in 5 and out 1): the kernels
+ *   compute in fp32 and round the state once per enqueue, where they store it.
  *
  *   field          type      meaning
  *   scale          kFLOAT32  multiplies q (usually Dk ** -0.5)

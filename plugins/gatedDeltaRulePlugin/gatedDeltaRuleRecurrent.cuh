@@ -7,6 +7,8 @@
  * S' = a S, one reduction over Dk gives both S'^T k and S'^T q:
  *     u = beta (v - S'^T k),  o = S'^T q~ + u (k . q~)  (q~ = scale q),  S = S' + k u^T.
  * Works for any Dk <= kDK and any Dv (edges masked), and for varlen packs.
+ * S is the state's storage type (float, __half, __nv_bfloat16): loaded once into fp32 registers and
+ * rounded once at the final store, so a 16-bit state moves half the bytes of an fp32 one.
  */
 #pragma once
 
@@ -41,7 +43,7 @@ __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, in
 
 // At most 64 registers up to Dk = 128: eight blocks per multiprocessor keep enough state loads in
 // flight for a bandwidth-bound decode step.
-template <typename T, int32_t kDK>
+template <typename T, typename S, int32_t kDK>
 __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
 {
     constexpr int32_t kROWS = kDK / kREC_KGROUPS;
@@ -74,27 +76,24 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
     sequenceBounds(p, n, bos, len);
 
     size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
+    S const* init = static_cast<S const*>(p.initialState);
     float s[kROWS][4];
 #pragma unroll
     for (int32_t i = 0; i < kROWS; ++i)
     {
         int32_t const r = kg + kREC_KGROUPS * i;
-        float const* src = p.initialState + stateOffset + static_cast<size_t>(r) * dv + col0;
-        if (p.initialState != nullptr && r < dk && vecCols)
+        S const* src = init + stateOffset + static_cast<size_t>(r) * dv + col0;
+        if (init != nullptr && r < dk && vecCols)
         {
-            float4 const x = *reinterpret_cast<float4 const*>(src);
-            s[i][0] = x.x;
-            s[i][1] = x.y;
-            s[i][2] = x.z;
-            s[i][3] = x.w;
+            loadVec4(src, s[i]);
         }
         else
         {
 #pragma unroll
             for (int32_t c = 0; c < 4; ++c)
             {
-                bool const ok = p.initialState != nullptr && r < dk && col0 + c < dv;
-                s[i][c] = ok ? src[c] : 0.F;
+                bool const ok = init != nullptr && r < dk && col0 + c < dv;
+                s[i][c] = ok ? toFloat(src[c]) : 0.F;
             }
         }
     }
@@ -242,10 +241,10 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
         {
             continue;
         }
-        float* dst = p.finalState + stateOffset + static_cast<size_t>(r) * dv + col0;
+        S* dst = static_cast<S*>(p.finalState) + stateOffset + static_cast<size_t>(r) * dv + col0;
         if (vecCols)
         {
-            *reinterpret_cast<float4*>(dst) = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+            storeVec4(dst, s[i]);
         }
         else
         {
@@ -254,7 +253,7 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
             {
                 if (col0 + c < dv)
                 {
-                    dst[c] = s[i][c];
+                    dst[c] = fromFloat<S>(s[i][c]);
                 }
             }
         }

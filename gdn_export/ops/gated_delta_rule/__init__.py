@@ -6,17 +6,28 @@ ONNX node (`onnx.py`) and the TensorRT plugin fields.
 
     inputs                                   outputs
     0 q              [B, T, Hk, Dk]  T       0 o            [B, T, Hv, Dv]  T
-    1 k              [B, T, Hk, Dk]  T       1 final_state  [N, Hv, Dk, Dv] fp32
+    1 k              [B, T, Hk, Dk]  T       1 final_state  [N, Hv, Dk, Dv] S
     2 v              [B, T, Hv, Dv]  T
     3 g              [B, T, Hv]      fp32    (log decay, <= 0)
     4 beta           [B, T, Hv]      T       (write strength, in (0, 1))
-    5 initial_state  [N, Hv, Dk, Dv] fp32    (optional in torch; always present in ONNX)
+    5 initial_state  [N, Hv, Dk, Dv] S       (optional in torch; always present in ONNX)
 
     T is fp32, fp16 or bf16. Hv is a multiple of Hk: value head h reads key head h // (Hv // Hk).
+    S, the storage dtype of the recurrent state, is fp32, fp16 or bf16, independent of T:
+    initial_state's dtype (a float64 initial_state counts as fp32), fp32 when it is None (the
+    Python wrapper's `state_dtype` picks another one by passing zeros of that dtype).
     N = B, or the number of packed sequences when cu_seqlens [N + 1] is given (then B = 1).
     attributes: scale (float), use_qk_l2norm (int 0/1)
 
-TensorRT plugin twin: plugins/gatedDeltaRulePlugin (kGDR_PLUGIN_NAME / VERSION / NAMESPACE).
+Rounding rule of a 16-bit state (the same in every implementation: references, Triton, CUDA,
+ONNX function, plugin): one call reads the stored state and converts it to fp32 (exact), does all
+its arithmetic in fp32 over all its T tokens (the state stays fp32 across the chunks of a prefill
+and across the steps of a short prompt), and rounds the state to S once, round-to-nearest-even,
+where it stores final_state. A decode step (T = 1) therefore rounds once per token; a prefill of T
+tokens once per call (per sequence when packed). The kernels keep the state on-chip for the whole
+call, so this costs no extra traffic; a 16-bit state halves the bytes a decode step moves.
+
+ plugins/gatedDeltaRulePlugin (kGDR_PLUGIN_NAME / VERSION / NAMESPACE).
 """
 
 from __future__ import annotations
@@ -37,6 +48,15 @@ FIELD_SCALE = "scale"  # float32
 FIELD_USE_QK_L2NORM = "use_qk_l2norm"  # int32 0/1
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# Storage dtypes of the recurrent state (initial_state / final_state); math is fp32 regardless.
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def state_storage_dtype(initial_state: torch.Tensor | None) -> torch.dtype:
+    """The dtype final_state is returned in: initial_state's (float64 -> fp32), fp32 for None."""
+    if initial_state is None or initial_state.dtype == torch.float64:
+        return torch.float32
+    return initial_state.dtype
 
 
 def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens) -> None:
@@ -62,6 +82,8 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens) -> None:
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None and tuple(initial_state.shape) != (N, Hv, Dk, Dv):
         raise ValueError(f"initial_state must be [N, Hv, Dk, Dv] = {(N, Hv, Dk, Dv)}, got {tuple(initial_state.shape)}")
+    if initial_state is not None and initial_state.dtype not in STATE_DTYPES + (torch.float64,):
+        raise ValueError(f"initial_state must be float32, float16 or bfloat16, got {initial_state.dtype}")
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
@@ -89,7 +111,7 @@ def _(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return v.new_empty(B, T, Hv, Dv), v.new_empty(N, Hv, Dk, Dv, dtype=torch.float32)
+    return v.new_empty(B, T, Hv, Dv), v.new_empty(N, Hv, Dk, Dv, dtype=state_storage_dtype(initial_state))
 
 
 def gated_delta_rule(
@@ -102,12 +124,24 @@ def gated_delta_rule(
     scale: float | None = None,
     use_qk_l2norm: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    state_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule through the active backend (see module docstring for shapes).
 
-    Returns o [B, T, Hv, Dv] in v's dtype and final_state [N, Hv, Dk, Dv] fp32.
+    state_dtype: storage dtype of the state (fp32, fp16 or bf16) when initial_state is None (a
+    zero state of that dtype is passed to the op); with an initial_state it must be None or that
+    tensor's dtype. Returns o [B, T, Hv, Dv] in v's dtype and final_state [N, Hv, Dk, Dv] in the
+    state's storage dtype (initial_state's, else state_dtype, else fp32).
     """
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    if state_dtype is not None:
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype must be float32, float16 or bfloat16, got {state_dtype}")
+        if initial_state is not None and initial_state.dtype != state_dtype:
+            raise ValueError(f"initial_state is {initial_state.dtype} but state_dtype is {state_dtype}")
+        if initial_state is None and state_dtype != torch.float32:
+            N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+            initial_state = v.new_zeros(N, v.shape[2], q.shape[3], v.shape[3], dtype=state_dtype)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return torch.ops.gdn.gated_delta_rule(
         q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm), cu_seqlens

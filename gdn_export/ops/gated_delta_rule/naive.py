@@ -14,12 +14,17 @@ Per value head h (key head h // (Hv // Hk)) and token t, with a_t = exp(g_t), st
     o_t  = scale * S^T q_t
 
 Every fast backend is tested against these. They compute in fp32 (float64 if given float64) and
-return `o` in v's dtype and the state in fp32.
+return `o` in v's dtype and the state in its storage dtype (initial_state's: fp32, fp16 or bf16;
+fp32 for None or float64), rounded once where it is stored, at the end of the call (per sequence
+when packed): the rounding rule of the op (gdn_export.ops.gated_delta_rule), which the kernels
+follow by keeping the state on-chip in fp32 for the whole call.
 """
 
 from __future__ import annotations
 
 import torch
+
+from gdn_export.ops.gated_delta_rule import state_storage_dtype
 
 L2NORM_EPS = 1e-6
 
@@ -85,13 +90,14 @@ def recurrent_gated_delta_rule(
         use_qk_l2norm: L2-normalise q and k over Dk first.
         cu_seqlens: [N + 1] sequence starts of a packed batch (B must be 1), or None.
     Returns:
-        o [B, T, Hv, Dv] in v's dtype, final_state [N, Hv, Dk, Dv] fp32.
+        o [B, T, Hv, Dv] in v's dtype, final_state [N, Hv, Dk, Dv] in the state's storage dtype
+        (initial_state's; fp32 for None), rounded once at the end (the op's rounding rule).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cu_seqlens is not None:
         return _per_sequence(recurrent_gated_delta_rule, q, k, v, g, beta, initial_state,
                              scale, use_qk_l2norm, cu_seqlens)
-    out_dtype = v.dtype
+    out_dtype, state_dtype = v.dtype, state_storage_dtype(initial_state)
     q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     o = torch.empty_like(v)
     for t in range(v.shape[2]):
@@ -100,7 +106,7 @@ def recurrent_gated_delta_rule(
         u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k_t))
         state = state + k_t[..., :, None] * u[..., None, :]
         o[:, :, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
-    return o.transpose(1, 2).to(out_dtype), state.float()
+    return o.transpose(1, 2).to(out_dtype), state.to(state_dtype)
 
 
 def chunked_gated_delta_rule(
@@ -128,7 +134,7 @@ def chunked_gated_delta_rule(
             lambda *a: chunked_gated_delta_rule(*a, chunk_size=chunk_size),
             q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens,
         )
-    out_dtype = v.dtype
+    out_dtype, state_dtype = v.dtype, state_storage_dtype(initial_state)
     T = v.shape[1]
     q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     pad = (-T) % chunk_size
@@ -163,4 +169,4 @@ def chunked_gated_delta_rule(
         k_decayed = k[:, :, c] * (last[..., None] - G[:, :, c]).exp()[..., None]
         state = state * last.exp()[..., None, None] + k_decayed.transpose(-1, -2) @ v_new
     o = o.reshape(B, H, Tp, -1)[:, :, :T]
-    return o.transpose(1, 2).to(out_dtype), state.float()
+    return o.transpose(1, 2).to(out_dtype), state.to(state_dtype)

@@ -6,10 +6,13 @@ The exported node is exactly what TensorRT's ONNX parser maps to the GatedDeltaR
         attributes: plugin_version="1", plugin_namespace="gdn", scale (float), use_qk_l2norm (int)
 
 All six inputs are always present (a zero fp32 initial_state is emitted when the torch call
-passes None) and g / initial_state are always fp32, so the plugin never sees optional inputs.
+passes None), so the plugin never sees optional inputs. g is always fp32; initial_state and
+final_state share the state's storage dtype S (fp32, fp16 or bf16, independent of T), passed
+through from the torch call.
 
 `function_proto` is a second, independent implementation of the op in standard ONNX (a Loop over
-T carrying the fp32 state [B, Hv, Dk, Dv]); it is attached to the model in memory so that ONNX
+T carrying the fp32 state [B, Hv, Dk, Dv], cast from S on the way in and back to S once at the end:
+the op's rounding rule); it is attached to the model in memory so that ONNX
 Runtime can run the node, and is never written into an exported file.
 """
 
@@ -45,6 +48,7 @@ NODE_ATTRIBUTES = {
 }
 NODE_ATTRIBUTE_VALUES = {ATTR_PLUGIN_VERSION: PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE: PLUGIN_NAMESPACE}
 _ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+_STATE_TYPES = _ACTIVATION_TYPES  # the storage dtypes of the recurrent state, S
 
 # ----------------------------------------------------------------------------------- schema
 
@@ -77,7 +81,7 @@ def _rank(type_proto: onnx.TypeProto) -> int | None:
 
 
 def _infer(ctx) -> None:
-    """o [B, T, Hv, Dv] in v's type; final_state [B, Hv, Dk, Dv] fp32."""
+    """o [B, T, Hv, Dv] in v's type; final_state [B, Hv, Dk, Dv] in initial_state's type."""
     types = [ctx.get_input_type(i) for i in range(len(INPUT_NAMES))]
     if any(t is None for t in types):
         return
@@ -93,14 +97,15 @@ def _infer(ctx) -> None:
     dv = _dim(v, 3)
     ctx.set_output_type(0, _tensor_type(v.tensor_type.elem_type, [_dim(v, i) for i in range(4)]))
     batch = _dim(v, 0) if _dim(v, 0) is not None else _dim(state, 0)
-    ctx.set_output_type(1, _tensor_type(TensorProto.FLOAT, [batch, _dim(v, 2), _dim(q, 3), dv]))
+    state_type = state.tensor_type.elem_type or TensorProto.FLOAT
+    ctx.set_output_type(1, _tensor_type(state_type, [batch, _dim(v, 2), _dim(q, 3), dv]))
 
 
 def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.GatedDeltaRule (version DOMAIN_VERSION), with shape inference."""
     P = onnx.defs.OpSchema.FormalParameter
     A = onnx.defs.OpSchema.Attribute
-    kinds = dict(zip(INPUT_NAMES, ("T", "T", "T", "tensor(float)", "T", "tensor(float)")))
+    kinds = dict(zip(INPUT_NAMES, ("T", "T", "T", "tensor(float)", "T", "S")))
     shapes = dict(zip(INPUT_NAMES, ("[B, T, Hk, Dk]", "[B, T, Hk, Dk]", "[B, T, Hv, Dv]",
                                     "[B, T, Hv] log decay", "[B, T, Hv]", "[B, Hv, Dk, Dv]")))
     schema = onnx.defs.OpSchema(
@@ -110,8 +115,9 @@ def make_schema() -> onnx.defs.OpSchema:
         "Gated delta rule over T tokens (see gdn_export.ops.gated_delta_rule).",
         inputs=[P(n, kinds[n], shapes[n]) for n in INPUT_NAMES],
         outputs=[P(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"),
-                 P(OUTPUT_NAMES[1], "tensor(float)", "[B, Hv, Dk, Dv]")],
-        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype")],
+                 P(OUTPUT_NAMES[1], "S", "[B, Hv, Dk, Dv]")],
+        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
+                          ("S", list(_STATE_TYPES), "recurrent state storage dtype (math is fp32)")],
         attributes=[
             A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
             A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
@@ -135,7 +141,8 @@ def register_schema() -> None:
 def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens=None):
     """onnxscript translation of torch.ops.gdn.gated_delta_rule.default for the dynamo exporter.
 
-    Emits one gdn.GatedDeltaRule node; a None initial_state becomes zeros [B, Hv, Dk, Dv] fp32.
+    Emits one gdn.GatedDeltaRule node; a None initial_state becomes zeros [B, Hv, Dk, Dv] fp32,
+    a given one keeps its dtype (fp32, fp16 or bf16: the state's storage dtype; float64 -> fp32).
     """
     import onnxscript
     from onnxscript import ir
@@ -154,7 +161,7 @@ def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlen
         )
         zero = onnx.helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
         initial_state = op.ConstantOfShape(shape, value=zero)
-    elif initial_state.dtype != ir.DataType.FLOAT:
+    elif initial_state.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         initial_state = op.Cast(initial_state, to=TensorProto.FLOAT)
     o, final_state = getattr(gdn, PLUGIN_NAME)(
         q, k, v, g, beta, initial_state,
@@ -179,7 +186,8 @@ def torch_target():
 
 # Per value head, token t:  S <- exp(g_t) S;  u = beta_t (v_t - S^T k_t);  S <- S + k_t u^T;
 # o_t = S^T (scale q_t). Written independently of naive.py: time-major tensors, one Loop step
-# per token, rank-1 updates as [Dk, 1] x [1, Dv] MatMuls.
+# per token, rank-1 updates as [Dk, 1] x [1, Dv] MatMuls. The state is fp32 inside the Loop and
+# cast back to initial_state's dtype once after it (the op's rounding rule).
 _FUNCTION_TEXT = """
 <domain: "{domain}", opset_import: ["" : {opset}]>
 {name} <{attrs}> ({inputs}) => ({outputs})
@@ -262,7 +270,7 @@ _FUNCTION_TEXT = """
   }}>
   o_f = Transpose <perm = [1, 0, 2, 3]> (o_tm)
   {o} = CastLike (o_f, v)
-  {state} = Identity (s_final)
+  {state} = CastLike (s_final, initial_state)
 }}
 """
 

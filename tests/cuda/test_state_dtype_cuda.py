@@ -1,0 +1,89 @@
+"""The CUDA kernels with an fp16 / bf16 recurrent state, on a GPU, against the reference with the
+same storage dtype (which rounds the state once per call, where it is stored: the op's rule).
+
+Both paths (recurrent decode / short T, chunked prefill) x {fp32, bf16, fp16} activations x
+{bf16, fp16} state, real head sizes, Hv = 2 Hk, Dk != Dv, packed sequences, in-place decode chains.
+Outputs are NaN-poisoned first.
+"""
+
+import pytest
+import torch
+
+from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from tests.conftest import DTYPES, GPU_ONLY, RMS_BOUND, gdn_inputs, rel_rms
+
+pytestmark = GPU_ONLY
+
+if torch.cuda.is_available():
+    from gdn_export.cuda import backend as cuda_backend
+
+STATE_DTYPES = [pytest.param(torch.bfloat16, id="bf16-state"), pytest.param(torch.float16, id="fp16-state")]
+# Kernel and reference round nearly equal fp32 values: now and then one 16-bit step apart.
+STATE_BOUND = {torch.bfloat16: 6e-3, torch.float16: 1e-3}
+
+
+def _check(x, dtype, state_dtype, cu_seqlens=None, path=0):
+    B, T, _, Dk = x["q"].shape
+    Hv, Dv = x["v"].shape[2:]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    x = dict(x, initial_state=x["initial_state"].to(state_dtype))
+    o = torch.full((B, T, Hv, Dv), float("nan"), dtype=dtype, device="cuda")
+    s = torch.full((N, Hv, Dk, Dv), float("nan"), dtype=state_dtype, device="cuda")
+    cuda_backend.gated_delta_rule_out(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"],
+                                      Dk ** -0.5, True, cu_seqlens, o, s, path=path)
+    fn = recurrent_gated_delta_rule if T <= 16 else chunked_gated_delta_rule
+    ro, rs = fn(**x, use_qk_l2norm=True, cu_seqlens=cu_seqlens)
+    assert rs.dtype == state_dtype
+    assert rel_rms(o, ro) <= RMS_BOUND[dtype], ("o", rel_rms(o, ro))
+    assert rel_rms(s, rs) <= max(RMS_BOUND[dtype], STATE_BOUND[state_dtype]), ("final_state", rel_rms(s, rs))
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T", [1, 3, 65, 1000], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("Dk,Dv", [pytest.param(128, 128, id="D128"), pytest.param(64, 128, id="Dk64-Dv128")])
+def test_grid(Dk, Dv, T, dtype, state_dtype):
+    _check(gdn_inputs(3, T, 2, 4, Dk, Dv, dtype=dtype, device="cuda"), dtype, state_dtype)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("path", [1, 2], ids=["recurrent", "chunked"])
+def test_pinned_paths_correlated(path, state_dtype):
+    x = gdn_inputs(2, 130, 2, 4, 128, 128, dtype=torch.bfloat16, device="cuda", correlated=True)
+    _check(x, torch.bfloat16, state_dtype, path=path)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("lengths", [[1, 1, 1, 1], [5, 65, 1, 300]], ids=["decode-pack", "prefill-pack"])
+def test_varlen(lengths, state_dtype):
+    x = gdn_inputs(1, sum(lengths), 2, 4, 64, 64, dtype=torch.bfloat16, device="cuda", state=False)
+    x["initial_state"] = torch.randn(len(lengths), 4, 64, 64, device="cuda") * 0.1
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    _check(x, torch.bfloat16, state_dtype, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_inplace_decode_chain(state_dtype):
+    x = gdn_inputs(64, 32, 16, 32, 128, 128, dtype=torch.bfloat16, device="cuda", correlated=True)
+    state = x["initial_state"].to(state_dtype)
+    ref = state.clone()
+    for t in range(32):
+        step = {n: v[:, t : t + 1] for n, v in x.items() if n != "initial_state"}
+        o = cuda_backend.gated_delta_rule_inplace(*step.values(), state, 128 ** -0.5, True)
+        ro, ref = recurrent_gated_delta_rule(**step, initial_state=ref, use_qk_l2norm=True)
+        assert rel_rms(o, ro) <= RMS_BOUND[torch.bfloat16]
+    assert state.dtype == state_dtype
+    assert rel_rms(state, ref) <= STATE_BOUND[state_dtype]
+
+
+def test_op_returns_the_state_dtype_and_rejects_mixed_buffers():
+    from gdn_export.errors import GdnExportError
+    from gdn_export.ops import gated_delta_rule, use_backend
+
+    x = gdn_inputs(2, 70, 2, 4, 128, 128, dtype=torch.bfloat16, device="cuda", state=False)
+    with use_backend("cuda"):
+        _, s = gated_delta_rule(**x, use_qk_l2norm=True, state_dtype=torch.bfloat16)
+    assert s.dtype == torch.bfloat16
+    with pytest.raises(GdnExportError, match="initial_state must be a contiguous torch.bfloat16"):
+        cuda_backend.gated_delta_rule_out(x["q"], x["k"], x["v"], x["g"], x["beta"], s.float(), 0.1, True,
+                                          None, torch.empty_like(x["v"]), torch.empty_like(s))
