@@ -41,8 +41,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from gdn_export.validate import (DEFAULT_TOLERANCES, check_parity_sizes, format_table, run_parity,
-                                     write_json)
+    from gdn_export.validate import check_parity_sizes, format_table, run_parity, write_json
+    from gdn_export.validate.compare import default_tolerances
 
     if not (args.onnx or args.engine):
         raise InputError("nothing to validate: give --onnx and/or --engine")
@@ -67,7 +67,8 @@ def run(args) -> int:
         candidates[f"--engine {args.engine}"] = open_runner(args.engine, "trt", plugins=args.plugins)
     first = next(iter(candidates.values()))
     dtype = args.dtype or _dtype_of(first) or "fp32"
-    atol, rtol = DEFAULT_TOLERANCES[TORCH_DTYPE_NAMES[dtype]]
+    state_dtype = str(first.layout.state_dtype).removeprefix("torch.")
+    atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], state_dtype)
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
     _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
