@@ -44,6 +44,9 @@ _HEADERS = (
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
     PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
     PLUGINS_DIR / "moePlugin" / "moeKernels.h",
+    PLUGINS_DIR / "moePlugin" / "moeCommon.cuh",
+    PLUGINS_DIR / "moePlugin" / "moeGemmSimt.cuh",
+    PLUGINS_DIR / "moePlugin" / "moeGemmWmma.cuh",
 )
 BUILD_DIR_ENV = "GDN_EXPORT_CUDA_BUILD_DIR"
 _ACTIVATIONS = (torch.float32, torch.float16, torch.bfloat16)

@@ -10,8 +10,9 @@
  *   out           [N, H]       dtype   out[n] = sum_j w[n,j] down[e_j] (silu(gate x_n) * up x_n)
  *
  * Work: route (one warp per token; pairs appended to their expert's row list by atomics), align
- * (one CTA: row blocks of kBLOCK_M rows per expert), grouped GEMMs over the row blocks (gate_up
- * with the SwiGLU fused, then down with the routing weight fused), combine (sum of the k rows).
+ * (one CTA: row blocks of 16 or 64 rows per expert), grouped GEMMs over the row blocks (gate_up with
+ * the SwiGLU fused, then down with the routing weight fused; tensor cores for fp16 / bf16), combine
+ * (sum of the k rows, fp32).
  * Only experts with rows are read: at decode, the routed experts' weights only.
  */
 #pragma once
