@@ -117,12 +117,13 @@ def moe_down_kernel(act, down, weights, rows, counts, y, N, H, I, E,
 
 
 def _tiles(pairs: int, H: int, I: int) -> dict:
-    """Tile sizes: 16-row blocks while experts get a few rows each (decode), 64 for prefill."""
+    """Tile sizes: 16-row blocks while experts get a few rows each (decode: weight-bound, narrow
+    column blocks so that enough programs stream weights), 64-row blocks for prefill (FLOP-bound).
+    Chosen by reasoning, not yet swept on the H200 (benchmarks/moe_bench.py measures them)."""
     decode = pairs <= 1024
-    bm = 16 if decode else 64
-    return dict(BM=bm, BN1=min(32 if decode else 64, max(16, next_pow2(I))),
-                BN2=min(64, max(16, next_pow2(H))), BK1=min(128 if decode else 64, max(16, next_pow2(H))),
-                BK2=min(128 if decode else 64, max(16, next_pow2(I))), stages=4 if decode else 3)
+    fit = lambda cap, n: min(cap, max(16, next_pow2(n)))  # noqa: E731
+    return dict(BM=16 if decode else 64, BN1=fit(32 if decode else 64, I), BN2=fit(64 if decode else 128, H),
+                BK1=fit(128 if decode else 64, H), BK2=fit(128 if decode else 64, I), stages=4 if decode else 3)
 
 
 def moe(
