@@ -17,6 +17,7 @@ CASES = {  # (N, H, E, I, top_k, norm)
     "N7-E8-k2-I24-nonorm": (7, 32, 8, 24, 2, False),
     "N65-E16-k4-I20": (65, 16, 16, 20, 4, True),
     "N7-E5-k3-H40": (7, 40, 5, 16, 3, True),
+    "N300-E12-k4-prefill_tiles": (300, 24, 12, 20, 4, True),  # 1200 pairs: the 64-row prefill tiles
 }
 
 

@@ -23,6 +23,9 @@ each implementation: lower index first in ONNX, Triton and CUDA), divided by the
 Every implementation reads only the routed experts' weights: at decode (N * k < E) the cost is
 that of the k * N expert slices, not of all E experts.
 
+ONNX: one gdn.MoE node. ONNX Runtime runs it through a model-local function body in standard
+ONNX rather than a compiled custom op (stock ORT, the exported file stays what TensorRT parses),
+written so that its cost follows top-k: a Loop over the hit experts only (see onnx.py).
 TensorRT plugin twin: plugins/moePlugin (kMOE_PLUGIN_NAME / VERSION / NAMESPACE).
 """
 
