@@ -1,8 +1,9 @@
 /*
  * Grouped GEMM over the MoE row blocks on tensor cores (WMMA m16n16k16, fp32 accumulation), used for
  * fp16 / bf16 activations. A CTA of 4 warps owns BM rows (16 or 64) of one expert and kWMMA_N = 64
- * output columns; per K step of kWMMA_K it stages the gathered A rows and the weight rows (16-byte
- * vector loads along the contiguous K axis when K % 8 == 0) in shared memory. Weights [n][k] are
+ * output columns; per K step of BK it stages the gathered A rows and the weight rows (16-byte
+ * vector loads along the contiguous K axis when K % 8 == 0) in shared memory. Decode uses BK = 128
+ * so that each CTA has 32 KB of weights in flight per step (the loads are synchronous). Weights [n][k] are
  * exactly WMMA's col-major B. The epilogue goes through shared memory: SwiGLU for gate_up (act is
  * rounded to the activation dtype, as transformers does), the routing weight for down.
  */
@@ -18,22 +19,21 @@ namespace moe
 {
 
 constexpr int32_t kWMMA_N = 64;
-constexpr int32_t kWMMA_K = 32;
 constexpr int32_t kWMMA_WARPS = 4;
 constexpr int32_t kWMMA_PAD = 8; // halves of padding per smem row (keeps 16-byte alignment, spreads banks)
 
-// Copies `rows` rows of kWMMA_K elements starting at column k0 into smem tile [rows][kWMMA_K + pad];
+// Copies `rows` rows of BK elements starting at column k0 into smem tile [rows][BK + pad];
 // src(r) gives row r's base pointer or nullptr for a zero row.
-template <typename T, typename Src>
-__device__ __forceinline__ void stageRows(T (*tile)[kWMMA_K + kWMMA_PAD], int32_t rows, int32_t k0, int32_t K,
-    bool vec, Src src)
+template <typename T, int32_t BK, typename Src>
+__device__ __forceinline__ void stageRows(T (*tile)[BK + kWMMA_PAD], int32_t rows, int32_t k0, int32_t K, bool vec,
+    Src src)
 {
     constexpr int32_t kVEC = 8; // 16 bytes of 16-bit values
     if (vec)
     {
-        for (int32_t i = threadIdx.x; i < rows * (kWMMA_K / kVEC); i += kWMMA_WARPS * 32)
+        for (int32_t i = threadIdx.x; i < rows * (BK / kVEC); i += kWMMA_WARPS * 32)
         {
-            int32_t const r = i / (kWMMA_K / kVEC), k = (i % (kWMMA_K / kVEC)) * kVEC;
+            int32_t const r = i / (BK / kVEC), k = (i % (BK / kVEC)) * kVEC;
             T const* base = src(r);
             uint4 v = make_uint4(0, 0, 0, 0);
             if (base != nullptr && k0 + k < K)
@@ -45,16 +45,16 @@ __device__ __forceinline__ void stageRows(T (*tile)[kWMMA_K + kWMMA_PAD], int32_
     }
     else
     {
-        for (int32_t i = threadIdx.x; i < rows * kWMMA_K; i += kWMMA_WARPS * 32)
+        for (int32_t i = threadIdx.x; i < rows * BK; i += kWMMA_WARPS * 32)
         {
-            int32_t const r = i / kWMMA_K, k = i % kWMMA_K;
+            int32_t const r = i / BK, k = i % BK;
             T const* base = src(r);
             tile[r][k] = (base != nullptr && k0 + k < K) ? base[k0 + k] : fromFloat<T>(0.F);
         }
     }
 }
 
-template <typename T, bool GATE_UP, int32_t BM>
+template <typename T, bool GATE_UP, int32_t BM, int32_t BK>
 __global__ void __launch_bounds__(kWMMA_WARPS * 32) moeGemmWmmaKernel(MoEParams const p, Workspace const w)
 {
     using namespace nvcuda;
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kWMMA_WARPS * 32) moeGemmWmmaKernel(MoEParams 
     {
         struct
         {
-            T a[BM][kWMMA_K + kWMMA_PAD];
-            T b[kHALVES * kWMMA_N][kWMMA_K + kWMMA_PAD];
+            T a[BM][BK + kWMMA_PAD];
+            T b[kHALVES * kWMMA_N][BK + kWMMA_PAD];
         } in;
         float c[kHALVES][BM][kWMMA_N + 4];
     };
@@ -115,22 +115,22 @@ __global__ void __launch_bounds__(kWMMA_WARPS * 32) moeGemmWmmaKernel(MoEParams 
             wmma::fill_fragment(acc[h][f], 0.F);
         }
     }
-    for (int32_t k0 = 0; k0 < K; k0 += kWMMA_K)
+    for (int32_t k0 = 0; k0 < K; k0 += BK)
     {
-        stageRows<T>(aTile, BM, k0, K, vec, [&](int32_t r) -> T const* {
+        stageRows<T, BK>(aTile, BM, k0, K, vec, [&](int32_t r) -> T const* {
             int32_t const pair = pairOf[r];
             return pair < 0 ? nullptr : a + static_cast<int64_t>(GATE_UP ? pair / p.topK : pair) * K;
         });
-        stageRows<T>(bTile, kHALVES * kWMMA_N, k0, K, vec, [&](int32_t r) -> T const* {
+        stageRows<T, BK>(bTile, kHALVES * kWMMA_N, k0, K, vec, [&](int32_t r) -> T const* {
             int32_t const h = r / kWMMA_N, c = col0 + r % kWMMA_N;
             return c < cols ? weight + (static_cast<int64_t>(h) * cols + c) * K : nullptr;
         });
         __syncthreads();
 #pragma unroll
-        for (int32_t kk = 0; kk < kWMMA_K; kk += 16)
+        for (int32_t kk = 0; kk < BK; kk += 16)
         {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-            wmma::load_matrix_sync(fa, &aTile[slice * 16][kk], kWMMA_K + kWMMA_PAD);
+            wmma::load_matrix_sync(fa, &aTile[slice * 16][kk], BK + kWMMA_PAD);
 #pragma unroll
             for (int32_t h = 0; h < kHALVES; ++h)
             {
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kWMMA_WARPS * 32) moeGemmWmmaKernel(MoEParams 
                 for (int32_t f = 0; f < kFRAGS; ++f)
                 {
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, &bTile[h * kWMMA_N + (frag0 + f) * 16][kk], kWMMA_K + kWMMA_PAD);
+                    wmma::load_matrix_sync(fb, &bTile[h * kWMMA_N + (frag0 + f) * 16][kk], BK + kWMMA_PAD);
                     wmma::mma_sync(acc[h][f], fa, fb, acc[h][f]);
                 }
             }

@@ -203,11 +203,11 @@ void launchGemm(MoEParams const& p, Workspace const& w, int32_t blockM, int32_t 
         dim3 const grid(blocks, (cols + kWMMA_N - 1) / kWMMA_N);
         if (blockM == 64)
         {
-            moeGemmWmmaKernel<T, GATE_UP, 64><<<grid, kWMMA_WARPS * 32, 0, stream>>>(p, w);
+            moeGemmWmmaKernel<T, GATE_UP, 64, 64><<<grid, kWMMA_WARPS * 32, 0, stream>>>(p, w);
         }
         else
         {
-            moeGemmWmmaKernel<T, GATE_UP, 16><<<grid, kWMMA_WARPS * 32, 0, stream>>>(p, w);
+            moeGemmWmmaKernel<T, GATE_UP, 16, 128><<<grid, kWMMA_WARPS * 32, 0, stream>>>(p, w);
         }
     }
 }
