@@ -3,14 +3,15 @@
 # compute-sanitizer, the GPU tests of the cuda and triton backends and of the whole tiny models,
 # then the kernel benchmark (ours triton / ours cuda / FLA / PyTorch side by side).
 #
-#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models bench triton plugins (default all, in that order)
+#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models bench triton plugins moe (default all, in that order)
+#   moe: the MoE GPU tests of both backends, then benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
 #
 # Expects FLA wheels in .whl/ and TensorRT headers in .carry/tensorrt/include (both git-ignored,
 # carried by the device tool). Logs go to OUT_DIR; a summary table is printed last.
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
 shift
-steps=${*:-cuda models bench triton plugins}
+steps=${*:-cuda models bench triton plugins moe}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -35,6 +36,9 @@ for s in $steps; do
         models) run_step models 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
         triton) run_step triton 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/kernels ;;  # ~130 s on the H200
         bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;
+        moe) run_step moe_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda/test_moe_cuda.py \
+                 tests/kernels/test_gpu_moe_kernels.py
+             run_step moe_bench 240 python3 benchmarks/moe_bench.py --out "$out/moe" ;;
     esac
 done
 echo "GPU: $(cat "$out/gpu.txt")"

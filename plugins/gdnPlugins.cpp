@@ -9,6 +9,7 @@
 #include "causalConv1dPlugin/causalConv1dPlugin.h"
 #include "common/logging.h"
 #include "gatedDeltaRulePlugin/gatedDeltaRulePlugin.h"
+#include "moePlugin/moePlugin.h"
 
 #include <NvInferRuntime.h>
 
@@ -19,7 +20,9 @@ namespace
 // Creators live as long as the library: TensorRT keeps pointers to them after getCreators().
 gdn::plugin::GatedDeltaRulePluginCreator gGatedDeltaRuleCreator;
 gdn::plugin::CausalConv1dPluginCreator gCausalConv1dCreator;
-nvinfer1::IPluginCreatorInterface* const gCreators[] = {&gGatedDeltaRuleCreator, &gCausalConv1dCreator};
+gdn::plugin::MoEPluginCreator gMoECreator;
+nvinfer1::IPluginCreatorInterface* const gCreators[]
+    = {&gGatedDeltaRuleCreator, &gCausalConv1dCreator, &gMoECreator};
 } // namespace
 
 GDN_PLUGINS_API void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept

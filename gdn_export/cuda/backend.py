@@ -7,6 +7,8 @@ Shapes (same argument order as the reference backend):
         S: the state's storage dtype, fp32, fp16 or bf16 (fp32 for None; float64 runs as fp32).
     causal_conv1d(x [B, T, C], weight [C, K], bias [C] | None, conv_state [B, C, K-1] | None, silu)
         -> (y [B, T, C], new_conv_state [B, C, K-1])
+    moe(hidden [N, H], router_logits [N, E], gate_up [E, 2I, H], down [E, H, I], top_k,
+        norm_topk_prob) -> out [N, H]
 
 Activations are fp32, fp16 or bf16 (q, k, beta are cast to v's dtype, g to fp32; float64 runs in
 fp32 and is cast back). Tensors must be on a CUDA device. The `*_inplace` variants update the
@@ -27,12 +29,14 @@ from gdn_export.ops.causal_conv1d import check_inputs as _check_conv_inputs
 from gdn_export.ops.gated_delta_rule import STATE_DTYPES
 from gdn_export.ops.gated_delta_rule import check_inputs as _check_gdr_inputs
 from gdn_export.ops.gated_delta_rule import state_storage_dtype
+from gdn_export.ops.moe import check_inputs as _check_moe_inputs
 
 PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
 SOURCES = (
     Path(__file__).resolve().parent / "extension.cpp",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu",
     PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.cu",
+    PLUGINS_DIR / "moePlugin" / "moeKernels.cu",
 )
 # Headers the build depends on: a change to any of them must rebuild the extension.
 _HEADERS = (
@@ -42,10 +46,15 @@ _HEADERS = (
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleRecurrent.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
     PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
+    PLUGINS_DIR / "moePlugin" / "moeKernels.h",
+    PLUGINS_DIR / "moePlugin" / "moeCommon.cuh",
+    PLUGINS_DIR / "moePlugin" / "moeGemmSimt.cuh",
+    PLUGINS_DIR / "moePlugin" / "moeGemmWmma.cuh",
 )
 BUILD_DIR_ENV = "GDN_EXPORT_CUDA_BUILD_DIR"
 _ACTIVATIONS = (torch.float32, torch.float16, torch.bfloat16)
 MAX_CONV_KERNEL = 8  # kMAX_K in causalConv1dKernels.cu
+MAX_EXPERTS, MAX_TOP_K = 1024, 32  # kMAX_EXPERTS / kMAX_TOP_K in moeKernels.h
 # Kernel path selector of the extension (tests and benchmarks pin one).
 PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED = 0, 1, 2
 
@@ -221,3 +230,21 @@ def causal_conv1d_inplace(x, weight, bias, conv_state, silu):
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     causal_conv1d_out(x, weight, bias, conv_state, silu, y, conv_state)
     return y
+
+
+def moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob):
+    """Returns out [N, H] in hidden's dtype. All four tensors run in hidden's dtype (fp64 in fp32):
+    weights in another dtype are cast, which reads every expert: keep them in hidden's dtype."""
+    try:
+        _check_moe_inputs(hidden, router_logits, gate_up, down, top_k)
+    except ValueError as exc:
+        raise GdnExportError(f"cuda backend: {exc}") from exc
+    E = router_logits.shape[1]
+    if E > MAX_EXPERTS or top_k > MAX_TOP_K:
+        raise GdnExportError(f"cuda backend: moe supports E <= {MAX_EXPERTS} and top_k <= {MAX_TOP_K}, "
+                             f"got E={E}, top_k={top_k}")
+    _require_cuda(hidden=hidden, router_logits=router_logits, gate_up=gate_up, down=down)
+    dt = _compute_dtype(hidden.dtype, "hidden")
+    args = [t if t.dtype == dt and t.is_contiguous() else t.to(dt).contiguous()
+            for t in (hidden, router_logits, gate_up, down)]
+    return load().moe(*args, int(top_k), bool(norm_topk_prob)).to(hidden.dtype)

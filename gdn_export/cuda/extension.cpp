@@ -8,6 +8,7 @@
 #include "causalConv1dPlugin/causalConv1dKernels.h"
 #include "gatedDeltaRulePlugin/gatedDeltaRuleKernels.h"
 #include "gatedDeltaRulePlugin/gatedDeltaRuleKernelsDetail.h"
+#include "moePlugin/moeKernels.h"
 
 #include <optional>
 #include <vector>
@@ -208,6 +209,55 @@ std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weig
     return {y, newState};
 }
 
+// out [N, H]: routed experts (all four tensors in one dtype; see plugins/moePlugin/moeKernels.h).
+at::Tensor moe(at::Tensor const& hidden, at::Tensor const& routerLogits, at::Tensor const& gateUp,
+    at::Tensor const& down, int64_t topK, bool normTopkProb)
+{
+    TORCH_CHECK(hidden.dim() == 2, "hidden must be [N, H], got ", hidden.sizes());
+    TORCH_CHECK(hidden.is_cuda(), "hidden must be a CUDA tensor, got ", hidden.device());
+    TORCH_CHECK(routerLogits.dim() == 2, "router_logits must be [N, E], got ", routerLogits.sizes());
+    TORCH_CHECK(down.dim() == 3, "down must be [E, H, I], got ", down.sizes());
+    at::Device const device = hidden.device();
+    at::ScalarType const dtype = hidden.scalar_type();
+    gdn::DataType const dt = toDataType(dtype, "hidden");
+    int64_t const N = hidden.size(0), H = hidden.size(1), E = routerLogits.size(1), I = down.size(2);
+    checkShape(routerLogits, "router_logits", {N, E});
+    checkShape(gateUp, "gate_up", {E, 2 * I, H});
+    checkShape(down, "down", {E, H, I});
+    checkTensor(hidden, "hidden", device, dtype);
+    checkTensor(routerLogits, "router_logits", device, dtype);
+    checkTensor(gateUp, "gate_up", device, dtype);
+    checkTensor(down, "down", device, dtype);
+    TORCH_CHECK(E >= 1 && E <= gdn::kMOE_MAX_EXPERTS, "experts must be 1..", gdn::kMOE_MAX_EXPERTS, ", got ", E);
+    TORCH_CHECK(topK >= 1 && topK <= E && topK <= gdn::kMOE_MAX_TOP_K, "top_k must be 1..min(E, ",
+        gdn::kMOE_MAX_TOP_K, "), got ", topK);
+    for (int64_t d : {N, H, I, N * topK, E * 2 * I * H})
+    {
+        checkInt32(d, "a dimension of moe");
+    }
+    at::Tensor out = at::empty({N, H}, hidden.options());
+    gdn::MoEParams p;
+    p.dtype = dt;
+    p.numTokens = static_cast<int32_t>(N);
+    p.hiddenSize = static_cast<int32_t>(H);
+    p.numExperts = static_cast<int32_t>(E);
+    p.interSize = static_cast<int32_t>(I);
+    p.topK = static_cast<int32_t>(topK);
+    p.normTopkProb = normTopkProb;
+    p.hidden = hidden.data_ptr();
+    p.routerLogits = routerLogits.data_ptr();
+    p.gateUp = gateUp.data_ptr();
+    p.down = down.data_ptr();
+    p.out = out.data_ptr();
+    c10::cuda::CUDAGuard const guard(device);
+    at::Tensor workspace
+        = at::empty({static_cast<int64_t>(gdn::moeWorkspaceSize(p))}, hidden.options().dtype(at::kByte));
+    cudaError_t const err = gdn::launchMoE(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, "moe CUDA kernels failed: ", cudaGetErrorString(err), " (N=", N, " H=", H,
+        " E=", E, " I=", I, " top_k=", topK, ")");
+    return out;
+}
+
 } // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
@@ -219,4 +269,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("causal_conv1d", &causalConv1d, "causal depthwise conv1d (y, new_conv_state)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("conv_state"), py::arg("silu"), py::arg("y_out") = py::none(),
         py::arg("new_conv_state_out") = py::none());
+    m.def("moe", &moe, "routed experts (out)", py::arg("hidden"), py::arg("router_logits"), py::arg("gate_up"),
+        py::arg("down"), py::arg("top_k"), py::arg("norm_topk_prob"));
 }

@@ -1,11 +1,12 @@
 """Backend registry for the `gdn` custom ops.
 
-Every backend implements the same two functions with the same argument order as the
-`torch.ops.gdn.*` ops (see `gdn_export.ops.gated_delta_rule` and `gdn_export.ops.causal_conv1d`):
+Every backend implements the same three functions with the same argument order as the
+`torch.ops.gdn.*` ops (see `gdn_export.ops.gated_delta_rule`, `.causal_conv1d` and `.moe`):
 
     gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
         -> (o, final_state)
     causal_conv1d(x, weight, bias, conv_state, silu) -> (y, new_conv_state)
+    moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob) -> out
 
 Backends:
     reference  fp32 PyTorch (`naive.py` beside each op); runs anywhere
@@ -38,9 +39,10 @@ class Backend:
     name: str
     gated_delta_rule: Callable
     causal_conv1d: Callable
+    moe: Callable
 
 
-# name -> module that defines `gated_delta_rule` and `causal_conv1d`; imported on first use so
+# name -> module that defines `gated_delta_rule`, `causal_conv1d` and `moe`; imported on first use so
 # that a machine without Triton or a CUDA compiler can still use the reference backend.
 _MODULES = {
     "reference": "gdn_export.ops.reference_backend",
@@ -85,7 +87,7 @@ def get(name: str | None = None) -> Backend:
             module = importlib.import_module(_MODULES[name])
         except ImportError as exc:
             raise GdnExportError(f"gdn backend {name!r} is not available here: {exc}") from exc
-        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d)
+        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d, module.moe)
     return _LOADED[name]
 
 

@@ -11,6 +11,7 @@ from gdn_export.ops.gated_delta_rule.naive import (
     chunked_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
+from gdn_export.ops.moe.naive import moe as _moe
 
 
 def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
@@ -22,3 +23,7 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
 
 def causal_conv1d(x, weight, bias, conv_state, silu):
     return _conv(x, weight, bias, conv_state, silu)
+
+
+def moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob):
+    return _moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob)

@@ -5,6 +5,7 @@
     fused_recurrent.py  decode / short T, optionally in place
     gates.py            the same from the raw gate projections (a, b, A_log, dt_bias)
     causal_conv1d.py    depthwise causal conv1d with state, SiLU fused
+    moe.py              routed experts: fused routing + grouped GEMM over each expert's tokens
 
 On a machine without a GPU, set TRITON_INTERPRET=1 before importing this package to run the
 kernels on CPU tensors (slowly).

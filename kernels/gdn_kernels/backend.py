@@ -11,6 +11,7 @@ from gdn_kernels.causal_conv1d import causal_conv1d as _conv
 from gdn_kernels.chunk import chunk_gated_delta_rule
 from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
 from gdn_kernels.gates import RECURRENT_MAX_T
+from gdn_kernels.moe import moe as _moe
 
 
 def _longest(v, cu_seqlens) -> int:
@@ -29,3 +30,7 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
 def causal_conv1d(x, weight, bias, conv_state, silu):
     y, state = _conv(x, weight, bias, conv_state, silu)
     return y.to(x.dtype), state.to(x.dtype)
+
+
+def moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob):
+    return _moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob)

@@ -13,6 +13,7 @@ PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 SOURCES = [
     PLUGINS / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu",
     PLUGINS / "causalConv1dPlugin" / "causalConv1dKernels.cu",
+    PLUGINS / "moePlugin" / "moeKernels.cu",
 ]
 ARCHS = ["80", "90"]
 
