@@ -25,7 +25,7 @@ from gdn_export.errors import GdnExportError
 from gdn_export.trt.loader import import_trt
 
 # The gdn plugins: (name, version, namespace). Must match plugins/*/…Plugin.h.
-GDN_PLUGINS = (("GatedDeltaRule", "1", "gdn"), ("CausalConv1d", "1", "gdn"))
+GDN_PLUGINS = (("GatedDeltaRule", "1", "gdn"), ("CausalConv1d", "1", "gdn"), ("MoE", "1", "gdn"))
 _OUT = sys.stdout  # replaced in main() by a private copy of fd 1
 
 

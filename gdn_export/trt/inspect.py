@@ -22,7 +22,7 @@ from gdn_export.errors import GdnExportError
 from gdn_export.trt import loader
 from gdn_export.trt.build import layers_path
 
-GDN_PLUGIN_NAMES = ("GatedDeltaRule", "CausalConv1d")
+GDN_PLUGIN_NAMES = ("GatedDeltaRule", "CausalConv1d", "MoE")
 
 
 @dataclass(frozen=True)

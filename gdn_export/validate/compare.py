@@ -61,10 +61,10 @@ class Report:
     reference: str
     batch: int
     prompt_len: int
-    prompt_lengths: list[int]
     decode_steps: int
     seed: int
     rows: list[Row] = field(default_factory=list)
+    prompt_lengths: list[int] = field(default_factory=list)  # per row (ragged runs)
 
     @property
     def passed(self) -> bool:
@@ -165,7 +165,7 @@ def run_parity(
     lens = ragged_lengths(batch, prompt_len) if ragged else [prompt_len] * batch
     ids = random_prompts(vocab_size, batch, prompt_len, seed)
     prompts = [row[:n] for row, n in zip(ids, lens)]
-    report = Report(reference.backend, batch, prompt_len, lens, decode_steps, seed)
+    report = Report(reference.backend, batch, prompt_len, decode_steps, seed, prompt_lengths=lens)
     past = np.array(lens, np.int64)
     say(f"prefill of rows of {', '.join(map(str, lens))} tokens: {', '.join(r.backend for r in runners)}")
     outs = [prefill(r, prompts, r.empty_states(batch)) for r in runners]

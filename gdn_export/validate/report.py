@@ -29,7 +29,7 @@ def format_table(report: Report, *, states: bool = True) -> str:
         verdict = f"PASS: {len(report.rows)} tensors within tolerance"
     else:
         verdict = f"FAIL: {failed} of {len(report.rows)} tensors over tolerance"
-    lengths = sorted(set(report.prompt_lengths))
+    lengths = sorted(set(report.prompt_lengths or [report.prompt_len]))
     prompt = (f"prompt {lengths[0]} tokens" if len(lengths) == 1 else
               f"ragged prompts of {', '.join(map(str, report.prompt_lengths))} tokens")
     summary = (f"reference {report.reference}, batch {report.batch}, {prompt}, "

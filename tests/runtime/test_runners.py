@@ -29,26 +29,30 @@ def test_ort_reads_state_specs_from_the_file(runners):
 
 
 def test_generate_agrees(runners):
-    ids = np.random.default_rng(1).integers(0, runners[0].vocab_size, (2, 7))
-    a, b = (generate(r, ids, 5) for r in runners)
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    assert a.tokens.shape == (2, 12)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, runners[0].vocab_size, n) for n in (7, 1, 4)]
+    a, b = (generate(r, prompts, 5) for r in runners)
+    np.testing.assert_array_equal(a.generated, b.generated)
+    assert a.generated.shape == (3, 5) and a.prompt_lengths.tolist() == [7, 1, 4]
     for x, y in zip(a.step_logits, b.step_logits):
         np.testing.assert_allclose(y, x, rtol=0, atol=1e-4)
 
 
-def test_prefill_in_two_pieces_equals_one(runners):
-    """T > 1 on top of P > 0 (a continued prefill) gives what one prefill of the whole prompt gives."""
+def test_prefill_in_pieces_equals_one(runners):
+    """T > 1 on top of P > 0 (a continued, chunked prefill) gives what one prefill of the whole
+    prompt gives: the last logits and every state."""
     ids = np.random.default_rng(2).integers(0, runners[0].vocab_size, (2, 11))
     for runner in runners:
         whole, whole_states = runner.forward(ids, 0, runner.empty_states(2))
-        first, states = runner.forward(ids[:, :6], 0, runner.empty_states(2))
-        second, states = runner.forward(ids[:, 6:], 6, states)
-        np.testing.assert_allclose(np.concatenate([first, second], 1), whole, rtol=0, atol=1e-4,
-                                   err_msg=runner.backend)
-        got, want = runner.states_to_numpy(states), runner.states_to_numpy(whole_states)
+        want = runner.states_to_numpy(whole_states)
+        _, states = runner.forward(ids[:, :6], 0, runner.empty_states(2))
+        last, states = runner.forward(ids[:, 6:], 6, states)
+        np.testing.assert_allclose(last, whole, rtol=0, atol=1e-4, err_msg=runner.backend)
+        got = runner.states_to_numpy(states)
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-4, err_msg=name)
+        chunked = generate(runner, ids, 1, prefill_chunk=4).step_logits[0]
+        np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-4, err_msg=runner.backend)
 
 
 @pytest.mark.parametrize("which", ["torch", "ort"])
@@ -63,8 +67,12 @@ def test_state_errors(runners, which):
     wrong_dtype = states[1].double() if which == "torch" else states[1].astype(np.float64)
     with pytest.raises(InputError, match="past.0.recurrent must be float32, got float64"):
         runner.forward(ids, 0, [states[0], wrong_dtype, *states[2:]])
-    with pytest.raises(InputError, match="past length 4"):  # K/V hold 0 tokens, caller says 4
-        runner.forward(ids, 4, states)
+    key = next(i for i, spec in enumerate(runner.state_specs) if spec.kind == "key")
+    short = states[key][:, :, :-1]
+    with pytest.raises(InputError, match=rf"past.{runner.state_specs[key].layer}.key must be"):
+        runner.forward(ids, 0, [*states[:key], short, *states[key + 1:]])
+    with pytest.raises(InputError, match="exceed the cache of 160 slots"):
+        runner.forward(ids, 160, states)
     with pytest.raises(InputError, match="expected 8 state tensors"):
         runner.forward(ids, 0, states[:-1])
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gdn_export.errors import GdnExportError, InputError
+from gdn_export.layout import DeployLayout
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 from gdn_export.validate import Report, Row, Tolerances, format_table, run_parity, write_json
 
@@ -20,6 +21,8 @@ SPECS = [StateInfo("past.0.conv", "present.0.conv", ("batch", 5, 3), "float32", 
 class ToyRunner(Runner):
     """logits = a fixed projection of the token ids plus `offset`; states count tokens."""
 
+    layout = DeployLayout.make(kv_cache="concat", logits="all")
+
     def __init__(self, backend: str, offset: float = 0.0, drop: str | None = None):
         self.backend, self.offset, self.drop = backend, offset, drop
         self.state_specs, self.vocab_size = SPECS, VOCAB
@@ -27,9 +30,9 @@ class ToyRunner(Runner):
     def empty_states(self, batch):
         return [np.zeros(s.concrete_shape(batch, 0), np.float32) for s in SPECS]
 
-    def _forward(self, input_ids, past_len, states):
+    def _forward(self, input_ids, past_lengths, seq_lens, states):
         batch, seq = input_ids.shape
-        check_states(SPECS, [(s.shape, s.dtype.name) for s in states], batch, past_len)
+        check_states(SPECS, [(s.shape, s.dtype.name) for s in states], batch, int(past_lengths[0]))
         table = np.cos(np.arange(VOCAB * VOCAB, dtype=np.float32).reshape(VOCAB, VOCAB))
         logits = table[input_ids] + np.float32(self.offset)
         conv = states[0] + input_ids.sum(1, dtype=np.float32)[:, None, None]
