@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from gdn_export.runtime.base import as_prompts, generate
+    from gdn_export.runtime.base import as_prompts, check_generation_fits, generate
 
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -56,7 +56,9 @@ def run(args) -> int:
     runner = open_runner(args.model, backend, dtype=args.dtype or "fp32", device=args.device or "cpu",
                          plugins=args.plugins, op_backend=args.op_backend,
                          layout=_torch_layout(ids, args.max_new_tokens) if backend == "torch" else None)
-    prompts = as_prompts(ids, runner.vocab_size)  # before the progress line: the error stays one line
+    # Checked before the progress line, so that an error stays the only line on stderr.
+    prompts = as_prompts(ids, runner.vocab_size)
+    check_generation_fits(runner.layout, prompts, args.max_new_tokens)
     lengths = sorted({len(p) for p in prompts})
     size = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}..{lengths[-1]}"
     progress(f"{runner.backend}: prefill {size} tokens x {len(prompts)} rows, then greedy decoding of "

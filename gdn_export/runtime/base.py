@@ -232,6 +232,20 @@ def prefill(runner: Runner, prompts: Sequence[np.ndarray], states, chunk: int | 
     return (full if full is not None else last), states
 
 
+def check_generation_fits(layout: DeployLayout, prompts: Sequence[np.ndarray], max_new_tokens: int) -> None:
+    """InputError unless the prompts plus max_new_tokens fit the layout: equal rows for the concat
+    layout, and no more tokens than the cache holds unless it streams."""
+    lens = np.array([len(p) for p in prompts], np.int64)
+    if not layout.inplace and (lens != lens[0]).any():
+        raise InputError(f"prompts of different lengths {lens.tolist()} need the inplace kv cache "
+                         f"layout; this model was exported with --kv-cache concat")
+    needed = int(lens.max()) + max(max_new_tokens - 1, 0)
+    if layout.inplace and not layout.streaming and needed > layout.cache_len:
+        raise InputError(f"a prompt of {int(lens.max())} tokens plus {max_new_tokens} new tokens needs "
+                         f"{needed} cache slots; the model has {layout.cache_len} (export with a larger "
+                         f"--max-cache-len or an --attention-window)")
+
+
 def generate(runner: Runner, input_ids, max_new_tokens: int,
              on_step: Callable[[int, np.ndarray], None] | None = None,
              prefill_chunk: int | None = None) -> GenerationResult:
@@ -248,16 +262,9 @@ def generate(runner: Runner, input_ids, max_new_tokens: int,
         raise InputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or prefill_chunk < 1):
         raise InputError(f"prefill chunk must be an integer >= 1, got {prefill_chunk!r}")
+    check_generation_fits(runner.layout, prompts, max_new_tokens)
     lens = np.array([len(p) for p in prompts], np.int64)
     layout = runner.layout
-    if not layout.inplace and (lens != lens[0]).any():
-        raise InputError(f"prompts of different lengths {lens.tolist()} need the inplace kv cache "
-                         f"layout; this model was exported with --kv-cache concat")
-    needed = int(lens.max()) + max(max_new_tokens - 1, 0)
-    if layout.inplace and not layout.streaming and needed > layout.cache_len:
-        raise InputError(f"a prompt of {int(lens.max())} tokens plus {max_new_tokens} new tokens needs "
-                         f"{needed} cache slots; the model has {layout.cache_len} (export with a larger "
-                         f"--max-cache-len or an --attention-window)")
     batch = len(prompts)
     logits, states = prefill(runner, prompts, runner.empty_states(batch), prefill_chunk)
     result = GenerationResult(prompts, np.zeros((batch, 0), np.int64), [logits])

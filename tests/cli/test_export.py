@@ -126,10 +126,11 @@ def test_config_json_not_utf8(cli, tmp_path, tiny_ckpt):
 @pytest.mark.parametrize("name,opset,fragment", [
     ("m.onnx", 17, "opset 17 is outside the range gdn-export writes and TensorRT parses [18, "),
     ("m.onnx", True, "opset True is outside"),
-    ("m.onnx.txt", 18, "m.onnx.txt: the output file name must end in .onnx"),
-    ("gone/m.onnx", 18, "m.onnx: folder {tmp}/gone does not exist"),
-    ("dir.onnx", 18, "dir.onnx: is a folder"),
-], ids=["opset17", "bool-opset", "suffix", "no-folder", "is-a-folder"])
+    ("m.onnx", 18, "opset 18 has no TensorScatter: the inplace kv cache needs opset >= 24"),
+    ("m.onnx.txt", 24, "m.onnx.txt: the output file name must end in .onnx"),
+    ("gone/m.onnx", 24, "m.onnx: folder {tmp}/gone does not exist"),
+    ("dir.onnx", 24, "dir.onnx: is a folder"),
+], ids=["opset17", "bool-opset", "inplace-opset18", "suffix", "no-folder", "is-a-folder"])
 def test_check_export_target_is_the_check_the_cli_uses(tmp_path, name, opset, fragment):
     """The public library check (the CLI calls it before loading the checkpoint)."""
     from gdn_export.errors import GdnExportError

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-PROMPTS = ["5,17,200,3,91,42,7", "250,0,13,13,13,64,128"]  # B = 2, T = 7 (odd)
+PROMPTS = ["5,17,200,3,91,42,7", "250,0,13"]  # B = 2, ragged: 7 and 3 tokens
+LENGTHS = [7, 3]
 NEW_TOKENS = 5
 
 
@@ -29,10 +30,11 @@ def both_backends(tmp_path_factory, tiny_ckpt, tiny_onnx):
 
 
 def test_same_tokens(both_backends):
-    tokens = {k: v["tokens"] for k, v in both_backends.items()}
-    assert tokens["torch"].shape == (2, 7 + NEW_TOKENS)
-    np.testing.assert_array_equal(tokens["torch"][:, :7], [[int(t) for t in r.split(",")] for r in PROMPTS])
-    np.testing.assert_array_equal(tokens["ort"], tokens["torch"])
+    generated = {k: v["generated"] for k, v in both_backends.items()}
+    assert generated["torch"].shape == (2, NEW_TOKENS)
+    np.testing.assert_array_equal(generated["ort"], generated["torch"])
+    for saved in both_backends.values():
+        np.testing.assert_array_equal(saved["prompt_lengths"], LENGTHS)
 
 
 def test_saved_logits_match(both_backends):
@@ -40,7 +42,7 @@ def test_saved_logits_match(both_backends):
     steps = sorted(k for k in torch_npz if k.startswith("step_"))
     assert steps == sorted(k for k in ort_npz if k.startswith("step_"))
     assert len(steps) == NEW_TOKENS  # the prefill, then one step per token but the last
-    assert torch_npz["step_0"].shape == (2, 7, 256)
+    assert torch_npz["step_0"].shape == (2, 1, 256)  # each row's last prompt token
     assert all(torch_npz[f"step_{i}"].shape == (2, 1, 256) for i in range(1, NEW_TOKENS))
     assert torch_npz["step_0"].std() > 0.1  # real logits, not a constant that trivially matches
     for step in steps:
@@ -52,8 +54,9 @@ def test_stdout_is_the_token_table(cli, tiny_onnx, both_backends):
     result = cli("run", tiny_onnx, "--input-ids", PROMPTS[0], "--input-ids", PROMPTS[1],
                  "--max-new-tokens", NEW_TOKENS, "-q")
     assert result.code == 0 and result.err == ""
-    printed = np.array([[int(t) for t in line.split()] for line in result.out.splitlines()])
-    np.testing.assert_array_equal(printed, both_backends["ort"]["tokens"])
+    printed = [[int(t) for t in line.split()] for line in result.out.splitlines()]
+    for row, prompt, generated in zip(printed, PROMPTS, both_backends["ort"]["generated"]):
+        assert row == [int(t) for t in prompt.split(",")] + generated.tolist()
 
 
 def test_zero_new_tokens_prints_the_prompt(cli, tiny_onnx, tmp_path):
@@ -61,7 +64,8 @@ def test_zero_new_tokens_prints_the_prompt(cli, tiny_onnx, tmp_path):
                  "--save-logits", tmp_path / "l.npz")
     assert result.code == 0 and result.out == "1 2 3\n"
     saved = np.load(tmp_path / "l.npz")
-    assert sorted(saved.files) == ["step_0", "tokens"] and saved["step_0"].shape == (1, 3, 256)
+    assert sorted(saved.files) == ["generated", "prompt_lengths", "step_0"]
+    assert saved["step_0"].shape == (1, 1, 256) and saved["generated"].shape == (1, 0)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -74,11 +78,12 @@ def test_zero_new_tokens_prints_the_prompt(cli, tiny_onnx, tmp_path):
     (["--input-ids", "99999999999999999999"], "token id 99999999999999999999 is out of range"),
     (["--input-ids", "1,256"], "token id 256 is out of range for vocab size 256 (0 .. 255)"),
     (["--input-ids", "-1"], "token id -1 is out of range"),
-    (["--input-ids", "1,2,3", "--input-ids", "4,5"], "rows differ in length ([3, 2])"),
+    (["--input-ids", "1", "--max-new-tokens", "4100"], "needs 4100 cache slots; the model has 4096"),
+    (["--input-ids", "1", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1, got 0"),
     (["--input-ids", "1", "--max-new-tokens", "-1"], "--max-new-tokens must be >= 0, got -1"),
     (["--input-ids", "1", "--save-logits", "no/such/dir/l.npz"], "folder no/such/dir does not exist"),
 ], ids=["empty", "only-commas", "not-integer", "float", "underscore", "full-width-digit", "int64-overflow",
-        "id-equals-vocab", "negative-id", "ragged",
+        "id-equals-vocab", "negative-id", "longer-than-cache", "prefill-chunk-0",
         "negative-new-tokens", "save-logits-folder-missing"])
 def test_bad_prompt_or_flag(cli, tiny_onnx, args, fragment):
     result = cli("run", tiny_onnx, *args)  # no -q: the error must still be the only stderr line
@@ -103,6 +108,14 @@ def test_bad_model_or_backend(cli, tmp_path, tiny_ckpt, tiny_onnx, model, args, 
     fill = lambda s: s.format(tmp=tmp_path, onnx=tiny_onnx, ckpt=tiny_ckpt)  # noqa: E731
     result = cli("run", fill(model), "--input-ids", "1,2", *args)
     assert fill(fragment) in result.error_line("run")
+
+
+def test_prefill_chunk_gives_the_same_tokens(cli, tiny_onnx, both_backends):
+    argv = ["run", tiny_onnx, "--max-new-tokens", NEW_TOKENS, "--prefill-chunk", 2, "-q"]
+    for row in PROMPTS:
+        argv += ["--input-ids", row]
+    printed = [[int(t) for t in line.split()] for line in cli(*argv).out.splitlines()]
+    assert [row[n:] for row, n in zip(printed, LENGTHS)] == both_backends["ort"]["generated"].tolist()
 
 
 def test_corrupt_onnx_file(cli, tmp_path):

@@ -53,9 +53,25 @@ def test_states_of_another_batch(runner):
         runner.forward(IDS, 0, runner.empty_states(2))
 
 
-def test_past_length_that_the_cache_does_not_hold(runner):
-    with pytest.raises(InputError, match=r"state past\.3\.key must be .* past length 4, got \(1, 2, 0, 16\)"):
-        runner.forward(IDS, 4, runner.empty_states(1))
+def test_cache_of_the_wrong_length(runner):
+    states = list(runner.empty_states(1))
+    i = _index(runner, "past.3.key")
+    states[i] = states[i][:, :, :100]
+    with pytest.raises(InputError, match=r"state past\.3\.key must be \(1, 2, 4096, 16\) .* got \(1, 2, 100, 16\)"):
+        runner.forward(IDS, 4, states)
+
+
+def test_past_length_beyond_the_cache(runner):
+    with pytest.raises(InputError, match=r"rows at past lengths \[4094\] plus 3 tokens exceed the cache of 4096"):
+        runner.forward(IDS, 4094, runner.empty_states(1))
+
+
+def test_wrong_recurrent_state_dtype_is_named(runner):
+    states = list(runner.empty_states(1))
+    i = _index(runner, "past.0.recurrent")
+    states[i] = _cast(runner, states[i], "float16")
+    with pytest.raises(InputError, match=r"state past\.0\.recurrent must be float32, got float16"):
+        runner.forward(IDS, 0, states)
 
 
 def test_missing_state(runner):
