@@ -5,7 +5,7 @@ Every backend implements the same two functions with the same argument order as 
 
     gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
         -> (o, final_state)
-    causal_conv1d(x, weight, bias, conv_state, silu) -> (y, new_conv_state)
+    causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None) -> (y, new_conv_state)
 
 Backends:
     reference  fp32 PyTorch (`naive.py` beside each op); runs anywhere
