@@ -67,3 +67,72 @@ def check_conv_rows(y, new_state, x, w, b, s0, lens, silu, dtype, exact=False):
             torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
         else:
             assert_close_rms(got, ref, dtype, "y on real tokens")
+
+
+# ------------------------------------------------------------------------------- gated delta rule
+
+# Rows of lengths 1, 63 and 130 in a T = 130 batch (the brief's shape), Hv = 2 Hk, Dk != Dv.
+GDR_PADDED = dict(lengths=(1, 63, 130), T=130, Hk=1, Hv=2, Dk=16, Dv=32)
+
+
+def gdr_padded_inputs(lengths, T, Hk, Hv, Dk, Dv, dtype, device, correlated=False, seed=0):
+    """gdn_inputs for len(lengths) right-padded rows: g = 0 and beta = 0 at t >= L_b (what a model
+    writes at padded positions), random q / k / v everywhere."""
+    from tests.conftest import gdn_inputs
+
+    x = gdn_inputs(len(lengths), T, Hk, Hv, Dk, Dv, dtype=dtype, device=device, seed=seed, correlated=correlated)
+    pad = (torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]).to(device)
+    x["g"] = x["g"].masked_fill(pad[..., None], 0.0)
+    x["beta"] = x["beta"].masked_fill(pad[..., None], 0.0)
+    return x
+
+
+def gdr_rows_alone(x, lengths, reference):
+    """Each row b of x run alone on its first L_b tokens through `reference` (a naive form):
+    [(o_b [L_b, Hv, Dv] | None, state_b [1, Hv, Dk, Dv])]."""
+    out = []
+    for b, L in enumerate(lengths):
+        s0 = x["initial_state"][b : b + 1].cpu().float()
+        if L == 0:
+            out.append((None, s0))
+            continue
+        row = {n: x[n][b : b + 1, :L].cpu() for n in ("q", "k", "v", "g", "beta")}
+        o, s = reference(**row, initial_state=s0, scale=x["q"].shape[-1] ** -0.5, use_qk_l2norm=True)
+        out.append((o[0], s))
+    return out
+
+
+def check_gdr_rows(o, state, x, lengths, dtype, reference, exact=False):
+    """o [B, T, Hv, Dv] and state [B, Hv, Dk, Dv] of a padded batch against each row alone: exact=True
+    (the reference itself) at 1e-6, otherwise within the dtype's relative-RMS bound."""
+    o, state = o.detach().cpu(), state.detach().cpu()
+    assert torch.isfinite(o.float()).all() and torch.isfinite(state).all()
+    got_o, ref_o = [], []
+    for b, (o_row, s_row) in enumerate(gdr_rows_alone(x, lengths, reference)):
+        if exact:
+            torch.testing.assert_close(state[b : b + 1], s_row, rtol=1e-6, atol=1e-6, msg=f"state of row {b}")
+        else:
+            assert_close_rms(state[b : b + 1], s_row, dtype, f"state of row {b}")
+        if o_row is not None:
+            got_o.append(o[b, : lengths[b]].float())
+            ref_o.append(o_row.float())
+    got_o, ref_o = torch.cat(got_o), torch.cat(ref_o)
+    if exact:
+        torch.testing.assert_close(got_o, ref_o, rtol=1e-5, atol=1e-6)
+    else:
+        assert_close_rms(got_o, ref_o, dtype, "o on real tokens")
+
+
+def pack(x):
+    """The rows of x as one cu_seqlens pack: (x with B = 1, cu_seqlens [B + 1] int32)."""
+    B, T = x["q"].shape[:2]
+    packed = {n: x[n].reshape(1, B * T, *x[n].shape[2:]) for n in ("q", "k", "v", "g", "beta")}
+    packed["initial_state"] = x["initial_state"]
+    cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=x["q"].device)
+    return packed, cu
+
+
+def with_beta_up_to_2(x):
+    """beta doubled: (0, 2), OLMo-Hybrid's allow_neg_eigval range (eigenvalues of I - beta k k^T
+    in (-1, 1) for unit keys)."""
+    return {**x, "beta": (x["beta"].float() * 2).to(x["beta"].dtype)}
