@@ -7,12 +7,13 @@
  *   in  1  k               [B, T, Hk, Dk]    T
  *   in  2  v               [B, T, Hv, Dv]    T      Hv % Hk == 0
  *   in  3  g               [B, T, Hv]        fp32   log decay (<= 0)
- *   in  4  beta            [B, T, Hv]        T      write strength in (0, 1)
+ *   in  4  beta            [B, T, Hv]        T      write strength in (0, 2) (allow_neg_eigval: > 1)
  *   in  5  initial_state   [B, Hv, Dk, Dv]   fp32
  *   out 0  o               [B, T, Hv, Dv]    T
  *   out 1  final_state     [B, Hv, Dk, Dv]   fp32   aliases in 5 (in place) with ALIASED_PLUGIN_IO
  *
- *   T is fp32, fp16 or bf16; all tensors linear (row-major, contiguous).
+ *   T is fp32, fp16 or bf16; all tensors linear (row-major, contiguous). Right padding is g = 0 and
+ *   beta = 0 at padded positions: the state passes them unchanged.
  *
  *   field          type      meaning
  *   scale          kFLOAT32  multiplies q (usually Dk ** -0.5)
