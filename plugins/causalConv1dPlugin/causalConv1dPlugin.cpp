@@ -2,7 +2,6 @@
 
 #include "causalConv1dKernels.h"
 
-
 namespace gdn
 {
 namespace plugin
@@ -58,24 +57,12 @@ CausalConv1dPlugin::CausalConv1dPlugin(Fields const& fields)
 //! Checks ranks and shared dims; a dim < 0 (unknown at build time) matches anything.
 void CausalConv1dPlugin::checkInputDims(Dims const* in)
 {
-    for (int32_t i = 0; i < IO::kNB_INPUTS; ++i)
-    {
-        GDN_PLUGIN_CHECK(in[i].nbDims == kINPUT_RANKS[i], kCONV_PLUGIN_NAME << ": " << IO::inputName(i)
-                                                          << " must have rank " << kINPUT_RANKS[i] << ", got "
-                                                          << dimsToString(in[i]));
-    }
-    auto same = [&](int32_t a, int32_t da, int32_t b, int32_t db, char const* what) {
-        int64_t const x = in[a].d[da];
-        int64_t const y = in[b].d[db];
-        GDN_PLUGIN_CHECK(x < 0 || y < 0 || x == y,
-            kCONV_PLUGIN_NAME << ": " << what << " differs: " << IO::inputName(a) << " " << dimsToString(in[a])
-                              << " vs " << IO::inputName(b) << " " << dimsToString(in[b]));
-    };
-    same(IO::kX, 2, IO::kWEIGHT, 0, "channels C");
-    same(IO::kX, 2, IO::kBIAS, 0, "channels C");
-    same(IO::kX, 2, IO::kCONV_STATE, 1, "channels C");
-    same(IO::kX, 0, IO::kCONV_STATE, 0, "batch B");
-    same(IO::kX, 0, IO::kSEQ_LENS, 0, "batch B");
+    checkRanks(in, kINPUT_RANKS);
+    checkSameDim(in, IO::kX, 2, IO::kWEIGHT, 0, "channels C");
+    checkSameDim(in, IO::kX, 2, IO::kBIAS, 0, "channels C");
+    checkSameDim(in, IO::kX, 2, IO::kCONV_STATE, 1, "channels C");
+    checkSameDim(in, IO::kX, 0, IO::kCONV_STATE, 0, "batch B");
+    checkSameDim(in, IO::kX, 0, IO::kSEQ_LENS, 0, "batch B");
     int64_t const k = in[IO::kWEIGHT].d[1];
     int64_t const w = in[IO::kCONV_STATE].d[2];
     GDN_PLUGIN_CHECK(k < 0 || k >= 1, kCONV_PLUGIN_NAME << ": weight " << dimsToString(in[IO::kWEIGHT])

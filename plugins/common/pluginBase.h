@@ -19,6 +19,7 @@
  *              calling f("field_name", self.member) for each field, in the creator's order;
  *   explicit Plugin(Fields const&)            validates the fields (throws PluginError)
  *   static void checkInputDims(Dims const*)   ranks and shared dims; a dim < 0 is unknown
+ *                                             (checkRanks / checkSameDim help)
  *   nvinfer1::DataType typeAt(int32_t pos, nvinfer1::DataType lead) const
  *                                             dtype at position pos (inputs, then outputs) when
  *                                             input 0 has dtype `lead` (fp32 / fp16 / bf16)
@@ -324,6 +325,27 @@ protected:
     static std::string where(char const* method)
     {
         return std::string(Derived::kNAME) + "Plugin::" + method;
+    }
+
+    //! For checkInputDims: PluginError unless input i has rank ranks[i].
+    static void checkRanks(Dims const* in, int32_t const (&ranks)[IOTable::kNB_INPUTS])
+    {
+        for (int32_t i = 0; i < IO::kNB_INPUTS; ++i)
+        {
+            GDN_PLUGIN_CHECK(in[i].nbDims == ranks[i], Derived::kNAME << ": " << IO::inputName(i) << " must have rank "
+                                                                      << ranks[i] << ", got " << dimsToString(in[i]));
+        }
+    }
+
+    //! For checkInputDims: PluginError unless dim da of input a equals dim db of input b (a dim < 0,
+    //! unknown at build time, matches anything); `what` names the dim ("batch B").
+    static void checkSameDim(Dims const* in, int32_t a, int32_t da, int32_t b, int32_t db, char const* what)
+    {
+        int64_t const x = in[a].d[da];
+        int64_t const y = in[b].d[db];
+        GDN_PLUGIN_CHECK(x < 0 || y < 0 || x == y,
+            Derived::kNAME << ": " << what << " differs: " << IO::inputName(a) << " " << dimsToString(in[a]) << " vs "
+                           << IO::inputName(b) << " " << dimsToString(in[b]));
     }
 
     //! PluginError unless TensorRT passes the table's input and output counts.

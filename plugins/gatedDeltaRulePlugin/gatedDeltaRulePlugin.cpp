@@ -84,17 +84,9 @@ GatedDeltaRulePlugin::GatedDeltaRulePlugin(Fields const& fields)
 //! Checks ranks and every dim that two inputs share; a dim < 0 (unknown at build time) matches anything.
 void GatedDeltaRulePlugin::checkInputDims(Dims const* in)
 {
-    for (int32_t i = 0; i < IO::kNB_INPUTS; ++i)
-    {
-        GDN_PLUGIN_CHECK(in[i].nbDims == kINPUT_RANKS[i], kGDR_PLUGIN_NAME << ": " << IO::inputName(i) << " must have rank "
-                                                          << kINPUT_RANKS[i] << ", got " << dimsToString(in[i]));
-    }
-    auto same = [&](int32_t a, int32_t da, int32_t b, int32_t db, char const* what) {
-        int64_t const x = in[a].d[da];
-        int64_t const y = in[b].d[db];
-        GDN_PLUGIN_CHECK(x < 0 || y < 0 || x == y,
-            kGDR_PLUGIN_NAME << ": " << what << " differs: " << IO::inputName(a) << " " << dimsToString(in[a]) << " vs "
-                             << IO::inputName(b) << " " << dimsToString(in[b]));
+    checkRanks(in, kINPUT_RANKS);
+    auto same = [in](int32_t a, int32_t da, int32_t b, int32_t db, char const* what) {
+        checkSameDim(in, a, da, b, db, what);
     };
     for (int32_t d = 0; d < 4; ++d)
     {
