@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for s in $steps; do
     case $s in
         plugins) run_step plugins 330 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
-        cuda) run_step cuda 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda ;;
+        cuda) run_step cuda 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda ;;
         models) run_step models 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
         triton) run_step triton 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/kernels ;;  # ~130 s on the H200
         bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;

@@ -5,8 +5,8 @@ Shapes (same argument order as the reference backend):
                      beta [B, T, Hv], initial_state [N, Hv, Dk, Dv] S | None, scale,
                      use_qk_l2norm, cu_seqlens [N + 1] | None) -> (o [B, T, Hv, Dv], final_state S)
         S: the state's storage dtype, fp32, fp16 or bf16 (fp32 for None; float64 runs as fp32).
-    causal_conv1d(x [B, T, C], weight [C, K], bias [C] | None, conv_state [B, C, K-1] | None, silu)
-        -> (y [B, T, C], new_conv_state [B, C, K-1])
+    causal_conv1d(x [B, T, C], weight [C, K], bias [C] | None, conv_state [B, C, K-1] | None, silu,
+                  seq_lens [B] int32 | None) -> (y [B, T, C], new_conv_state [B, C, K-1])
     moe(hidden [N, H], router_logits [N, E], gate_up [E, 2I, H], down [E, H, I], top_k,
         norm_topk_prob) -> out [N, H]
 
@@ -189,46 +189,48 @@ def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_s
     return o.to(v.dtype)
 
 
-def _conv_args(x, weight, bias, conv_state):
+def _conv_args(x, weight, bias, conv_state, seq_lens=None):
     try:
-        _check_conv_inputs(x, weight, bias, conv_state)
+        _check_conv_inputs(x, weight, bias, conv_state, seq_lens)
     except ValueError as exc:
         raise GdnExportError(f"cuda backend: {exc}") from exc
     if weight.shape[1] > MAX_CONV_KERNEL:
         raise GdnExportError(f"cuda backend: conv kernel size must be 1..{MAX_CONV_KERNEL}, got {weight.shape[1]}")
-    _require_cuda(x=x, weight=weight, bias=bias, conv_state=conv_state)
+    _require_cuda(x=x, weight=weight, bias=bias, conv_state=conv_state, seq_lens=seq_lens)
     dt = _compute_dtype(x.dtype, "x")
     cast = lambda t: None if t is None else t.to(dt).contiguous()  # noqa: E731
-    return cast(x), cast(weight), cast(bias), cast(conv_state)
+    lens = None if seq_lens is None else seq_lens.to(torch.int32).contiguous()
+    return cast(x), cast(weight), cast(bias), cast(conv_state), lens
 
 
-def causal_conv1d(x, weight, bias, conv_state, silu):
-    """Returns fresh y [B, T, C] and new_conv_state [B, C, K-1], both in x's dtype."""
+def causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None):
+    """Returns fresh y [B, T, C] and new_conv_state [B, C, K-1], both in x's dtype. seq_lens [B]
+    (right-padded rows, None = all T) is clamped to [0, T] by the kernel."""
     out_dtype = x.dtype
-    x, weight, bias, conv_state = _conv_args(x, weight, bias, conv_state)
-    y, state = load().causal_conv1d(x, weight, bias, conv_state, bool(silu), None, None)
+    x, weight, bias, conv_state, seq_lens = _conv_args(x, weight, bias, conv_state, seq_lens)
+    y, state = load().causal_conv1d(x, weight, bias, conv_state, bool(silu), None, None, seq_lens)
     return y.to(out_dtype), state.to(out_dtype)
 
 
-def causal_conv1d_out(x, weight, bias, conv_state, silu, y, new_conv_state):
+def causal_conv1d_out(x, weight, bias, conv_state, silu, y, new_conv_state, seq_lens=None):
     """Writes into y and new_conv_state (which may be conv_state itself)."""
-    x, weight, bias, _ = _conv_args(x, weight, bias, conv_state)
+    x, weight, bias, _, seq_lens = _conv_args(x, weight, bias, conv_state, seq_lens)
     B, T, C = x.shape
     K = weight.shape[1]
     _check_out("y", y, (B, T, C), x.dtype, x.device)
     _check_out("new_conv_state", new_conv_state, (B, C, K - 1), x.dtype, x.device)
     if conv_state is not None:
         _check_out("conv_state", conv_state, (B, C, K - 1), x.dtype, x.device)
-    load().causal_conv1d(x, weight, bias, conv_state, bool(silu), y, new_conv_state)
+    load().causal_conv1d(x, weight, bias, conv_state, bool(silu), y, new_conv_state, seq_lens)
     return y, new_conv_state
 
 
-def causal_conv1d_inplace(x, weight, bias, conv_state, silu):
+def causal_conv1d_inplace(x, weight, bias, conv_state, silu, seq_lens=None):
     """Convolution step that updates `conv_state` [B, C, K-1] (x's dtype, contiguous) in place; returns y."""
     if conv_state.dtype != x.dtype or not conv_state.is_contiguous():
         raise GdnExportError(f"in-place conv_state must be contiguous {x.dtype}, got {conv_state.dtype}")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    causal_conv1d_out(x, weight, bias, conv_state, silu, y, conv_state)
+    causal_conv1d_out(x, weight, bias, conv_state, silu, y, conv_state, seq_lens)
     return y
 
 

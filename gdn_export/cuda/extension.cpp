@@ -152,10 +152,12 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     return {o, finalState};
 }
 
-// (y, new_conv_state). new_conv_state_out may be conv_state itself (in-place decode).
+// (y, new_conv_state). new_conv_state_out may be conv_state itself (in-place decode). seq_lens [B] int32
+// (right-padded rows; none = all T) is clamped to [0, T] by the kernel.
 std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weight,
     std::optional<at::Tensor> const& bias, std::optional<at::Tensor> const& convState, bool silu,
-    std::optional<at::Tensor> const& yOut, std::optional<at::Tensor> const& newConvStateOut)
+    std::optional<at::Tensor> const& yOut, std::optional<at::Tensor> const& newConvStateOut,
+    std::optional<at::Tensor> const& seqLens)
 {
     TORCH_CHECK(x.dim() == 3, "x must be [B, T, C], got ", x.sizes());
     TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
@@ -182,6 +184,11 @@ std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weig
         checkShape(*convState, "conv_state", {B, C, K - 1});
         checkTensor(*convState, "conv_state", device, dtype);
     }
+    if (seqLens.has_value())
+    {
+        checkShape(*seqLens, "seq_lens", {B});
+        checkTensor(*seqLens, "seq_lens", device, at::kInt);
+    }
     at::Tensor y = yOut.has_value() ? *yOut : at::empty({B, T, C}, x.options());
     at::Tensor newState = newConvStateOut.has_value() ? *newConvStateOut : at::empty({B, C, K - 1}, x.options());
     checkShape(y, "y", {B, T, C});
@@ -200,6 +207,7 @@ std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weig
     p.weight = weight.data_ptr();
     p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
     p.convState = convState.has_value() ? convState->data_ptr() : nullptr;
+    p.seqLens = seqLens.has_value() ? seqLens->data_ptr<int32_t>() : nullptr;
     p.y = y.data_ptr();
     p.newConvState = newState.data_ptr();
     c10::cuda::CUDAGuard const guard(device);
@@ -268,7 +276,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         py::arg("final_state_out") = py::none(), py::arg("path") = 0);
     m.def("causal_conv1d", &causalConv1d, "causal depthwise conv1d (y, new_conv_state)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("conv_state"), py::arg("silu"), py::arg("y_out") = py::none(),
-        py::arg("new_conv_state_out") = py::none());
+        py::arg("new_conv_state_out") = py::none(), py::arg("seq_lens") = py::none());
     m.def("moe", &moe, "routed experts (out)", py::arg("hidden"), py::arg("router_logits"), py::arg("gate_up"),
         py::arg("down"), py::arg("top_k"), py::arg("norm_topk_prob"));
 }

@@ -5,7 +5,7 @@ Every backend implements the same three functions with the same argument order a
 
     gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
         -> (o, final_state)
-    causal_conv1d(x, weight, bias, conv_state, silu) -> (y, new_conv_state)
+    causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None) -> (y, new_conv_state)
     moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob) -> out
 
 Backends:

@@ -21,8 +21,8 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
     return o.contiguous(), state.contiguous()
 
 
-def causal_conv1d(x, weight, bias, conv_state, silu):
-    return _conv(x, weight, bias, conv_state, silu)
+def causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None):
+    return _conv(x, weight, bias, conv_state, silu, seq_lens)
 
 
 def moe(hidden, router_logits, gate_up, down, top_k, norm_topk_prob):

@@ -27,8 +27,8 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
     return o.to(v.dtype), state
 
 
-def causal_conv1d(x, weight, bias, conv_state, silu):
-    y, state = _conv(x, weight, bias, conv_state, silu)
+def causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None):
+    y, state = _conv(x, weight, bias, conv_state, silu, seq_lens=seq_lens)
     return y.to(x.dtype), state.to(x.dtype)
 
 

@@ -5,6 +5,9 @@ xs = [conv_state | x] (rows before t = 0 come from the state), and the time bloc
 writes the new state, the last K-1 columns of xs. At T = 1 that is one program per channel block.
 
     y[b, t, c] = bias[c] + sum_{j < K} weight[c, j] xs[b, c, t + j]   (then SiLU if asked)
+
+Ragged rows (seq_lens [B], right padding) change only the new state: it is the K-1 columns of xs
+ending at the row's last real token, xs[b, :, L_b : L_b + K-1], with L_b clamped to [0, T].
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ def _xs_rows(x, conv_state, i_b, o_src, o_c, m_c, T, C, K: tl.constexpr, HAS_STA
 # T is left unspecialised: one compiled kernel serves every length.
 @triton.jit(do_not_specialize=["T"])
 def causal_conv1d_fwd_kernel(
-    x, weight, bias, conv_state, y, new_state,
+    x, weight, bias, conv_state, seq_lens, y, new_state,
     T, C,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_LENS: tl.constexpr, SILU: tl.constexpr,
 ):
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
@@ -60,9 +63,13 @@ def causal_conv1d_fwd_kernel(
     tl.store(y + (i_b * T + o_t[:, None]) * C + o_c[None, :], b_y.to(y.dtype.element_ty),
              mask=(o_t[:, None] < T) & m_c[None, :])
     if i_t == 0:
-        # new_state[:, j] = xs[T + j] = x[T - (K - 1) + j] (or the old state when T < K - 1)
+        # new_state[:, j] = xs[L + j] = x[L - (K - 1) + j] (or the old state when L < K - 1)
+        if HAS_LENS:
+            L = tl.minimum(tl.maximum(tl.load(seq_lens + i_b).to(tl.int32), 0), T)
+        else:
+            L = T
         o_j = tl.arange(0, BS)
-        b_s = _xs_rows(x, conv_state, i_b, T - (K - 1) + o_j, o_c, m_c, T, C, K, HAS_STATE)
+        b_s = _xs_rows(x, conv_state, i_b, L - (K - 1) + o_j, o_c, m_c, T, C, K, HAS_STATE)
         tl.store(new_state + (i_b * C + o_c[None, :]) * (K - 1) + o_j[:, None],
                  b_s.to(new_state.dtype.element_ty), mask=(o_j[:, None] < K - 1) & m_c[None, :])
 
@@ -73,6 +80,7 @@ def causal_conv1d(
     bias: torch.Tensor | None = None,
     conv_state: torch.Tensor | None = None,
     silu: bool = True,
+    seq_lens: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     new_conv_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +90,10 @@ def causal_conv1d(
         x: [B, T, C] fp32/fp16/bf16. weight: [C, K]. bias: [C] or None.
         conv_state: [B, C, K-1], the K-1 inputs before x, or None for zeros. Must not alias
             new_conv_state (other programs may still read it).
-        silu: apply SiLU. out, new_conv_state: optional preallocated outputs.
+        silu: apply SiLU.
+        seq_lens: [B] int32 real tokens per right-padded row, or None for all T; clamped to
+            [0, T] in the kernel (no host sync to check them).
+        out, new_conv_state: optional preallocated outputs.
     Returns:
         y [B, T, C] and new_conv_state [B, C, K-1], both in x's dtype.
     """
@@ -92,11 +103,14 @@ def causal_conv1d(
     K = weight.shape[1]
     if conv_state is not None and tuple(conv_state.shape) != (B, C, K - 1):
         raise ValueError(f"conv_state must be [B, C, K-1] = {(B, C, K - 1)}, got {tuple(conv_state.shape)}")
+    if seq_lens is not None and tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"seq_lens must be [B={B}], got {tuple(seq_lens.shape)}")
     dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     x = x.to(dtype).contiguous()
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     conv_state = None if conv_state is None else conv_state.contiguous()
+    seq_lens = None if seq_lens is None else seq_lens.to(device=x.device, dtype=torch.int32).contiguous()
     y = out if out is not None else torch.empty_like(x)
     s = new_conv_state if new_conv_state is not None else x.new_empty(B, C, K - 1)
     # decode: a couple of rows per program and wide channel blocks; prefill: 64 x 128 tiles
@@ -104,8 +118,9 @@ def causal_conv1d(
     BC = 128 if T > 1 else 256
     grid = (triton.cdiv(C, BC), triton.cdiv(T, BT), B)
     causal_conv1d_fwd_kernel[grid](
-        x, weight, bias, conv_state, y, s, T, C,
+        x, weight, bias, conv_state, seq_lens, y, s, T, C,
         K=K, BT=BT, BC=BC, BS=max(next_pow2(K - 1), 2),
-        HAS_BIAS=bias is not None, HAS_STATE=conv_state is not None, SILU=bool(silu),
+        HAS_BIAS=bias is not None, HAS_STATE=conv_state is not None, HAS_LENS=seq_lens is not None,
+        SILU=bool(silu),
     )
     return y, s

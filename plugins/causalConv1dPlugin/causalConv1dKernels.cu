@@ -6,6 +6,7 @@
  * window over time (channels are contiguous in x, so a warp's loads coalesce). The thread of tile 0
  * is the only one that reads convState and the only one that writes newConvState, and it reads the
  * whole old state before writing, so convState may alias newConvState (in-place decode).
+ * Ragged rows (seqLens) change only the new state: it ends at the row's last real token.
  */
 #include "causalConv1dKernels.h"
 
@@ -161,13 +162,15 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
 
     if (tile == 0)
     {
+        // Row length, clamped to [0, T]: the state ends after the last real token.
+        int32_t const len = p.seqLens == nullptr ? seqLen : max(0, min(seqLen, p.seqLens[b]));
         T* newState = static_cast<T*>(p.newConvState) + (static_cast<int64_t>(b) * C + c) * (K - 1);
 #pragma unroll
         for (int32_t i = 0; i < kMAX_K - 1; ++i)
         {
             if (i < K - 1)
             {
-                int32_t const tau = seqLen + i - (K - 1); // newState[i] = xs[seqLen + i]
+                int32_t const tau = len + i - (K - 1); // newState[i] = xs[len + i]
                 float val = 0.F;
                 if (tau >= 0)
                 {
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
 #pragma unroll
                     for (int32_t j = 0; j < kMAX_K - 1; ++j)
                     {
-                        val = (j == seqLen + i) ? oldState[j] : val;
+                        val = (j == len + i) ? oldState[j] : val;
                     }
                 }
                 newState[i] = store<T>(val);

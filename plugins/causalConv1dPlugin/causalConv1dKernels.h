@@ -8,7 +8,13 @@
  *   bias          [C]           dtype   nullptr = none
  *   convState     [B, C, K-1]   dtype   the K-1 inputs before x; nullptr = zeros; may alias newConvState
  *   y             [B, T, C]     dtype   y[b,t,c] = bias[c] + sum_j weight[c,j] * xs[b,c,t+j], xs = [state | x]
- *   newConvState  [B, C, K-1]   dtype   last K-1 columns of xs
+ *   seqLens       [B]           int32   device; row b holds seqLens[b] real tokens, then padding (right
+ *                                       padding); nullptr = all T real. Clamped to [0, T] here (no error
+ *                                       path on the device; the torch op checks lengths on the host).
+ *   newConvState  [B, C, K-1]   dtype   last K-1 columns of [convState[b] | x[b, :L_b]], L_b = seqLens[b]
+ *                                       (L_b = 0 leaves the state as it was)
+ *
+ * y at padded positions t >= L_b is the plain causal conv of the padding: finite, not meaningful.
  */
 #pragma once
 
@@ -29,6 +35,7 @@ struct CausalConv1dParams
     void const* weight{nullptr};
     void const* bias{nullptr};
     void const* convState{nullptr};
+    int32_t const* seqLens{nullptr};
     void* y{nullptr};
     void* newConvState{nullptr};
 };

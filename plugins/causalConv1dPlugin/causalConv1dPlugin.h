@@ -7,20 +7,22 @@
  *   in  1  weight           [C, K]         T
  *   in  2  bias             [C]            T
  *   in  3  conv_state       [B, C, K-1]    T     the K-1 inputs before x
- *   out 0  y                [B, T, C]      T
- *   out 1  new_conv_state   [B, C, K-1]    T     aliases in 3 (in place) with ALIASED_PLUGIN_IO
+ *   in  4  seq_lens         [B]            int32 real tokens per row (right padding), 0 <= L_b <= T
+ *   out 0  y                [B, T, C]      T     unspecified (finite) at padded positions t >= L_b
+ *   out 1  new_conv_state   [B, C, K-1]    T     last K-1 columns of [conv_state | x[b, :L_b]];
+ *                                                aliases in 3 (in place) with ALIASED_PLUGIN_IO
  *
- *   T is fp32, fp16 or bf16 (one dtype for all); all tensors linear (row-major, contiguous).
+ *   T is fp32, fp16 or bf16 (one dtype for all but seq_lens); all tensors linear (row-major,
+ *   contiguous). Lengths outside [0, T] are clamped by the kernel.
  *
  *   field       type     meaning
  *   activation  kINT32   0 = none, 1 = SiLU
  */
 #pragma once
 
-#include <NvInferRuntime.h>
+#include "../common/pluginBase.h"
 
-#include <string>
-#include <vector>
+#include <NvInferRuntime.h>
 
 namespace gdn
 {
@@ -41,85 +43,53 @@ struct CausalConv1dIO
     static constexpr int32_t kWEIGHT = 1;
     static constexpr int32_t kBIAS = 2;
     static constexpr int32_t kCONV_STATE = 3;
-    static constexpr int32_t kNB_INPUTS = 4;
+    static constexpr int32_t kSEQ_LENS = 4;
+    static constexpr int32_t kNB_INPUTS = 5;
 
     static constexpr int32_t kY = 0;
     static constexpr int32_t kNEW_CONV_STATE = 1;
     static constexpr int32_t kNB_OUTPUTS = 2;
+
+    //! The rolling state is updated in place; the kernels allow convState == newConvState.
+    static constexpr int32_t kALIASED_INPUTS[kNB_OUTPUTS] = {-1, kCONV_STATE};
+    static constexpr int32_t kFREE_TYPES[] = {kX};
 
     //! Name of input `i` / output `i` for messages.
     static char const* inputName(int32_t i) noexcept;
     static char const* outputName(int32_t i) noexcept;
 };
 
-class CausalConv1dPlugin : public nvinfer1::IPluginV3,
-                           public nvinfer1::IPluginV3OneCore,
-                           public nvinfer1::IPluginV3OneBuildV2,
-                           public nvinfer1::IPluginV3OneRuntime
+//! The fields, by name, in the creator's order.
+struct CausalConv1dFields
 {
-public:
-    explicit CausalConv1dPlugin(int32_t activation);
-    ~CausalConv1dPlugin() override = default;
+    int32_t activation{kCONV_ACTIVATION_NONE};
 
-    // ---------------------------------------------------------------- IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneBuild(V2)
-    int32_t getNbOutputs() const noexcept override;
-    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
-    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-        int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-    char const* getTimingCacheID() noexcept override;
-    char const* getMetadataString() noexcept override;
-    int32_t getAliasedInput(int32_t outputIndex) noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-        int32_t nbOutputs) noexcept override;
-    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
-private:
-    int32_t mActivation;
-    std::string mDescription; // "activation=..." for the timing cache and metadata
-
-    std::vector<nvinfer1::PluginField> mFieldsToSerialize;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
+    template <typename S, typename F>
+    static void visit(S& self, F&& f)
+    {
+        f(kCONV_FIELD_ACTIVATION, self.activation);
+    }
 };
 
-class CausalConv1dPluginCreator : public nvinfer1::IPluginCreatorV3One
+class CausalConv1dPlugin : public PluginBase<CausalConv1dPlugin, CausalConv1dIO, CausalConv1dFields>
 {
 public:
-    CausalConv1dPluginCreator();
-    ~CausalConv1dPluginCreator() override = default;
+    static constexpr char const* kNAME = kCONV_PLUGIN_NAME;
+    static constexpr char const* kVERSION = kCONV_PLUGIN_VERSION;
+    static constexpr char const* kNAMESPACE = kCONV_PLUGIN_NAMESPACE;
 
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
-    nvinfer1::IPluginV3* createPlugin(
-        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
+    explicit CausalConv1dPlugin(Fields const& fields);
 
-private:
-    std::vector<nvinfer1::PluginField> mFieldNames;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
+    // ---------------------------------------------------------------- hooks called by PluginBase
+    static void checkInputDims(nvinfer1::Dims const* in);
+    nvinfer1::DataType typeAt(int32_t pos, nvinfer1::DataType const* types) const;
+    void inferOutputShapes(
+        nvinfer1::DimsExprs const* in, nvinfer1::DimsExprs* out, nvinfer1::IExprBuilder& exprBuilder) const;
+    void launch(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) const;
 };
+
+using CausalConv1dPluginCreator = PluginCreator<CausalConv1dPlugin>;
 
 } // namespace plugin
 } // namespace gdn

@@ -7,7 +7,7 @@
  *   in  1  k               [B, T, Hk, Dk]    T
  *   in  2  v               [B, T, Hv, Dv]    T      Hv % Hk == 0
  *   in  3  g               [B, T, Hv]        fp32   log decay (<= 0)
- *   in  4  beta            [B, T, Hv]        T      write strength in (0, 1)
+ *   in  4  beta            [B, T, Hv]        T      write strength in (0, 2) (allow_neg_eigval: > 1)
  *   in  5  initial_state   [B, Hv, Dk, Dv]   S
  *   out 0  o               [B, T, Hv, Dv]    T
  *   out 1  final_state     [B, Hv, Dk, Dv]   S      aliases in 5 (in place) with ALIASED_PLUGIN_IO
@@ -15,6 +15,7 @@
  *   T is fp32, fp16 or bf16; all tensors linear (row-major, contiguous). S, the state's storage
  *   dtype, is fp32, fp16 or bf16 independently of T (the same for in 5 and out 1): the kernels
  *   compute in fp32 and round the state once per enqueue, where they store it.
+ *   Right padding is g = 0 and beta = 0 at padded positions: the state passes them unchanged.
  *
  *   field          type      meaning
  *   scale          kFLOAT32  multiplies q (usually Dk ** -0.5)
@@ -22,10 +23,9 @@
  */
 #pragma once
 
-#include <NvInferRuntime.h>
+#include "../common/pluginBase.h"
 
-#include <string>
-#include <vector>
+#include <NvInferRuntime.h>
 
 namespace gdn
 {
@@ -53,81 +53,51 @@ struct GatedDeltaRuleIO
     static constexpr int32_t kFINAL_STATE = 1;
     static constexpr int32_t kNB_OUTPUTS = 2;
 
+    //! The recurrent state is updated in place; the kernels allow initialState == finalState.
+    static constexpr int32_t kALIASED_INPUTS[kNB_OUTPUTS] = {-1, kINITIAL_STATE};
+    //! q sets T; the recurrent state's storage dtype S is its own choice (final_state follows it).
+    static constexpr int32_t kFREE_TYPES[] = {kQ, kINITIAL_STATE};
+
     //! Name of input `i` / output `i` for messages.
     static char const* inputName(int32_t i) noexcept;
     static char const* outputName(int32_t i) noexcept;
 };
 
-class GatedDeltaRulePlugin : public nvinfer1::IPluginV3,
-                             public nvinfer1::IPluginV3OneCore,
-                             public nvinfer1::IPluginV3OneBuildV2,
-                             public nvinfer1::IPluginV3OneRuntime
+//! The fields, by name, in the creator's order.
+struct GatedDeltaRuleFields
 {
-public:
-    GatedDeltaRulePlugin(float scale, int32_t useQkL2norm);
-    ~GatedDeltaRulePlugin() override = default;
+    float scale{0.F};
+    int32_t useQkL2norm{0};
 
-    // ---------------------------------------------------------------- IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneBuild(V2)
-    int32_t getNbOutputs() const noexcept override;
-    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
-    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-        int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-    char const* getTimingCacheID() noexcept override;
-    char const* getMetadataString() noexcept override;
-    int32_t getAliasedInput(int32_t outputIndex) noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-        int32_t nbOutputs) noexcept override;
-    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
-private:
-    float mScale;
-    int32_t mUseQkL2norm;
-    std::string mDescription; // "scale=...,use_qk_l2norm=..." for the timing cache and metadata
-
-    // Backing store of getFieldsToSerialize(); the fields point into mScale / mUseQkL2norm.
-    std::vector<nvinfer1::PluginField> mFieldsToSerialize;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
+    template <typename S, typename F>
+    static void visit(S& self, F&& f)
+    {
+        f(kGDR_FIELD_SCALE, self.scale);
+        f(kGDR_FIELD_USE_QK_L2NORM, self.useQkL2norm);
+    }
 };
 
-class GatedDeltaRulePluginCreator : public nvinfer1::IPluginCreatorV3One
+class GatedDeltaRulePlugin : public PluginBase<GatedDeltaRulePlugin, GatedDeltaRuleIO, GatedDeltaRuleFields>
 {
 public:
-    GatedDeltaRulePluginCreator();
-    ~GatedDeltaRulePluginCreator() override = default;
+    static constexpr char const* kNAME = kGDR_PLUGIN_NAME;
+    static constexpr char const* kVERSION = kGDR_PLUGIN_VERSION;
+    static constexpr char const* kNAMESPACE = kGDR_PLUGIN_NAMESPACE;
 
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
-    nvinfer1::IPluginV3* createPlugin(
-        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
+    explicit GatedDeltaRulePlugin(Fields const& fields);
 
-private:
-    std::vector<nvinfer1::PluginField> mFieldNames;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
+    // ---------------------------------------------------------------- hooks called by PluginBase
+    static void checkInputDims(nvinfer1::Dims const* in);
+    nvinfer1::DataType typeAt(int32_t pos, nvinfer1::DataType const* types) const;
+    void inferOutputShapes(
+        nvinfer1::DimsExprs const* in, nvinfer1::DimsExprs* out, nvinfer1::IExprBuilder& exprBuilder) const;
+    size_t workspaceBytes(
+        nvinfer1::DynamicPluginTensorDesc const* in, nvinfer1::DynamicPluginTensorDesc const* out) const;
+    void launch(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) const;
 };
+
+using GatedDeltaRulePluginCreator = PluginCreator<GatedDeltaRulePlugin>;
 
 } // namespace plugin
 } // namespace gdn

@@ -446,7 +446,19 @@ struct ConvCase
     DType dtype;
     bool inPlace;
     bool silu;
+    bool ragged; // rows of lengths T, T / 2, 0, T, ... (right padding) instead of all T
 };
+
+//! seq_lens of a case: all T, or T, T / 2, 0 repeating (T = 1: 1, 0, 0), so some rows keep their state.
+std::vector<int32_t> convLengths(ConvCase const& c)
+{
+    std::vector<int32_t> lens(static_cast<size_t>(c.B), c.T);
+    for (int32_t b = 0; c.ragged && b < c.B; ++b)
+    {
+        lens[b] = b % 3 == 0 ? c.T : b % 3 == 1 ? c.T / 2 : 0;
+    }
+    return lens;
+}
 
 Row runConv(ConvCase const& c)
 {
@@ -457,11 +469,13 @@ Row runConv(ConvCase const& c)
     std::ostringstream sh;
     sh << "B=" << c.B << " T=" << c.T << " C=" << c.C << " K=" << c.K;
     row.shape = sh.str();
-    row.flags = std::string(c.inPlace ? "in-place" : "separate") + (c.silu ? ",silu" : "");
+    row.flags = std::string(c.inPlace ? "in-place" : "separate") + (c.silu ? ",silu" : "") + (c.ragged ? ",ragged" : "");
     row.bound = boundFor(c.dtype);
     try
     {
         int32_t const W = c.K - 1;
+        int32_t const nIn = IO::kNB_INPUTS;
+        int32_t const nIO = IO::kNB_INPUTS + IO::kNB_OUTPUTS;
         IPluginCreatorV3One* creator = findCreator(gdn::plugin::kCONV_PLUGIN_NAME);
         int32_t const act = c.silu ? 1 : 0;
         PluginField fieldArr[] = {PluginField("activation", &act, PluginFieldType::kINT32, 1)};
@@ -470,69 +484,71 @@ Row runConv(ConvCase const& c)
         HOST_CHECK(plugin != nullptr, "createPlugin(kBUILD) failed: " << gLoggerFinder.mLogger.last());
         Caps caps = capabilities(plugin.get(), gdn::plugin::kCONV_PLUGIN_NAME);
         DataType const t = trtType(c.dtype);
-        DataType inTypes[4] = {t, t, t, t};
+        DataType inTypes[IO::kNB_INPUTS] = {t, t, t, t, DataType::kINT32};
         DataType outTypes[2] = {DataType::kINT8, DataType::kINT8};
-        HOST_CHECK(caps.build->getOutputDataTypes(outTypes, 2, inTypes, 4) == 0 && outTypes[0] == t && outTypes[1] == t,
+        HOST_CHECK(caps.build->getOutputDataTypes(outTypes, 2, inTypes, nIn) == 0 && outTypes[0] == t && outTypes[1] == t,
             "getOutputDataTypes");
         std::vector<Dims> inDims = {makeDims({c.B, c.T, c.C}), makeDims({c.C, c.K}), makeDims({c.C}),
-            makeDims({c.B, c.C, W})};
+            makeDims({c.B, c.C, W}), makeDims({c.B})};
         {
             gdn::test::FakeExprBuilder eb;
             auto const* symB = eb.symbol(c.B);
             auto const* symT = eb.symbol(c.T);
-            DimsExprs in[4];
-            for (int32_t i = 0; i < 4; ++i)
+            DimsExprs in[IO::kNB_INPUTS];
+            for (int32_t i = 0; i < nIn; ++i)
             {
                 in[i].nbDims = inDims[i].nbDims;
                 for (int32_t d = 0; d < inDims[i].nbDims; ++d)
                 {
-                    bool const isB = d == 0 && (i == IO::kX || i == IO::kCONV_STATE);
+                    bool const isB = d == 0 && (i == IO::kX || i == IO::kCONV_STATE || i == IO::kSEQ_LENS);
                     bool const isT = d == 1 && i == IO::kX;
                     in[i].d[d] = isB ? symB : isT ? symT : eb.fixed(inDims[i].d[d]);
                 }
             }
             DimsExprs out[2]{};
-            HOST_CHECK(caps.build->getOutputShapes(in, 4, nullptr, 0, out, 2, eb) == 0, "getOutputShapes failed");
+            HOST_CHECK(caps.build->getOutputShapes(in, nIn, nullptr, 0, out, 2, eb) == 0, "getOutputShapes failed");
             HOST_CHECK(out[IO::kY].nbDims == 3 && std::equal(out[0].d, out[0].d + 3, in[IO::kX].d),
                 "getOutputShapes: y is not x's shape");
             HOST_CHECK(out[IO::kNEW_CONV_STATE].nbDims == 3 && std::equal(out[1].d, out[1].d + 3, in[IO::kCONV_STATE].d),
                 "getOutputShapes: new_conv_state is not conv_state's shape");
         }
-        DynamicPluginTensorDesc io[6]{};
-        for (int32_t i = 0; i < 6; ++i)
+        DynamicPluginTensorDesc io[IO::kNB_INPUTS + IO::kNB_OUTPUTS]{};
+        for (int32_t i = 0; i < nIO; ++i)
         {
-            Dims const d = i < 4 ? inDims[i] : (i == 4 ? inDims[IO::kX] : inDims[IO::kCONV_STATE]);
+            Dims const d = i < nIn ? inDims[i] : (i == nIn + IO::kY ? inDims[IO::kX] : inDims[IO::kCONV_STATE]);
             io[i].desc.dims = d;
-            io[i].desc.type = t;
+            io[i].desc.type = i == IO::kSEQ_LENS ? DataType::kINT32 : t;
             io[i].desc.format = TensorFormat::kLINEAR;
             io[i].min = io[i].opt = io[i].max = d;
         }
-        for (int32_t pos = 0; pos < 6; ++pos)
+        for (int32_t pos = 0; pos < nIO; ++pos)
         {
-            HOST_CHECK(caps.build->supportsFormatCombination(pos, io, 4, 2), "supportsFormatCombination rejected " << pos);
+            HOST_CHECK(caps.build->supportsFormatCombination(pos, io, nIn, 2), "supportsFormatCombination rejected " << pos);
         }
         {
-            DynamicPluginTensorDesc bad[6];
-            std::copy(io, io + 6, bad);
+            DynamicPluginTensorDesc bad[IO::kNB_INPUTS + IO::kNB_OUTPUTS];
+            std::copy(io, io + nIO, bad);
             bad[IO::kCONV_STATE].desc.type = t == DataType::kFLOAT ? DataType::kHALF : DataType::kFLOAT;
-            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kCONV_STATE, bad, 4, 2), "mixed dtypes accepted");
+            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kCONV_STATE, bad, nIn, 2), "mixed dtypes accepted");
+            bad[IO::kSEQ_LENS].desc.type = t;
+            HOST_CHECK(!caps.build->supportsFormatCombination(IO::kSEQ_LENS, bad, nIn, 2), "float seq_lens accepted");
         }
-        HOST_CHECK(caps.build->configurePlugin(io, 4, io + 4, 2) == 0, "configurePlugin failed");
-        size_t const workspaceBytes = caps.build->getWorkspaceSize(io, 4, io + 4, 2);
+        HOST_CHECK(caps.build->configurePlugin(io, nIn, io + nIn, 2) == 0, "configurePlugin failed");
+        size_t const workspaceBytes = caps.build->getWorkspaceSize(io, nIn, io + nIn, 2);
         HOST_CHECK(caps.build->getAliasedInput(IO::kNEW_CONV_STATE) == IO::kCONV_STATE
                 && caps.build->getAliasedInput(IO::kY) == -1,
             "getAliasedInput");
 
         std::unique_ptr<IPluginV3> attached(roundTrip(creator, caps.runtime, "conv_test"));
         auto* rt = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
-        PluginTensorDesc inDesc[4]{}, outDesc[2]{};
-        for (int32_t i = 0; i < 4; ++i)
+        PluginTensorDesc inDesc[IO::kNB_INPUTS]{}, outDesc[2]{};
+        for (int32_t i = 0; i < nIn; ++i)
         {
-            inDesc[i] = {inDims[i], t, TensorFormat::kLINEAR, -1.F};
+            inDesc[i] = {inDims[i], inTypes[i], TensorFormat::kLINEAR, -1.F};
         }
         outDesc[0] = {inDims[IO::kX], t, TensorFormat::kLINEAR, -1.F};
         outDesc[1] = {inDims[IO::kCONV_STATE], t, TensorFormat::kLINEAR, -1.F};
-        HOST_CHECK(rt->onShapeChange(inDesc, 4, outDesc, 2) == 0, "onShapeChange failed");
+        HOST_CHECK(rt->onShapeChange(inDesc, nIn, outDesc, 2) == 0, "onShapeChange failed");
         if (gNoGpu)
         {
             row.pass = true;
@@ -556,23 +572,35 @@ Row runConv(ConvCase const& c)
         gdn::test::storeAs(c.dtype, w, hw);
         gdn::test::storeAs(c.dtype, bias, hb);
         gdn::test::storeAs(c.dtype, s0, hs);
-        DeviceBuffer dx(nX * es), dw(hw.size()), db(hb.size()), ds0(nS * es), dy(nX * es), dS(nS * es),
-            dws(workspaceBytes);
+        std::vector<int32_t> const lens = convLengths(c);
+        DeviceBuffer dx(nX * es), dw(hw.size()), db(hb.size()), ds0(nS * es), dlens(lens.size() * 4), dy(nX * es),
+            dS(nS * es), dws(workspaceBytes);
         dx.upload(hx.data());
+        dlens.upload(lens.data());
         dw.upload(hw.data());
         db.upload(hb.data());
         ds0.upload(hs.data());
         dy.poison();
         dS.poison();
         void* stateOut = c.inPlace ? ds0.get() : dS.get();
-        void const* inputs[] = {dx.get(), dw.get(), db.get(), ds0.get()};
+        void const* inputs[] = {dx.get(), dw.get(), db.get(), ds0.get(), dlens.get()};
         void* outputs[] = {dy.get(), stateOut};
         row.ms = timedEnqueue(rt, inDesc, outDesc, inputs, outputs, workspaceBytes ? dws.get() : nullptr);
 
         auto yGot = gdn::test::loadAs(c.dtype, dy.download().data(), nX);
         auto sGot = gdn::test::loadAs(c.dtype, (c.inPlace ? ds0.download() : dS.download()).data(), nS);
         std::vector<double> yRef, sRef;
-        gdn::test::causalConv1dReference(c.B, c.T, c.C, c.K, x, w, bias, s0, c.silu, yRef, sRef);
+        gdn::test::causalConv1dReference(c.B, c.T, c.C, c.K, x, w, bias, s0, lens, c.silu, yRef, sRef);
+        // y at padded positions is unspecified but must be finite: checked, then left out of the comparison.
+        for (int32_t b = 0; b < c.B; ++b)
+        {
+            for (size_t i = static_cast<size_t>(b * c.T + lens[b]) * c.C; i < static_cast<size_t>(b + 1) * c.T * c.C; ++i)
+            {
+                HOST_CHECK(std::isfinite(yGot[i]), "y is not finite at a padded position of row " << b);
+                yGot[i] = 0.F;
+                yRef[i] = 0.0;
+            }
+        }
         row.errOut = gdn::test::relativeRms(yGot, yRef);
         row.errState = nS ? gdn::test::relativeRms(sGot, sRef) : 0.0;
         row.pass = row.errOut <= row.bound && row.errState <= row.bound;
@@ -760,8 +788,8 @@ int main(int argc, char** argv)
                 gdrCases.push_back({{3, T, 1, 2, 64, 64}, dt, true, true});
                 gdrCases.push_back({{1, T, 2, 2, 64, 64}, dt, false, false});
             }
-            convCases.push_back({3, T, 64, 4, DType::kF16, true, true});
-            convCases.push_back({1, T, 64, 4, DType::kF32, false, false});
+            convCases.push_back({3, T, 64, 4, DType::kF16, true, true, true});
+            convCases.push_back({1, T, 64, 4, DType::kF32, false, false, false});
         }
     }
     else
@@ -794,12 +822,13 @@ int main(int argc, char** argv)
                 {
                     for (DType dt : dtypes)
                     {
-                        convCases.push_back({B, T, C, 4, dt, B == 3, C == 64});
+                        // Ragged rows with B = 3 and C = 200 (a partial channel block), in place.
+                        convCases.push_back({B, T, C, 4, dt, B == 3, C == 64, B == 3 && C == 200});
                     }
                 }
             }
-            convCases.push_back({2, T, 96, 2, DType::kF32, true, true});
-            convCases.push_back({2, T, 96, 3, DType::kBF16, false, true});
+            convCases.push_back({2, T, 96, 2, DType::kF32, true, true, true});
+            convCases.push_back({3, T, 95, 3, DType::kBF16, false, true, true});
         }
     }
 

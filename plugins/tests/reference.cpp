@@ -194,8 +194,8 @@ void gatedDeltaRuleReference(GdrShape const& s, std::vector<float> const& q, std
 }
 
 void causalConv1dReference(int32_t B, int32_t T, int32_t C, int32_t K, std::vector<float> const& x,
-    std::vector<float> const& w, std::vector<float> const& bias, std::vector<float> const& s0, bool silu,
-    std::vector<double>& y, std::vector<double>& state)
+    std::vector<float> const& w, std::vector<float> const& bias, std::vector<float> const& s0,
+    std::vector<int32_t> const& lens, bool silu, std::vector<double>& y, std::vector<double>& state)
 {
     int32_t const W = K - 1;
     y.assign(static_cast<size_t>(B) * T * C, 0.0);
@@ -223,9 +223,10 @@ void causalConv1dReference(int32_t B, int32_t T, int32_t C, int32_t K, std::vect
                 }
                 y[(static_cast<size_t>(b) * T + t) * C + c] = silu ? acc / (1.0 + std::exp(-acc)) : acc;
             }
+            int32_t const len = lens.empty() ? T : lens[b];
             for (int32_t j = 0; j < W; ++j)
             {
-                state[(static_cast<size_t>(b) * C + c) * W + j] = xs[T + j];
+                state[(static_cast<size_t>(b) * C + c) * W + j] = xs[len + j];
             }
         }
     }

@@ -45,10 +45,12 @@ void gatedDeltaRuleReference(GdrShape const& s, std::vector<float> const& q, std
     std::vector<float> const& s0, float scale, bool l2norm, std::vector<double>& o, std::vector<double>& state,
     int32_t threads);
 
-//! y [B, T, C] and new state [B, C, K-1] from x [B, T, C], w [C, K], bias [C], s0 [B, C, K-1].
+//! y [B, T, C] and new state [B, C, K-1] from x [B, T, C], w [C, K], bias [C], s0 [B, C, K-1] and the
+//! row lengths lens [B] (right padding; empty = all T): the state ends after x[b, lens[b] - 1]; y is the
+//! plain causal conv everywhere (padded positions included).
 void causalConv1dReference(int32_t B, int32_t T, int32_t C, int32_t K, std::vector<float> const& x,
-    std::vector<float> const& w, std::vector<float> const& bias, std::vector<float> const& s0, bool silu,
-    std::vector<double>& y, std::vector<double>& state);
+    std::vector<float> const& w, std::vector<float> const& bias, std::vector<float> const& s0,
+    std::vector<int32_t> const& lens, bool silu, std::vector<double>& y, std::vector<double>& state);
 
 } // namespace test
 } // namespace gdn

@@ -9,6 +9,7 @@ import torch
 
 from gdn_export.ops.causal_conv1d.naive import causal_conv1d as conv_reference
 from tests.conftest import DTYPES, GPU_ONLY, assert_close_rms
+from tests.ragged import CONV_RAGGED, check_conv_rows, conv_ragged_inputs
 
 pytestmark = GPU_ONLY
 
@@ -91,3 +92,31 @@ def test_backend_entry_point():
     ry, rs = conv_reference(x, w, b, s, True)
     assert_close_rms(y, ry, torch.bfloat16, "y")
     assert_close_rms(ns, rs, torch.bfloat16, "new_conv_state")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inplace", [False, True], ids=["separate", "in-place"])
+@pytest.mark.parametrize("K", [2, 3, 4], ids=lambda k: f"K{k}")
+@pytest.mark.parametrize("case", list(CONV_RAGGED), ids=list(CONV_RAGGED))
+def test_ragged_rows_equal_each_row_alone(case, K, inplace, dtype):
+    T, lengths = CONV_RAGGED[case]
+    x, w, b, s0, lens = conv_ragged_inputs(lengths, T, 203, K, dtype, "cuda")
+    y = torch.full_like(x, float("nan"))
+    ns = s0.clone() if inplace else torch.full_like(s0, float("nan"))
+    cuda_backend.causal_conv1d_out(x, w, b, ns if inplace else s0, True, y, ns, seq_lens=lens)
+    check_conv_rows(y, ns, x, w, b, s0, lens, True, dtype)
+
+
+def test_ragged_out_of_range_lengths_are_clamped():
+    x, w, b, s0, _ = conv_ragged_inputs([6, 6, 6], 6, 64, 4, torch.float32, "cuda")
+    y, ns = cuda_backend.causal_conv1d(x, w, b, s0, True, torch.tensor([9, -3, 6], dtype=torch.int32, device="cuda"))
+    check_conv_rows(y, ns, x, w, b, s0, torch.tensor([6, 0, 6]), True, torch.float32)
+
+
+def test_ragged_through_the_op():
+    from gdn_export.ops import causal_conv1d, use_backend
+
+    x, w, b, s0, lens = conv_ragged_inputs([33, 0, 7], 33, 64, 4, torch.bfloat16, "cuda")
+    with use_backend("cuda"):
+        y, ns = causal_conv1d(x, w, b, s0, True, seq_lens=lens)
+    check_conv_rows(y, ns, x, w, b, s0, lens, True, torch.bfloat16)

@@ -5,6 +5,7 @@ import torch
 
 from gdn_export.ops.causal_conv1d.naive import causal_conv1d as reference
 from tests.conftest import DTYPES, assert_close_rms
+from tests.ragged import CONV_RAGGED, check_conv_rows, conv_ragged_inputs
 
 from gdn_kernels.causal_conv1d import causal_conv1d
 
@@ -45,3 +46,22 @@ def test_prefill_then_decode_equals_one_pass():
     y2, s2 = causal_conv1d(x[:, 39:], w, b, s1)
     assert_close_rms(torch.cat([y1, y2], 1).cpu(), y_all.cpu(), torch.float32, "y")
     assert torch.equal(s2, s_all)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K", [2, 3, 4], ids=lambda k: f"K{k}")
+@pytest.mark.parametrize("case", list(CONV_RAGGED), ids=list(CONV_RAGGED))
+def test_ragged_rows_equal_each_row_alone(case, K, dtype):
+    T, lengths = CONV_RAGGED[case]
+    x, w, b, s0, lens = conv_ragged_inputs(lengths, T, 37, K, dtype, DEVICE)
+    y = torch.full_like(x, float("nan"))
+    s = torch.full((len(lengths), 37, K - 1), float("nan"), dtype=dtype, device=DEVICE)
+    causal_conv1d(x, w, b, s0, True, seq_lens=lens, out=y, new_conv_state=s)
+    check_conv_rows(y, s, x, w, b, s0, lens, True, dtype)
+
+
+def test_out_of_range_lengths_are_clamped():
+    x, w, b, s0, _ = conv_ragged_inputs([6, 6, 6], 6, 5, 4, torch.float32, DEVICE)
+    lens = torch.tensor([9, -3, 6], dtype=torch.int32, device=DEVICE)
+    y, s = causal_conv1d(x, w, b, s0, True, seq_lens=lens)
+    check_conv_rows(y, s, x, w, b, s0, torch.tensor([6, 0, 6]), True, torch.float32)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gdn_export.ops import causal_conv1d
+from tests.ragged import CONV_RAGGED, check_conv_rows, conv_ragged_inputs
 
 
 def _literal(x, w, b, s, silu):
@@ -44,3 +45,42 @@ def test_conv_state_chaining_equals_one_pass():
 def test_conv_bad_state_shape():
     with pytest.raises(ValueError, match="conv_state must be"):
         causal_conv1d(torch.randn(1, 3, 4), torch.randn(4, 4), None, torch.randn(1, 4, 2))
+
+
+# ----------------------------------------------------------------------------- ragged rows
+
+
+@pytest.mark.parametrize("K", [2, 3, 4], ids=lambda k: f"K{k}")
+@pytest.mark.parametrize("case", list(CONV_RAGGED), ids=list(CONV_RAGGED))
+def test_ragged_rows_equal_each_row_alone(case, K):
+    T, lengths = CONV_RAGGED[case]
+    x, w, b, s0, lens = conv_ragged_inputs(lengths, T, 7, K, torch.float32, "cpu")
+    y, s = causal_conv1d(x, w, b, s0, True, seq_lens=lens)
+    check_conv_rows(y, s, x, w, b, s0, lens, True, torch.float32, exact=True)
+
+
+def test_full_lengths_equal_no_lengths():
+    x, w, b, s0, _ = conv_ragged_inputs([5, 5, 5], 5, 9, 4, torch.float32, "cpu")
+    y, s = causal_conv1d(x, w, b, s0, False)
+    y_l, s_l = causal_conv1d(x, w, b, s0, False, seq_lens=torch.full((3,), 5, dtype=torch.int64))
+    assert torch.equal(y, y_l) and torch.equal(s, s_l)
+
+
+def test_ragged_without_state_starts_from_zeros():
+    x, w, b, _, lens = conv_ragged_inputs([3, 0, 1], 3, 5, 4, torch.float32, "cpu", state=False)
+    y, s = causal_conv1d(x, w, b, None, True, seq_lens=lens)
+    check_conv_rows(y, s, x, w, b, None, lens, True, torch.float32, exact=True)
+
+
+@pytest.mark.parametrize("lengths,match", [([4, 5], r"\[0, T=4\]"), ([-1, 2], r"\[0, T=4\]"),
+                                           ([1], "integer \\[B=2\\]")],
+                         ids=["too-long", "negative", "wrong-shape"])
+def test_bad_lengths_raise(lengths, match):
+    x, w = torch.randn(2, 4, 3), torch.randn(3, 4)
+    with pytest.raises(ValueError, match=match):
+        causal_conv1d(x, w, seq_lens=torch.tensor(lengths, dtype=torch.int32))
+
+
+def test_float_lengths_raise():
+    with pytest.raises(ValueError, match="seq_lens must be integer"):
+        causal_conv1d(torch.randn(2, 4, 3), torch.randn(3, 4), seq_lens=torch.tensor([1.0, 2.0]))

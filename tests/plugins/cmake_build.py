@@ -1,5 +1,8 @@
 """Build plugins/ (libgdn_plugins.so + pluginHostTest) once per test session with the machine's
-nvcc and cmake, against the TensorRT headers in ../shared/third_party/tensorrt/include.
+nvcc and cmake, against TensorRT headers found by `find_tensorrt_headers` (in this order: env
+TENSORRT_INCLUDE_DIR, env TENSORRT_ROOT/include, the repository's ../shared/third_party/tensorrt/
+include, the usual install folders). Without headers, cmake or nvcc every test that needs the build
+skips with the reason; a cmake or compiler failure with all three present is an error.
 
 Shared by tests/plugins and tests/trt (both conftests import `plugin_build`); the build itself is
 cached per process, so it runs once however many conftests ask. A small architecture list keeps
@@ -21,7 +24,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS_SRC = REPO / "plugins"
-TRT_HEADERS = REPO.parent / "shared" / "third_party" / "tensorrt" / "include"
+SHARED_TRT_HEADERS = REPO.parent / "shared" / "third_party" / "tensorrt" / "include"
+# The folders plugins/CMakeLists.txt also searches last.
+SYSTEM_TRT_HEADERS = (Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include/aarch64-linux-gnu"),
+                      Path("/usr/local/tensorrt/include"), Path("/opt/tensorrt/include"))
+HEADER = "NvInferRuntime.h"
 TEST_ARCHS = os.environ.get("GDN_TEST_CUDA_ARCHS", "80;90")
 
 
@@ -31,6 +38,25 @@ class PluginBuild:
     library: Path
     host_test: Path
     seconds: float
+
+
+def find_tensorrt_headers(env=None) -> Path | str:
+    """The folder holding NvInferRuntime.h, or why none was found (a string naming the fixes).
+
+    An env variable that is set but points nowhere is reported, not skipped over silently.
+    """
+    env = os.environ if env is None else env
+    for var, folder in (("TENSORRT_INCLUDE_DIR", env.get("TENSORRT_INCLUDE_DIR")),
+                        ("TENSORRT_ROOT", env.get("TENSORRT_ROOT") and Path(env["TENSORRT_ROOT"]) / "include")):
+        if folder:
+            if (Path(folder) / HEADER).is_file():
+                return Path(folder)
+            return f"{var} is set but {folder} has no {HEADER}"
+    for folder in (SHARED_TRT_HEADERS, *SYSTEM_TRT_HEADERS):
+        if (folder / HEADER).is_file():
+            return folder
+    return (f"needs the TensorRT headers ({HEADER}) to build plugins/: set TENSORRT_INCLUDE_DIR=<folder with "
+            f"{HEADER}> or TENSORRT_ROOT=<TensorRT install>, or place them in {SHARED_TRT_HEADERS}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,11 +71,12 @@ def _build() -> PluginBuild | str:
     missing = [tool for tool in ("cmake", "nvcc") if shutil.which(tool) is None]
     if missing:
         return f"needs {' and '.join(missing)} on PATH to build plugins/"
+    headers = find_tensorrt_headers()
+    if isinstance(headers, str):
+        return headers
     folder = Path(tempfile.mkdtemp(prefix="gdn-plugins-build-"))
     cmd = ["cmake", "-S", str(PLUGINS_SRC), "-B", str(folder), f"-DCMAKE_CUDA_ARCHITECTURES={TEST_ARCHS}",
-           "-DCMAKE_BUILD_TYPE=Release"]
-    if TRT_HEADERS.is_dir():
-        cmd.append(f"-DTENSORRT_INCLUDE_DIR={TRT_HEADERS}")
+           "-DCMAKE_BUILD_TYPE=Release", f"-DTENSORRT_INCLUDE_DIR={headers}"]
     t0 = time.perf_counter()
     for step in (cmd, ["cmake", "--build", str(folder), "-j", str(os.cpu_count() or 2)]):
         proc = subprocess.run(step, capture_output=True, text=True)
@@ -62,7 +89,8 @@ def _build() -> PluginBuild | str:
 
 @pytest.fixture(scope="session")
 def plugin_build() -> PluginBuild:
-    """libgdn_plugins.so and pluginHostTest built from this tree (skips without cmake / nvcc)."""
+    """libgdn_plugins.so and pluginHostTest built from this tree (skips without cmake, nvcc or the
+    TensorRT headers, naming how to supply them; a failing build is an error)."""
     result = _build()
     if isinstance(result, str):
         pytest.skip(result)

@@ -38,11 +38,12 @@ extern "C" void gdrRef(int B, int T, int Hk, int Hv, int Dk, int Dv, const float
     std::copy(ss.begin(), ss.end(), s);
 }
 extern "C" void convRef(int B, int T, int C, int K, const float* x, const float* w, const float* b,
-    const float* s0, int silu, double* y, double* s)
+    const float* s0, const int* lens, int silu, double* y, double* s)
 {
     std::vector<double> yy, ss;
+    std::vector<int32_t> ll = lens ? std::vector<int32_t>(lens, lens + B) : std::vector<int32_t>();
     causalConv1dReference(B, T, C, K, vec(x, (size_t)B * T * C), vec(w, (size_t)C * K), vec(b, C),
-        vec(s0, (size_t)B * C * (K - 1)), silu != 0, yy, ss);
+        vec(s0, (size_t)B * C * (K - 1)), ll, silu != 0, yy, ss);
     std::copy(yy.begin(), yy.end(), y);
     std::copy(ss.begin(), ss.end(), s);
 }
@@ -94,16 +95,21 @@ def test_gated_delta_rule_reference_matches_naive(reference_lib, B, T, Hk, Hv, D
     np.testing.assert_allclose(s, s_ref.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("B,T,C,K,silu", [(1, 1, 8, 4, True), (3, 17, 5, 3, False), (2, 2, 4, 2, True)],
-                         ids=["decode", "prefill-odd-C", "T-less-than-K-1"])
-def test_causal_conv1d_reference_matches_naive(reference_lib, B, T, C, K, silu):
+@pytest.mark.parametrize("B,T,C,K,silu,lens", [(1, 1, 8, 4, True, None), (3, 17, 5, 3, False, None),
+                                               (2, 2, 4, 2, True, None), (3, 17, 5, 4, True, [17, 0, 9]),
+                                               (3, 1, 7, 3, False, [0, 1, 0])],
+                         ids=["decode", "prefill-odd-C", "T-less-than-K-1", "ragged", "ragged-decode"])
+def test_causal_conv1d_reference_matches_naive(reference_lib, B, T, C, K, silu, lens):
     gen = torch.Generator().manual_seed(3)
     x, w, b, s0 = (torch.randn(*shape, generator=gen, dtype=torch.float64)
                    for shape in ((B, T, C), (C, K), (C,), (B, C, K - 1)))
-    y_ref, s_ref = causal_conv1d(x, w, b, s0, silu=silu)
+    seq_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32)
+    y_ref, s_ref = causal_conv1d(x, w, b, s0, silu=silu, seq_lens=seq_lens)
     arrays = [np.ascontiguousarray(t.numpy(), dtype=np.float32) for t in (x, w, b, s0)]
+    lens_arr = None if lens is None else np.ascontiguousarray(lens, dtype=np.int32)  # kept alive for the call
+    lens_arg = None if lens_arr is None else _ptr(lens_arr)
     y = np.full((B, T, C), np.nan)
     s = np.full((B, C, K - 1), np.nan)
-    reference_lib.convRef(B, T, C, K, *(_ptr(a) for a in arrays), int(silu), _ptr(y), _ptr(s))
+    reference_lib.convRef(B, T, C, K, *(_ptr(a) for a in arrays), lens_arg, int(silu), _ptr(y), _ptr(s))
     np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(s, s_ref.numpy(), rtol=1e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 """A small hand-made ONNX graph holding both gdn custom nodes, built with onnx.helper only (no
 exporter), so that engine building is tested independently of gdn_export.onnx.
 
-    x [batch, seq, C] -> gdn.CausalConv1d (+ past.0.conv) -> y
+    x [batch, seq, C] -> gdn.CausalConv1d (+ past.0.conv, seq_lens = seq per row) -> y
     y -> q = k (reshape), v (MatMul), beta = sigmoid, g = -softplus (fp32)
       -> gdn.GatedDeltaRule (+ past.0.recurrent fp32) -> o -> out (fp32)
 """
@@ -38,7 +38,12 @@ def make_plugin_graph(path: Path, dtype: int = TensorProto.FLOAT16, *, gdr_versi
         numpy_helper.from_array(np.array([0, 0, HV, DV], np.int64), "shape_v"),
     ]
     nodes = [
-        helper.make_node("CausalConv1d", ["x", "conv_w", "conv_b", "past.0.conv"], ["y", "present.0.conv"],
+        # seq_lens [batch] int32 = seq for every row, as the exporter emits it without ragged rows
+        helper.make_node("Shape", ["x"], ["x_b"], name="x_batch", start=0, end=1),
+        helper.make_node("Shape", ["x"], ["x_t"], name="x_seq", start=1, end=2),
+        helper.make_node("Cast", ["x_t"], ["x_t32"], name="seq_int32", to=TensorProto.INT32),
+        helper.make_node("Expand", ["x_t32", "x_b"], ["seq_lens"], name="seq_lens"),
+        helper.make_node("CausalConv1d", ["x", "conv_w", "conv_b", "past.0.conv", "seq_lens"], ["y", "present.0.conv"],
                          name=NAME_CONV, domain="gdn", plugin_version=conv_version, plugin_namespace="gdn",
                          activation=1),
         helper.make_node("Reshape", ["y", "shape_qk"], ["q"], name="to_q"),

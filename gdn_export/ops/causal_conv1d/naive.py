@@ -4,6 +4,10 @@ With the state s [B, C, K-1] holding the K-1 inputs before x, and xs = concat(s,
 
     y[b, t, c] = bias[c] + sum_{j < K} weight[c, j] * xs[b, c, t + j]      (then SiLU if asked)
     new_state  = xs[:, :, -(K-1):]
+
+With per-row lengths L [B] (right padding: only x[b, :L_b] is real) the state ends after the last
+real token, new_state[b] = xs[b, :, L_b : L_b + K-1]; y is computed the same everywhere (its values
+at padded positions mean nothing but are finite).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ def causal_conv1d(
     bias: torch.Tensor | None = None,
     conv_state: torch.Tensor | None = None,
     silu: bool = True,
+    seq_lens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv1d over time.
 
@@ -25,6 +30,8 @@ def causal_conv1d(
         x: [B, T, C]. weight: [C, K]. bias: [C] or None.
         conv_state: [B, C, K-1] (the K-1 inputs before x) or None for zeros.
         silu: apply SiLU to the output.
+        seq_lens: [B] integer, real tokens per row (right padding), or None for all T. Clamped to
+            [0, T] as the kernels do (the op checks the range first).
     Returns:
         y [B, T, C] in x's dtype, new_conv_state [B, C, K-1] in x's dtype.
     """
@@ -39,5 +46,11 @@ def causal_conv1d(
     y = F.conv1d(xs, weight.to(compute)[:, None, :], b, groups=C)  # [B, C, T]
     if silu:
         y = F.silu(y)
-    new_state = xs[:, :, xs.shape[-1] - (K - 1):]
+    if seq_lens is None:
+        new_state = xs[:, :, xs.shape[-1] - (K - 1):]
+    else:
+        # new_state[b, :, i] = xs[b, :, L_b + i]: a gather of copies, so bit-identical to the row alone
+        lens = seq_lens.to(device=x.device, dtype=torch.int64).clamp(0, T)
+        index = (lens[:, None] + torch.arange(K - 1, device=x.device))[:, None, :].expand(B, C, K - 1)
+        new_state = xs.gather(2, index)
     return y.transpose(1, 2).to(x.dtype), new_state.to(x.dtype).contiguous()

@@ -2,14 +2,16 @@
 
 The exported node is exactly what TensorRT's ONNX parser maps to the CausalConv1d plugin:
 
-    gdn.CausalConv1d(x, weight, bias, conv_state) -> (y, new_conv_state)
+    gdn.CausalConv1d(x, weight, bias, conv_state, seq_lens) -> (y, new_conv_state)
         attributes: plugin_version="1", plugin_namespace="gdn", activation (int 0 none / 1 SiLU)
 
-All four inputs are always present: zero bias [C] and zero conv_state [B, C, K-1] are emitted when
-the torch call passes None, and every input is cast to x's dtype, so the plugin sees one dtype.
+All five inputs are always present: zero bias [C], zero conv_state [B, C, K-1] and seq_lens = T
+for every row ([B] int32) are emitted when the torch call passes None, and bias, weight and
+conv_state are cast to x's dtype, so the plugin sees one activation dtype (and int32 lengths).
 
 `function_proto` is an independent implementation in standard ONNX (a Gather of the K-tap windows
-and a weighted sum, since Conv's `group` cannot follow a dynamic C inside a function); it is
+and a weighted sum, since Conv's `group` cannot follow a dynamic C inside a function; the new state
+is a GatherElements of the K-1 columns ending at each row's length); it is
 attached in memory for ONNX Runtime and never written into an exported file.
 """
 
@@ -42,6 +44,7 @@ NODE_ATTRIBUTES = {
 }
 NODE_ATTRIBUTE_VALUES = {ATTR_PLUGIN_VERSION: PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE: PLUGIN_NAMESPACE}
 _ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+_INPUT_RANKS = {"x": 3, "weight": 2, "bias": 1, "conv_state": 3, "seq_lens": 1}
 
 # ----------------------------------------------------------------------------------- schema
 
@@ -76,12 +79,14 @@ def _infer(ctx) -> None:
     types = [ctx.get_input_type(i) for i in range(len(INPUT_NAMES))]
     if any(t is None for t in types):
         return
-    x, weight, bias, state = types
-    for name, t, rank in (("x", x, 3), ("weight", weight, 2), ("bias", bias, 1),
-                          ("conv_state", state, 3)):
+    x, weight, bias, state, seq_lens = types
+    for name, t in zip(INPUT_NAMES, types):
         r = _rank(t)
-        if r is not None and r != rank:
-            raise ValueError(f"{PLUGIN_NAME}: {name} must have rank {rank}, got {r}")
+        if r is not None and r != _INPUT_RANKS[name]:
+            raise ValueError(f"{PLUGIN_NAME}: {name} must have rank {_INPUT_RANKS[name]}, got {r}")
+    if seq_lens.tensor_type.elem_type not in (0, onnx.TensorProto.INT32):
+        raise ValueError(f"{PLUGIN_NAME}: seq_lens must be int32, got "
+                         f"{onnx.TensorProto.DataType.Name(seq_lens.tensor_type.elem_type)}")
     c, wc = _static(_dim(x, 2)), _static(_dim(weight, 0))
     if c and wc and c != wc:
         raise ValueError(f"{PLUGIN_NAME}: weight must be [C={c}, K], got C={wc}")
@@ -101,15 +106,16 @@ def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.CausalConv1d (version DOMAIN_VERSION), with shape inference."""
     P = onnx.defs.OpSchema.FormalParameter
     A = onnx.defs.OpSchema.Attribute
-    shapes = dict(zip(INPUT_NAMES, ("[B, T, C]", "[C, K]", "[C]", "[B, C, K-1]")))
+    shapes = dict(zip(INPUT_NAMES, ("[B, T, C]", "[C, K]", "[C]", "[B, C, K-1]", "[B] real tokens per row")))
     schema = onnx.defs.OpSchema(
         PLUGIN_NAME,
         ONNX_DOMAIN,
         DOMAIN_VERSION,
         "Depthwise causal conv1d with a rolling state (see gdn_export.ops.causal_conv1d).",
-        inputs=[P(n, "T", shapes[n]) for n in INPUT_NAMES],
+        inputs=[P(n, "I" if n == "seq_lens" else "T", shapes[n]) for n in INPUT_NAMES],
         outputs=[P(OUTPUT_NAMES[0], "T", "[B, T, C]"), P(OUTPUT_NAMES[1], "T", "[B, C, K-1]")],
-        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype")],
+        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
+                          ("I", ["tensor(int32)"], "row lengths")],
         attributes=[
             A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
             A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
@@ -130,10 +136,11 @@ def register_schema() -> None:
 # ------------------------------------------------------------------------------ translation
 
 
-def translation(x, weight, bias, conv_state, silu):
+def translation(x, weight, bias, conv_state, silu, seq_lens=None):
     """onnxscript translation of torch.ops.gdn.causal_conv1d.default for the dynamo exporter.
 
-    Emits one gdn.CausalConv1d node; None bias / conv_state become zeros in x's dtype.
+    Emits one gdn.CausalConv1d node; None bias / conv_state become zeros in x's dtype, None seq_lens
+    becomes T for every row ([B] int32).
     """
     import onnxscript
     from onnxscript import opset18 as op
@@ -152,11 +159,16 @@ def translation(x, weight, bias, conv_state, silu):
             op.Sub(op.Shape(weight, start=1, end=2), one), axis=0,
         )
         conv_state = op.Expand(zero, shape)
+    if seq_lens is None:
+        seq_lens = op.Expand(op.Cast(op.Shape(x, start=1, end=2), to=onnx.TensorProto.INT32),
+                             op.Shape(x, start=0, end=1))
+    elif seq_lens.dtype != onnx.TensorProto.INT32:
+        seq_lens = op.Cast(seq_lens, to=onnx.TensorProto.INT32)
     weight, bias, conv_state = (
         t if t.dtype == x.dtype else op.CastLike(t, x) for t in (weight, bias, conv_state)
     )
     y, new_state = getattr(gdn, PLUGIN_NAME)(
-        x, weight, bias, conv_state,
+        x, weight, bias, conv_state, seq_lens,
         plugin_version=PLUGIN_VERSION,
         plugin_namespace=PLUGIN_NAMESPACE,
         activation=ACTIVATION_SILU if silu else ACTIVATION_NONE,
@@ -177,6 +189,7 @@ def torch_target():
 
 # xs = concat(state, x^T) [B, C, K-1+T]; window[b, c, t, j] = xs[b, c, t + j] gathered with an
 # index grid [T, K]; y = sum_j window * weight[c, j] + bias (fp32), SiLU if asked.
+# new_state[b, c, i] = xs[b, c, L_b + i] (GatherElements), L clamped to [0, T] as the kernels do.
 _FUNCTION_TEXT = """
 <domain: "{domain}", opset_import: ["" : {opset}]>
 {name} <{attrs}> ({inputs}) => ({outputs})
@@ -197,7 +210,6 @@ _FUNCTION_TEXT = """
   ax3 = Constant <value_ints = [3]> ()
   t1 = Shape <start = 1, end = 2> (x)
   k1 = Shape <start = 1, end = 2> (weight)
-  l1 = Shape <start = 2, end = 3> (xs)
   t = Squeeze (t1)
   k = Squeeze (k1)
   steps = Range (zero, t, one)
@@ -223,8 +235,20 @@ _FUNCTION_TEXT = """
   {y} = CastLike (y_f, x)
 
   k_minus_1 = Sub (k1, one1)
-  start = Sub (l1, k_minus_1)
-  tail = Slice (xs, start, l1, ax2)
+  km1 = Squeeze (k_minus_1)
+  lens64 = Cast <to = 7> (seq_lens)
+  lens_lo = Max (lens64, zero)
+  lens = Min (lens_lo, t)
+  cols = Range (zero, km1, one)
+  lens_col = Unsqueeze (lens, ax1)
+  cols_row = Unsqueeze (cols, ax0)
+  tail_bk = Add (lens_col, cols_row)
+  tail_b1k = Unsqueeze (tail_bk, ax1)
+  b1 = Shape <start = 0, end = 1> (x)
+  c1 = Shape <start = 2, end = 3> (x)
+  tail_shape = Concat <axis = 0> (b1, c1, k_minus_1)
+  tail_index = Expand (tail_b1k, tail_shape)
+  tail = GatherElements <axis = 2> (xs, tail_index)
   {state} = CastLike (tail, x)
 }}
 """

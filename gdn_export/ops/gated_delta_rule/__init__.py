@@ -9,7 +9,7 @@ ONNX node (`onnx.py`) and the TensorRT plugin fields.
     1 k              [B, T, Hk, Dk]  T       1 final_state  [N, Hv, Dk, Dv] S
     2 v              [B, T, Hv, Dv]  T
     3 g              [B, T, Hv]      fp32    (log decay, <= 0)
-    4 beta           [B, T, Hv]      T       (write strength, in (0, 1))
+    4 beta           [B, T, Hv]      T       (write strength, in (0, 2))
     5 initial_state  [N, Hv, Dk, Dv] S       (optional in torch; always present in ONNX)
 
     T is fp32, fp16 or bf16. Hv is a multiple of Hk: value head h reads key head h // (Hv // Hk).
@@ -27,7 +27,16 @@ where it stores final_state. A decode step (T = 1) therefore rounds once per tok
 tokens once per call (per sequence when packed). The kernels keep the state on-chip for the whole
 call, so this costs no extra traffic; a 16-bit state halves the bytes a decode step moves.
 
- plugins/gatedDeltaRulePlugin (kGDR_PLUGIN_NAME / VERSION / NAMESPACE).
+beta is (0, 1) from a sigmoid in Qwen3-Next / Qwen3.5 and up to 2 with OLMo-Hybrid's
+allow_neg_eigval (eigenvalues of I - beta k k^T in (-1, 1) for unit keys); every backend is tested
+on the whole of (0, 2) against the fp32 reference.
+
+Ragged batches are right-padded: at padded positions the model writes g = 0 and beta = 0, a step
+that leaves the state exactly unchanged (S <- 1 * S + 0), so each row's final state is the state
+after its last real token; o at padded positions is meaningless. cu_seqlens packs of padded rows
+obey the same rule. Tested on every backend (tests/*/test_gated_delta_rule_padding*.py).
+
+TensorRT plugin twin: plugins/gatedDeltaRulePlugin (kGDR_PLUGIN_NAME / VERSION / NAMESPACE).
 """
 
 from __future__ import annotations
