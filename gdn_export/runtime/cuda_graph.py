@@ -158,6 +158,31 @@ class GraphRunner(TorchRunner):
         self._load(st, new_states)
         return logits.float().cpu().numpy(), st.states
 
+    def prefill_device(self, ids: torch.Tensor, states, chunk: int | None = None):
+        """Prefill rows of equal length from device tensors, without host round trips: ids [B, T]
+        int64 on this runner's device, states from `empty_states(B)`; calls of at most `chunk`
+        tokens. Returns (logits [B, 1, V] fp32 on the device, the static states). For ragged rows
+        and host arrays use gdn_export.runtime.base.prefill."""
+        batch, seq = ids.shape
+        if self.layout.streaming:
+            raise InputError("prefill_device does not split calls at the streaming ring's end; use "
+                             "gdn_export.runtime.base.prefill")
+        check_fits(self.layout, np.zeros(batch, np.int64), np.full(batch, seq, np.int64), seq)
+        st = self._static_for(batch)
+        self._load(st, self._check_state_tensors(states, batch, 0))
+        chunk = seq if chunk is None else int(chunk)
+        if chunk < 1:
+            raise InputError(f"prefill chunk must be >= 1, got {chunk}")
+        logits = None
+        for start in range(0, seq, chunk):
+            size = min(chunk, seq - start)
+            past = torch.full((batch,), start, dtype=torch.int64, device=self.device)
+            lens = torch.full((batch,), size, dtype=torch.int64, device=self.device)
+            logits, new_states = self._call(ids[:, start:start + size], past, lens, st.states,
+                                            model=self._step_model)
+            self._load(st, new_states)
+        return logits, st.states
+
     def decode_greedy(self, tokens, past_lengths, states, steps: int,
                       keep_logits: bool = False) -> tuple[torch.Tensor, list[torch.Tensor], list]:
         """`steps` greedy decode calls without a host sync: tokens [B, 1] (the next input of each
