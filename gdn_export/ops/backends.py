@@ -38,6 +38,8 @@ class Backend:
     name: str
     gated_delta_rule: Callable
     causal_conv1d: Callable
+    # optional: (q, k, v, g, beta, state, scale, use_qk_l2norm) -> o, the state updated in place
+    gated_delta_rule_inplace: Callable | None = None
 
 
 # name -> module that defines `gated_delta_rule` and `causal_conv1d`; imported on first use so
@@ -85,7 +87,8 @@ def get(name: str | None = None) -> Backend:
             module = importlib.import_module(_MODULES[name])
         except ImportError as exc:
             raise GdnExportError(f"gdn backend {name!r} is not available here: {exc}") from exc
-        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d)
+        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d,
+                                getattr(module, "gated_delta_rule_inplace", None))
     return _LOADED[name]
 
 

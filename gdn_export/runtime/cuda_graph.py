@@ -4,8 +4,9 @@ What makes it fast, against TorchRunner (which is the same model, stepped eagerl
 
 - States live in static buffers, one set per batch size, allocated once by `empty_states(B)` and
   updated in place by every call; the runner returns those same tensors (only the latest states are
-  valid, as with TrtRunner). The K/V caches are written in place by the model itself; the GDN
-  states the ops return are copied back into the buffers inside the captured step.
+  valid, as with TrtRunner). The K/V caches are written in place by the model, the GDN recurrent
+  states by the in-place kernels (gdn_export.ops.gated_delta_rule.gated_delta_rule_; backends
+  without one copy back), the conv states by a copy inside the step.
 - A decode step (T = 1, a fixed batch) is captured once per batch size as a CUDA graph
   (torch.cuda.CUDAGraph: three warm-up calls on a side stream, then the capture) and replayed: one
   launch per step instead of ~1500 kernels launched from Python. The graph reads the token ids and
@@ -66,6 +67,14 @@ class GraphRunner(TorchRunner):
                  cuda_graph: bool | None = None, compile: bool = False):
         super().__init__(model, device=device, op_backend=op_backend)
         self.model.check_inputs = False  # Runner.forward checks on the host (no device reads)
+        # The GDN layers update the static buffers in place (in-place kernels of the triton / cuda
+        # backends at T = 1): no copy of the recurrent states per step. The model now belongs to this
+        # runner (a TorchRunner on it would see its states change under it).
+        from gdn_export.modules.gated_deltanet import GatedDeltaNet
+
+        for module in self.model.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.update_states_in_place = True
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
         if self.cuda_graph and self.device.type != "cuda":
             raise InputError(f"CUDA graphs need a CUDA device, got {self.device}")
