@@ -26,7 +26,8 @@ def guess_backend(path: str) -> str:
 def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", device: str = "cpu",
                 plugins: str | None = None, op_backend: str | None = None, layout=None):
     """A `gdn_export.runtime.base.Runner` for `path`; `layout` (a DeployLayout) shapes a PyTorch
-    model's cache and outputs (default: the export default)."""
+    model's cache and outputs (default: the export default). A checkpoint on a CUDA device runs on
+    GraphRunner (gdn_export.runtime.cuda_graph), elsewhere on TorchRunner."""
     backend = backend or guess_backend(path)
     if not Path(path).exists():
         raise InputError(f"{path}: no such file or folder")
@@ -40,6 +41,11 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
         model = load_checkpoint(path, dtype=torch_dtype(dtype))
         if layout is not None:
             model.layout = layout
+        if device.startswith("cuda"):
+            # The fast path: static states, decode steps replayed from a CUDA graph.
+            from gdn_export.runtime.cuda_graph import GraphRunner
+
+            return GraphRunner(model, device=device, op_backend=op_backend)
         return TorchRunner(model, device=device, op_backend=op_backend)
     if backend in ("ort", "trt") and Path(path).is_dir():
         raise InputError(f"--backend {backend} needs a .onnx / .engine file, got the folder {path}")

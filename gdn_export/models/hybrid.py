@@ -83,6 +83,10 @@ class HybridForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.layout = layout
+        # False skips the eager checks of states and lengths (they read lengths back from the device:
+        # a host sync that a CUDA graph cannot hold). Only for callers that checked them already, as
+        # the runners do on the host (gdn_export.runtime.base); export never runs them either.
+        self.check_inputs = True
         self.model = HybridModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -134,7 +138,7 @@ class HybridForCausalLM(nn.Module):
         (layout.logits "last") or [B, T, V]; new states in place (inplace K/V, eager) or new tensors.
         """
         B, T = input_ids.shape
-        if not torch.compiler.is_compiling():
+        if self.check_inputs and not torch.compiler.is_compiling():
             check_states(self.state_specs(), states)
             check_call(past_lengths, seq_lens, T, self.layout)
         x = self.model.embed_tokens(input_ids)

@@ -31,6 +31,7 @@ from gdn_export.config import HybridConfig
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
 from gdn_export.ops import causal_conv1d, gated_delta_rule
+from gdn_export.ops.gated_delta_rule import gated_delta_rule_
 
 
 class GatedDeltaNet(nn.Module):
@@ -74,6 +75,10 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(Hv))
         self.norm = GatedRMSNorm(Dv, eps=config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        # True (set by gdn_export.runtime.cuda_graph.GraphRunner, never for export): the conv and
+        # recurrent states given to forward are updated in place and returned, so that a captured
+        # decode step reads and writes the same buffers (no copy of the states per step).
+        self.update_states_in_place = False
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> (mixed_qkv [B, T, C], z [B, T, Hv, Dv], b [B, T, Hv], a [B, T, Hv])."""
@@ -115,9 +120,14 @@ class GatedDeltaNet(nn.Module):
         real = step.token_mask[..., None]
         g = torch.where(real, g, 0.0)
         beta = torch.where(real, beta, 0.0)
-        o, new_recurrent_state = gated_delta_rule(
-            q, k, v, g, beta, initial_state=recurrent_state, use_qk_l2norm=True
-        )
+        if self.update_states_in_place:
+            o = gated_delta_rule_(q, k, v, g, beta, recurrent_state, use_qk_l2norm=True)
+            new_recurrent_state = recurrent_state
+            new_conv_state = conv_state.copy_(new_conv_state)
+        else:
+            o, new_recurrent_state = gated_delta_rule(
+                q, k, v, g, beta, initial_state=recurrent_state, use_qk_l2norm=True
+            )
         o = self.norm(o, z).reshape(B, T, self.value_dim)
         return self.out_proj(o), new_conv_state, new_recurrent_state
 

@@ -40,6 +40,8 @@ class Backend:
     gated_delta_rule: Callable
     causal_conv1d: Callable
     moe: Callable
+    # optional: (q, k, v, g, beta, state, scale, use_qk_l2norm) -> o, the state updated in place
+    gated_delta_rule_inplace: Callable | None = None
 
 
 # name -> module that defines `gated_delta_rule`, `causal_conv1d` and `moe`; imported on first use so
@@ -87,7 +89,8 @@ def get(name: str | None = None) -> Backend:
             module = importlib.import_module(_MODULES[name])
         except ImportError as exc:
             raise GdnExportError(f"gdn backend {name!r} is not available here: {exc}") from exc
-        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d, module.moe)
+        _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d, module.moe,
+                                getattr(module, "gated_delta_rule_inplace", None))
     return _LOADED[name]
 
 

@@ -2,6 +2,8 @@
 
     base.py          Runner (abstract), StateInfo, input checks, greedy `generate`
     torch_runner.py  TorchRunner: HybridForCausalLM in PyTorch
+    cuda_graph.py    GraphRunner: the same with static states and CUDA-graph decode (the GPU fast path)
+    bench.py         timing / accuracy helpers of `gdn-export bench`
     ort_runner.py    OrtRunner: an exported .onnx in ONNX Runtime (gdn bodies attached at load)
 """
 

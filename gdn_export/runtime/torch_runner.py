@@ -39,8 +39,16 @@ class TorchRunner(Runner):
         return list(self.model.empty_states(batch, device=self.device))
 
     def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
+        states = self._check_state_tensors(states, input_ids.shape[0], int(past_lengths[0]))
+        ids = torch.from_numpy(input_ids).to(self.device)
+        past = torch.from_numpy(past_lengths).to(self.device)
+        lens = torch.from_numpy(seq_lens).to(self.device)
+        logits, new_states = self._call(ids, past, lens, states)
+        return logits.float().cpu().numpy(), new_states
+
+    def _check_state_tensors(self, states, batch: int, past: int) -> list[torch.Tensor]:
+        """states as a list, or InputError naming the first that is not this runner's kind."""
         states = list(states)
-        batch, seq = input_ids.shape
         # States are opaque per backend (runtime/base.py): this runner's are torch tensors, and
         # converting another backend's would hide a mix-up of runners.
         for spec, t in zip(self.state_specs, states):
@@ -50,20 +58,24 @@ class TorchRunner(Runner):
             if t.device != self.device:
                 raise InputError(f"state {spec.name} is on {t.device}, the model on {self.device}")
         check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states],
-                     batch, int(past_lengths[0]))
-        ids = torch.from_numpy(input_ids).to(self.device)
-        past = torch.from_numpy(past_lengths).to(self.device)
-        lens = torch.from_numpy(seq_lens).to(self.device)
-        if self.op_backend is None:
-            backend = contextlib.nullcontext()
-        else:
-            from gdn_export.ops.backends import use_backend
+                     batch, past)
+        return states
 
-            backend = use_backend(self.op_backend)
+    def _backend_context(self):
+        """The `use_backend` block of this runner's op backend (a no-op without one)."""
+        if self.op_backend is None:
+            return contextlib.nullcontext()
+        from gdn_export.ops.backends import use_backend
+
+        return use_backend(self.op_backend)
+
+    def _call(self, ids: torch.Tensor, past: torch.Tensor, lens: torch.Tensor, states,
+              model=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One model call on device tensors: (logits, new states). `model` defaults to self.model."""
         # The in-place K/V caches come back as the same tensors, written in place: no per-step copy.
-        with torch.no_grad(), backend:
-            logits, *new_states = self.model(ids, past, lens, *states)
-        return logits.float().cpu().numpy(), new_states
+        with torch.no_grad(), self._backend_context():
+            logits, *new_states = (model or self.model)(ids, past, lens, *states)
+        return logits, new_states
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
         out = {}

@@ -27,6 +27,17 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
     return o.to(v.dtype), state
 
 
+def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm):
+    """The final state written over `state` (contiguous, its storage dtype) in place; returns o."""
+    if v.shape[1] <= RECURRENT_MAX_T:
+        o, _ = fused_recurrent_gated_delta_rule(q, k, v, g, beta, state, scale, use_qk_l2norm,
+                                                inplace=True)
+    else:
+        o, final = chunk_gated_delta_rule(q, k, v, g, beta, state, scale, use_qk_l2norm, None)
+        state.copy_(final)
+    return o.to(v.dtype)
+
+
 def causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None):
     y, state = _conv(x, weight, bias, conv_state, silu, seq_lens=seq_lens)
     return y.to(x.dtype), state.to(x.dtype)

@@ -59,11 +59,30 @@ def _(cache, update, write_indices):
 def _attention(q, key, value, mask, scale):
     H, Hkv = q.shape[1], key.shape[1]
     dtype = q.dtype
+    if q.is_cuda and dtype in (torch.float16, torch.bfloat16):
+        return _attention_cuda(q, key, value, mask, scale)
     # fp32 scores and softmax, as TensorRT's fused kernels and ONNX Runtime's CPU kernel do for half
     # inputs; the result is rounded once.
     o = F.scaled_dot_product_attention(q.float(), key.float(), value.float(), attn_mask=mask,
                                        scale=scale, enable_gqa=H != Hkv)
     return o.to(dtype)
+
+
+def _attention_cuda(q, key, value, mask, scale):
+    """Half-precision inputs on a GPU: SDPA's fused kernel on the stored dtype (fp32 scores and
+    softmax inside the kernel, as TensorRT's fused attention), without fp32 copies of the whole
+    cache, which cost more than the attention itself at batch 32. The G = H / Hkv query heads of a
+    key/value head become G x S query rows of that head (the mask repeated), so no K/V repeat and
+    no enable_gqa (which the memory-efficient kernel lacks)."""
+    B, H, S, D = q.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    G = H // Hkv
+    qg = q.reshape(B, Hkv, G * S, D)
+    m = mask.expand(B, 1, S, L)
+    if G > 1:
+        m = m[:, :, None].expand(B, 1, G, S, L).reshape(B, 1, G * S, L)
+    o = F.scaled_dot_product_attention(qg, key, value, attn_mask=m, scale=scale)
+    return o.reshape(B, H, S, D)
 
 
 @torch.library.custom_op(ATTENTION_OP, mutates_args=())

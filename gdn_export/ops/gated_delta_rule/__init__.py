@@ -123,6 +123,53 @@ def _(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
     return v.new_empty(B, T, Hv, Dv), v.new_empty(N, Hv, Dk, Dv, dtype=state_storage_dtype(initial_state))
 
 
+INPLACE_OP_NAME = "gdn::gated_delta_rule_"
+
+
+@torch.library.custom_op(INPLACE_OP_NAME, mutates_args=("state",))
+def _gated_delta_rule_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+    use_qk_l2norm: bool,
+) -> torch.Tensor:
+    backend = backends.for_device(v.device)
+    if backend.gated_delta_rule_inplace is not None and state.dtype == torch.float32 \
+            and state.is_contiguous():
+        return backend.gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm)
+    o, new_state = backend.gated_delta_rule(q, k, v, g, beta, state.float(), scale, use_qk_l2norm, None)
+    state.copy_(new_state)
+    return o
+
+
+@_gated_delta_rule_inplace_op.register_fake
+def _(q, k, v, g, beta, state, scale, use_qk_l2norm):
+    return torch.empty_like(v)
+
+
+def gated_delta_rule_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> torch.Tensor:
+    """`gated_delta_rule` that writes the final state over `state` [B, Hv, Dk, Dv] (no cu_seqlens)
+    and returns o. An eager / CUDA-graph fast path (gdn_export.runtime.cuda_graph): backends with an
+    in-place kernel (triton, cuda) update the fp32 state where it lies, the others copy it back. Not
+    an ONNX node: exported graphs use the functional op."""
+    check_inputs(q, k, v, g, beta, state, None)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.gdn.gated_delta_rule_(q, k, v, g, beta, state, scale, bool(use_qk_l2norm))
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

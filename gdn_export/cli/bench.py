@@ -1,0 +1,233 @@
+"""`gdn-export bench CHECKPOINT`: prefill and decode latency, tokens/s and peak memory of the fast
+torch runner (gdn_export.runtime.cuda_graph.GraphRunner), optionally beside transformers, and the
+bf16-vs-fp32 accuracy of both. What is measured: gdn_export.runtime.bench."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from gdn_export.cli.common import DTYPES, Progress, add_quiet, check_at_least, check_output_file, torch_dtype
+from gdn_export.cli.runners import check_device
+from gdn_export.errors import GdnExportError, InputError
+
+ACCURACY_STEPS = 8
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time prefill and decode of a checkpoint (and transformers)",
+                       description="Time prefill and greedy decode of a checkpoint on the fast torch "
+                       "runner (static states, CUDA-graph decode), print a table on stdout, progress on "
+                       "stderr. Times are medians of --repeats runs after --warmup runs.")
+    p.add_argument("checkpoint", help="folder with config.json and *.safetensors")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
+                   help="implementation of the gdn ops (default: reference on the CPU, triton on CUDA)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="model precision (default bf16)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per run")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prefill in calls of at most N tokens (default: one call)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture the decode step as a CUDA graph (default: on CUDA); --no-cuda-graph")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model before capturing (fuses the small ops)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (default 3)")
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also time transformers (AutoModelForCausalLM, same dtype and device)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="compare the logits with the fp32 model's on the same prompts (and "
+                   "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
+                   "runner against the eager runner")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    add_quiet(p)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    import numpy as np
+    import torch
+
+    from gdn_export.layout import DeployLayout
+    from gdn_export.runtime import bench as B
+    from gdn_export.runtime.cuda_graph import GraphRunner
+    from gdn_export.weights import load_checkpoint
+
+    for flag, value, low in (("--batch", args.batch, 1), ("--prompt-len", args.prompt_len, 1),
+                             ("--decode-steps", args.decode_steps, 1), ("--warmup", args.warmup, 0),
+                             ("--repeats", args.repeats, 1)):
+        check_at_least(value, low, flag)
+    if args.prefill_chunk is not None:
+        check_at_least(args.prefill_chunk, 1, "--prefill-chunk")
+    if args.json:
+        check_output_file(args.json, "--json")
+    if not Path(args.checkpoint).is_dir():
+        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    device = torch.device(args.device)
+    op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
+    check_device(args.device, op_backend)
+    if args.cuda_graph and device.type != "cuda":
+        raise InputError(f"--cuda-graph needs --device cuda, got --device {args.device}")
+    cuda_graph = device.type == "cuda" if args.cuda_graph is None else args.cuda_graph
+    progress = Progress("bench", args.quiet)
+    dtype = torch_dtype(args.dtype)
+    layout = DeployLayout.make(cache_len=args.prompt_len + max(args.decode_steps, ACCURACY_STEPS) + 1)
+    result: dict = {"checkpoint": str(args.checkpoint), "device": str(device),
+                    "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "dtype": args.dtype, "op_backend": op_backend, "batch": args.batch,
+                    "prompt_len": args.prompt_len, "decode_steps": args.decode_steps,
+                    "prefill_chunk": args.prefill_chunk, "cuda_graph": cuda_graph,
+                    "compile": args.compile, "warmup": args.warmup, "repeats": args.repeats}
+    rng = np.random.default_rng(args.seed)
+
+    B.reset_peak_memory(device)
+    progress(f"loading {args.checkpoint} ({args.dtype}, {device})")
+    model = load_checkpoint(args.checkpoint, dtype=dtype, device=device)
+    model.layout = layout
+    prompts = rng.integers(0, model.config.vocab_size, (args.batch, args.prompt_len))
+    ids = torch.from_numpy(prompts).to(device)
+    runner = GraphRunner(model, device=device, op_backend=op_backend, cuda_graph=cuda_graph,
+                         compile=args.compile)
+    result["parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    result["weights_bytes"] = B.tensor_bytes(model.parameters())
+    result["states_bytes"] = B.tensor_bytes(runner.empty_states(args.batch))
+    progress(f"ours: {result['parameters'] / 1e9:.3f}B parameters, batch {args.batch}, prompt "
+             f"{args.prompt_len}, {args.decode_steps} decode steps, {op_backend} ops, "
+             f"CUDA graph {'on' if cuda_graph else 'off'}{', compiled' if args.compile else ''}")
+    timings = B.bench_runner(runner, ids, args.decode_steps, args.warmup, args.repeats,
+                             args.prefill_chunk, progress)
+    result.update(timings.as_dict())
+    result["peak_memory_bytes"], result["peak_memory_source"] = B.peak_memory(device)
+    rows = [("gdn-export", result)]
+
+    if args.accuracy:
+        result["accuracy"] = _accuracy(args, runner, prompts, device, dtype, op_backend, progress)
+    del runner, model
+    gc.collect()
+
+    if args.compare_hf:
+        result["transformers"] = hf = _bench_hf(args, ids, prompts, device, dtype, progress,
+                                                result.get("accuracy"))
+        if "prefill_ms" in hf:
+            rows.append(("transformers", hf))
+
+    print(_table(result, rows))
+    if args.json:
+        _write_json(result, Path(args.json))
+        progress(f"wrote {args.json}")
+    return 0
+
+
+def _accuracy(args, runner, prompts, device, dtype, op_backend, progress) -> dict:
+    """Our model in args.dtype against our fp32 model (forced to the fp32 model's greedy tokens),
+    and the fast fp32 runner's greedy tokens against the eager runner's."""
+    import numpy as np
+    import torch
+
+    from gdn_export.runtime import bench as B
+    from gdn_export.runtime.base import generate
+    from gdn_export.runtime.cuda_graph import GraphRunner
+    from gdn_export.runtime.torch_runner import TorchRunner
+    from gdn_export.weights import load_checkpoint
+
+    progress(f"accuracy: fp32 model, {ACCURACY_STEPS} greedy steps")
+    ref_model = load_checkpoint(args.checkpoint, dtype=torch.float32, device=device)
+    ref_model.layout = runner.layout
+    eager = TorchRunner(ref_model, device=device, op_backend=op_backend)
+    want = generate(eager, prompts, ACCURACY_STEPS + 1)
+    forced = want.generated[:, :ACCURACY_STEPS]
+    truth = np.stack([lg[:, -1] for lg in want.step_logits])  # [S + 1, B, V]
+    fast32 = GraphRunner(ref_model, device=device, op_backend=op_backend, cuda_graph=runner.cuda_graph)
+    got32 = generate(fast32, prompts, ACCURACY_STEPS + 1)
+    out = {"steps": ACCURACY_STEPS,
+           "fp32_fast_tokens_equal_eager": bool((got32.generated == want.generated).all())}
+    del fast32, eager, ref_model
+    gc.collect()
+    progress(f"accuracy: {args.dtype} model, the fp32 model's tokens forced")
+    out["ours_vs_fp32"] = B.compare_logits(B.forced_logits_ours(runner, prompts, forced), truth)
+    out["_truth"], out["_forced"] = truth, forced  # for transformers' comparison; not in the JSON
+    return out
+
+
+def _bench_hf(args, ids, prompts, device, dtype, progress, accuracy) -> dict:
+    import torch
+
+    from gdn_export.runtime import bench as B
+
+    B.reset_peak_memory(device)
+    progress(f"transformers: loading {args.checkpoint} ({args.dtype}, {device})")
+    try:
+        model = B.load_hf(args.checkpoint, dtype, device)
+    except GdnExportError as exc:
+        progress(f"transformers skipped: {exc}")
+        return {"skipped": str(exc)}
+    out = {"class": type(model).__name__}
+    out.update(B.bench_hf(model, ids, args.decode_steps, args.warmup, args.repeats, progress).as_dict())
+    out["peak_memory_bytes"], out["peak_memory_source"] = B.peak_memory(device)
+    if accuracy is not None:
+        truth, forced = accuracy["_truth"], accuracy["_forced"]
+        logits = B.forced_logits_hf(model, prompts, forced, device)
+        del model
+        gc.collect()
+        B.reset_peak_memory(device)
+        progress("transformers: fp32 model, for its own accuracy against it")
+        model32 = B.load_hf(args.checkpoint, torch.float32, device)
+        hf_truth = B.forced_logits_hf(model32, prompts, forced, device)
+        out["accuracy"] = {"hf_vs_fp32_hf": B.compare_logits(logits, hf_truth),
+                           "hf_vs_fp32_ours": B.compare_logits(logits, truth),
+                           "fp32_hf_vs_fp32_ours": B.compare_logits(hf_truth, truth)}
+    return out
+
+
+def _fmt(value, spec) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _table(result: dict, rows) -> str:
+    lines = [f"batch {result['batch']}, prompt {result['prompt_len']}, {result['decode_steps']} decode "
+             f"steps, {result['dtype']}, {result['device_name']}, ops {result['op_backend']}, CUDA graph "
+             f"{'on' if result['cuda_graph'] else 'off'}{', compiled' if result['compile'] else ''} "
+             f"(medians of {result['repeats']})", "",
+             "| | prefill ms | decode ms/step | decode tokens/s | peak memory MiB |",
+             "|---|---|---|---|---|"]
+    for name, r in rows:
+        lines.append(f"| {name} | {_fmt(r.get('prefill_ms'), '.2f')} | {_fmt(r.get('decode_ms_per_step'), '.3f')} "
+                     f"| {_fmt(r.get('decode_tokens_per_s'), '.1f')} | {r['peak_memory_bytes'] / 2**20:.1f} |")
+    lines.append(f"\nweights {result['weights_bytes'] / 2**20:.1f} MiB + states {result['states_bytes'] / 2**20:.1f} "
+                 f"MiB; peak memory from {result['peak_memory_source']}")
+    hf = result.get("transformers", {})
+    if "skipped" in hf:
+        lines.append(f"transformers: skipped ({hf['skipped']})")
+    acc = result.get("accuracy")
+    if acc:
+        lines.append(f"accuracy vs the fp32 model ({acc['steps']} forced steps): ours {result['dtype']} rel RMS "
+                     f"{acc['ours_vs_fp32']['rel_rms']:.4f}, argmax agreement {acc['ours_vs_fp32']['argmax_agreement']:.3f}; "
+                     f"fp32 fast-runner tokens equal eager: {acc['fp32_fast_tokens_equal_eager']}")
+        hacc = hf.get("accuracy")
+        if hacc:
+            lines.append(f"transformers {result['dtype']} vs its fp32 model: rel RMS {hacc['hf_vs_fp32_hf']['rel_rms']:.4f}, "
+                         f"argmax agreement {hacc['hf_vs_fp32_hf']['argmax_agreement']:.3f}; vs our fp32 model: "
+                         f"rel RMS {hacc['hf_vs_fp32_ours']['rel_rms']:.4f}")
+    return "\n".join(lines)
+
+
+def _write_json(result: dict, path: Path) -> None:
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if not k.startswith("_")}
+        return x
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(clean(result), f, indent=2)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

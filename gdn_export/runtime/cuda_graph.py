@@ -1,0 +1,225 @@
+"""GraphRunner: the torch runner's fast path on a CUDA GPU.
+
+What makes it fast, against TorchRunner (which is the same model, stepped eagerly):
+
+- States live in static buffers, one set per batch size, allocated once by `empty_states(B)` and
+  updated in place by every call; the runner returns those same tensors (only the latest states are
+  valid, as with TrtRunner). The K/V caches are written in place by the model, the GDN recurrent
+  states by the in-place kernels (gdn_export.ops.gated_delta_rule.gated_delta_rule_; backends
+  without one copy back), the conv states by a copy inside the step.
+- A decode step (T = 1, a fixed batch) is captured once per batch size as a CUDA graph
+  (torch.cuda.CUDAGraph: three warm-up calls on a side stream, then the capture) and replayed: one
+  launch per step instead of ~1500 kernels launched from Python. The graph reads the token ids and
+  lengths from static device buffers, and it also picks the greedy token on the GPU and advances
+  the lengths, so `decode_greedy` replays the graph N times with no host synchronisation and no
+  allocation at all; the tokens come back in one copy at the end.
+- The model's own input checks (which read lengths back from the GPU) are off: Runner.forward
+  checks ids, lengths and cache room on the host before anything runs.
+- compile=True wraps the model in torch.compile (inductor fuses the small elementwise ops: norms
+  with their gates, rotary, the gates of the GDN layer) before the capture; the gdn custom ops stay
+  opaque calls into the op backend. Prefill runs eagerly (compiled too with compile=True), in
+  chunks of at most `prefill_chunk` tokens when given (gdn_export.runtime.base.prefill).
+
+On the CPU (or cuda_graph=False) it behaves like TorchRunner with static buffers, which is what the
+CPU tests check against TorchRunner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gdn_export.errors import GdnExportError, InputError
+from gdn_export.runtime.base import check_fits, check_lengths
+from gdn_export.runtime.torch_runner import TorchRunner
+
+WARMUP_CALLS = 3  # before a capture: lazy init (cuBLAS handles, Triton / inductor compiles)
+
+
+@dataclass
+class _Static:
+    """One batch size's device buffers (and its captured decode graph, if any).
+
+    ids [B, 1] int64, past [B] int64, lens [B] int64 (ones), states as model.state_specs(),
+    logits [B, 1, V] fp32 and next_token [B] int64: the graph's outputs (its private memory).
+    """
+
+    ids: torch.Tensor
+    past: torch.Tensor
+    lens: torch.Tensor
+    states: list[torch.Tensor]
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+    next_token: torch.Tensor | None = None
+
+
+class GraphRunner(TorchRunner):
+    """HybridForCausalLM with static states and CUDA-graph decode (module docstring).
+
+    model: gdn_export.models.hybrid.HybridForCausalLM; device: a CUDA device (CPU works, without
+    graphs); op_backend: "reference" / "triton" / "cuda" (default: the active one);
+    cuda_graph: capture the decode step (default: on CUDA); compile: torch.compile the model first.
+    """
+
+    def __init__(self, model, device: str | torch.device = "cuda", op_backend: str | None = None,
+                 cuda_graph: bool | None = None, compile: bool = False):
+        super().__init__(model, device=device, op_backend=op_backend)
+        self.model.check_inputs = False  # Runner.forward checks on the host (no device reads)
+        # The GDN layers update the static buffers in place (in-place kernels of the triton / cuda
+        # backends at T = 1): no copy of the recurrent states per step. The model now belongs to this
+        # runner (a TorchRunner on it would see its states change under it).
+        from gdn_export.modules.gated_deltanet import GatedDeltaNet
+
+        for module in self.model.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.update_states_in_place = True
+        self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+        if self.cuda_graph and self.device.type != "cuda":
+            raise InputError(f"CUDA graphs need a CUDA device, got {self.device}")
+        self.compiled = bool(compile)
+        self._step_model = torch.compile(self.model, dynamic=False) if compile else self.model
+        self._static: dict[int, _Static] = {}
+
+    # ------------------------------------------------------------------ states
+    def empty_states(self, batch: int) -> list[torch.Tensor]:
+        """The static state buffers of `batch` rows, zeroed (capturing the decode graph of this
+        batch size first, on the zeroed buffers). States returned earlier for this batch size are
+        the same tensors: they are reset too."""
+        st = self._static_for(batch)
+        for t in st.states:
+            t.zero_()
+        return st.states
+
+    def _static_for(self, batch: int) -> _Static:
+        st = self._static.get(batch)
+        if st is None:
+            dev = self.device
+            st = _Static(ids=torch.zeros(batch, 1, dtype=torch.int64, device=dev),
+                         past=torch.zeros(batch, dtype=torch.int64, device=dev),
+                         lens=torch.ones(batch, dtype=torch.int64, device=dev),
+                         states=list(self.model.empty_states(batch, device=dev)))
+            self._static[batch] = st
+            if self.cuda_graph:
+                self._capture(st)
+        return st
+
+    def _load(self, st: _Static, states: list[torch.Tensor]) -> None:
+        """Copy `states` into the static buffers where they are other tensors (a caller's own
+        states, or those an eager prefill returned)."""
+        for buf, t in zip(st.states, states):
+            if t.data_ptr() != buf.data_ptr():
+                buf.copy_(t)
+
+    # ------------------------------------------------------------------ the decode step
+    def _decode_step(self, st: _Static) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode call on the static buffers: states updated in place, the greedy token written
+        to st.ids, lengths advanced by one. Returns (logits [B, 1, V] fp32, next token [B])."""
+        logits, new_states = self._call(st.ids, st.past, st.lens, st.states, model=self._step_model)
+        self._load(st, new_states)
+        token = logits[:, -1].argmax(-1)
+        st.ids.copy_(token[:, None])
+        st.past.add_(1)
+        return logits, token
+
+    def _capture(self, st: _Static) -> None:
+        """Capture `_decode_step` of st's batch size as a CUDA graph (side-stream warm-up first).
+        The warm-up and the capture run on the static buffers, which empty_states zeroes after."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self._decode_step(st)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                st.logits, st.next_token = self._decode_step(st)
+        except RuntimeError as exc:  # an op that syncs or allocates on the host side of the graph
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise GdnExportError(f"capturing the decode step as a CUDA graph failed (op backend "
+                                 f"{self.op_backend or 'default'}): {first}; run without CUDA graphs "
+                                 f"(--no-cuda-graph)") from exc
+        st.graph = graph
+
+    def _replay(self, st: _Static) -> tuple[torch.Tensor, torch.Tensor]:
+        if st.graph is None:
+            return self._decode_step(st)
+        st.graph.replay()
+        return st.logits, st.next_token
+
+    # ------------------------------------------------------------------ Runner
+    def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
+        batch, seq = input_ids.shape
+        states = self._check_state_tensors(states, batch, int(past_lengths[0]))
+        st = self._static_for(batch)
+        self._load(st, states)
+        if seq == 1 and bool((seq_lens == 1).all()):
+            st.ids.copy_(torch.from_numpy(input_ids))
+            st.past.copy_(torch.from_numpy(past_lengths))
+            logits, _ = self._replay(st)
+            return logits.float().cpu().numpy(), st.states
+        ids = torch.from_numpy(input_ids).to(self.device)
+        past = torch.from_numpy(past_lengths).to(self.device)
+        lens = torch.from_numpy(seq_lens).to(self.device)
+        logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
+        self._load(st, new_states)
+        return logits.float().cpu().numpy(), st.states
+
+    def prefill_device(self, ids: torch.Tensor, states, chunk: int | None = None):
+        """Prefill rows of equal length from device tensors, without host round trips: ids [B, T]
+        int64 on this runner's device, states from `empty_states(B)`; calls of at most `chunk`
+        tokens. Returns (logits [B, 1, V] fp32 on the device, the static states). For ragged rows
+        and host arrays use gdn_export.runtime.base.prefill."""
+        batch, seq = ids.shape
+        if self.layout.streaming:
+            raise InputError("prefill_device does not split calls at the streaming ring's end; use "
+                             "gdn_export.runtime.base.prefill")
+        check_fits(self.layout, np.zeros(batch, np.int64), np.full(batch, seq, np.int64), seq)
+        st = self._static_for(batch)
+        self._load(st, self._check_state_tensors(states, batch, 0))
+        chunk = seq if chunk is None else int(chunk)
+        if chunk < 1:
+            raise InputError(f"prefill chunk must be >= 1, got {chunk}")
+        logits = None
+        for start in range(0, seq, chunk):
+            size = min(chunk, seq - start)
+            past = torch.full((batch,), start, dtype=torch.int64, device=self.device)
+            lens = torch.full((batch,), size, dtype=torch.int64, device=self.device)
+            logits, new_states = self._call(ids[:, start:start + size], past, lens, st.states,
+                                            model=self._step_model)
+            self._load(st, new_states)
+        return logits, st.states
+
+    def decode_greedy(self, tokens, past_lengths, states, steps: int,
+                      keep_logits: bool = False) -> tuple[torch.Tensor, list[torch.Tensor], list]:
+        """`steps` greedy decode calls without a host sync: tokens [B, 1] (the next input of each
+        row, host or device), past_lengths [B] host ints, states from this runner.
+
+        Returns (picked [B, steps] int64 on the device: the token each call picked, states, logits:
+        one [B, 1, V] fp32 device tensor per call when keep_logits (copies), else []).
+        """
+        tokens = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens)
+        batch = tokens.shape[0]
+        if tokens.shape != (batch, 1):
+            raise InputError(f"tokens must be [batch, 1], got {tuple(tokens.shape)}")
+        past = check_lengths(past_lengths, batch, "past_lengths", 0, None)
+        if steps < 1:
+            raise InputError(f"steps must be >= 1, got {steps}")
+        # The last call runs at past + steps - 1 (rows advance together, one token each).
+        if not self.layout.streaming:
+            check_fits(self.layout, past + (steps - 1), np.ones(batch, np.int64), 1)
+        states = self._check_state_tensors(states, batch, int(past[0]))
+        st = self._static_for(batch)
+        self._load(st, states)
+        st.ids.copy_(tokens.to(self.device, torch.int64))
+        st.past.copy_(torch.from_numpy(past))
+        picked = torch.empty(batch, steps, dtype=torch.int64, device=self.device)
+        kept = []
+        for i in range(steps):
+            logits, token = self._replay(st)
+            picked[:, i].copy_(token)
+            if keep_logits:
+                kept.append(logits.clone())
+        return picked, st.states, kept

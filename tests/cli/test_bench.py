@@ -1,0 +1,59 @@
+"""`gdn-export bench` on the CPU with the tiny checkpoint: JSON keys, sane numbers, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+SMALL = ("--batch", 2, "--prompt-len", 9, "--decode-steps", 3, "--warmup", 0, "--repeats", 2, "-q")
+
+
+def test_bench_writes_sane_json(cli, tiny_ckpt, tmp_path):
+    out = tmp_path / "bench.json"
+    r = cli("bench", tiny_ckpt, *SMALL, "--dtype", "fp32", "--prefill-chunk", 4, "--json", out)
+    assert r.code == 0, r.err
+    data = json.loads(out.read_text())
+    for key in ("prefill_ms", "decode_ms_per_step", "decode_tokens_per_s", "peak_memory_bytes"):
+        assert data[key] > 0, key
+    assert data["decode_tokens_per_s"] == pytest.approx(2 / data["decode_ms_per_step"] * 1e3)
+    assert len(data["prefill_runs_ms"]) == 2
+    assert data["peak_memory_source"] == "process peak RSS"
+    assert data["weights_bytes"] > 0 and data["states_bytes"] > 0
+    assert (data["op_backend"], data["cuda_graph"], data["prefill_chunk"]) == ("reference", False, 4)
+    assert "| gdn-export |" in r.out and "transformers" not in data
+
+
+def test_bench_accuracy_and_transformers(cli, tiny_ckpt, tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "bench.json"
+    r = cli("bench", tiny_ckpt, *SMALL, "--dtype", "bf16", "--accuracy", "--compare-hf", "--json", out)
+    assert r.code == 0, r.err
+    data = json.loads(out.read_text())
+    acc = data["accuracy"]
+    assert acc["fp32_fast_tokens_equal_eager"] is True
+    # bf16 against fp32: rounding-level but not zero (a comparison of a model with itself would be).
+    assert 1e-4 < acc["ours_vs_fp32"]["rel_rms"] < 0.1
+    assert 0.5 <= acc["ours_vs_fp32"]["argmax_agreement"] <= 1
+    hf = data["transformers"]
+    assert hf["class"] == "Qwen3_5ForCausalLM"
+    assert hf["prefill_ms"] > 0 and hf["decode_ms_per_step"] > 0 and hf["peak_memory_bytes"] > 0
+    assert hf["accuracy"]["fp32_hf_vs_fp32_ours"]["rel_rms"] < 1e-4  # same fp32 model
+    assert 1e-4 < hf["accuracy"]["hf_vs_fp32_hf"]["rel_rms"] < 0.1
+    assert "| transformers |" in r.out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--batch", 0), "--batch must be >= 1, got 0"),
+    (("--prefill-chunk", 0), "--prefill-chunk must be >= 1, got 0"),
+    (("--cuda-graph",), "--cuda-graph needs --device cuda"),
+    (("--op-backend", "cuda"), "--op-backend cuda needs --device cuda"),
+], ids=["batch", "chunk", "graph-on-cpu", "cuda-ops-on-cpu"])
+def test_bench_user_errors(cli, tiny_ckpt, argv, message):
+    r = cli("bench", tiny_ckpt, *argv)
+    assert r.error_line("bench").startswith(message)
+
+
+def test_bench_missing_checkpoint(cli, tmp_path):
+    r = cli("bench", tmp_path / "nope")
+    assert "checkpoint folder not found" in r.error_line("bench")
