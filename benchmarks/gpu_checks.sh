@@ -3,15 +3,20 @@
 # compute-sanitizer, the GPU tests of the cuda and triton backends and of the whole tiny models,
 # then the kernel benchmark (ours triton / ours cuda / FLA / PyTorch side by side).
 #
-#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models bench triton plugins moe (default all, in that order)
+#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models runtime bench triton plugins moe state e2e
+#                                                   (default: all but e2e, in that order)
+#   runtime: the CUDA-graph runner, half-precision attention and in-place GDN state tests
 #   moe: the MoE GPU tests of both backends, then benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
+#   state: benchmarks/state_dtype_bench.py (decode / prefill per recurrent-state dtype; FlashInfer's
+#          bf16-state decode beside it when `import flashinfer` works)
+#   e2e: benchmarks/e2e_bench.sh (gdn-export bench on a 1.66B-class random model vs transformers)
 #
 # Expects FLA wheels in .whl/ and TensorRT headers in .carry/tensorrt/include (both git-ignored,
 # carried by the device tool). Logs go to OUT_DIR; a summary table is printed last.
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
 shift
-steps=${*:-cuda models bench triton plugins moe}
+steps=${*:-cuda models runtime bench triton plugins moe state}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -34,6 +39,10 @@ for s in $steps; do
         plugins) run_step plugins 330 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
         cuda) run_step cuda 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda ;;
         models) run_step models 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
+        runtime) run_step runtime 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
+                     tests/ops/test_attention_cuda.py tests/kernels/test_gated_delta_rule_inplace.py ;;
+        state) run_step state 240 python3 benchmarks/state_dtype_bench.py --out-dir "$out/state" ;;
+        e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
         triton) run_step triton 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/kernels ;;  # ~130 s on the H200
         bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;
         moe) run_step moe_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda/test_moe_cuda.py \

@@ -15,6 +15,7 @@ reference ops in the same precision are.
 import pytest
 import torch
 
+from gdn_export.layout import DeployLayout
 from gdn_export.ops import use_backend
 from gdn_export.weights import load_checkpoint
 from gdn_export.weights.tiny import make_tiny_checkpoint
@@ -26,15 +27,18 @@ HALF_PRECISION_MARGIN = 1.5
 
 
 def _prefill_and_decode(model, ids, forced):
-    """Logits of the prefill of `ids` [B, T], then of one decode step per column of `forced`."""
+    """Logits of the prefill of `ids` [B, T] (ragged: the last row holds 1 token), then of one decode
+    step per column of `forced`, every row at its own position."""
     B, T = ids.shape
+    model.layout = DeployLayout.make(cache_len=T + forced.shape[1], logits="all")
     states = model.empty_states(B, device=ids.device)
-    pos = torch.arange(T, device=ids.device).expand(B, T)
-    logits, *states = model(ids, pos, *states)
-    out = [logits]
+    lens = torch.full((B,), T, device=ids.device)
+    lens[-1] = 1
+    logits, *states = model(ids, torch.zeros_like(lens), lens, *states)
+    out = [logits[:, :1] if T == 1 else logits[:-1]]  # the padded row's tail is meaningless
+    ones = torch.ones_like(lens)
     for s in range(forced.shape[1]):
-        pos = torch.full((B, 1), T + s, device=ids.device)
-        logits, *states = model(forced[:, s : s + 1], pos, *states)
+        logits, *states = model(forced[:, s : s + 1], lens + s, ones, *states)
         out.append(logits)
     return out, states
 
