@@ -6,6 +6,13 @@ Accepted model types (transformers' names):
     qwen3_5_text   Qwen3_5ForCausalLM: split GDN projections, dense MLPs
     qwen3_5        Qwen3_5ForConditionalGeneration: its `text_config` is used; the vision tower is
                    not exported (a warning says so)
+    qwen3_5_moe_text  Qwen3_5MoeForCausalLM: Qwen3.5 with a sparse MoE block (plus a gated shared
+                   expert) in every layer, top-k probabilities always renormalised
+    qwen3_5_moe    Qwen3_5MoeForConditionalGeneration: its `text_config`, as for qwen3_5
+    olmo_hybrid    OlmoHybridForCausalLM (OLMo-Hybrid): separate q/k/v/a/b/g GDN projections with
+                   beta in (0, 2) (`linear_allow_neg_eigval`), plain (not zero-centred) RMSNorms,
+                   post-norm attention blocks with q/k norms over the whole projection and no
+                   output gate, full rope or none at all (NoPE: no `rope_theta`, as released)
 
 Fields missing from config.json take the defaults of transformers' config classes, so that a
 checkpoint means the same model here as in transformers. A field gdn-export cannot honour raises
@@ -34,8 +41,12 @@ from gdn_export.errors import CheckpointError, ConfigError
 log = logging.getLogger(__name__)
 
 LINEAR, FULL = "linear_attention", "full_attention"
-FAMILIES = ("qwen3_next", "qwen3_5")
-MODEL_TYPES = {"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5"}
+FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")
+MODEL_TYPES = {"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5",
+               "qwen3_5_moe_text": "qwen3_5_moe", "qwen3_5_moe": "qwen3_5_moe",
+               "olmo_hybrid": "olmo_hybrid"}
+# Composite (vision-language) model types whose text model is exported from `text_config`.
+COMPOSITE = ("qwen3_5", "qwen3_5_moe")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # transformers' defaults (Qwen3NextConfig / Qwen3_5TextConfig), used where config.json is silent.
@@ -67,7 +78,24 @@ _DEFAULTS = {
         "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
         "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
     },
+    "qwen3_5_moe": {  # Qwen3_5MoeTextConfig: every layer MoE, so no intermediate_size
+        **_COMMON_DEFAULTS,
+        "vocab_size": 248320, "hidden_size": 2048, "intermediate_size": 0,
+        "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+        "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+    },
+    # OlmoHybridConfig; the linear head counts and sizes, num_key_value_heads and head_dim follow
+    # from other fields when absent (see _olmo_fields).
+    "olmo_hybrid": {
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "attention_bias": False, "linear_conv_kernel_dim": 4, "max_position_embeddings": 65536,
+        "vocab_size": 100352, "hidden_size": 3840, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 30, "linear_allow_neg_eigval": True,
+    },
 }
+# OLMo-Hybrid's GDN output norm: transformers hard-codes eps 1e-5 (FLA's FusedRMSNormGated default).
+OLMO_GDN_NORM_EPS = 1e-5
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_PARTIAL_ROTARY = 0.25
 _DEFAULT_FULL_ATTENTION_INTERVAL = 4
@@ -95,6 +123,11 @@ class HybridConfig:
     head_dim: int
     attn_output_gate: bool = True
     attention_bias: bool = False
+    # q_norm / k_norm over each head ("head", Qwen) or over the whole projection ("projection", OLMo)
+    qk_norm: str = "head"
+    # attention blocks: "pre" x + attn(norm(x)) (Qwen) or "post" x + norm(attn(x)) (OLMo)
+    attn_block_norm: str = "pre"
+    use_rope: bool = True  # False: NoPE (no rotary at all)
     rope_theta: float = _DEFAULT_ROPE_THETA
     partial_rotary_factor: float = _DEFAULT_PARTIAL_ROTARY
     mrope_section: list[int] | None = None
@@ -105,6 +138,8 @@ class HybridConfig:
     linear_key_head_dim: int = 128
     linear_value_head_dim: int = 128
     linear_conv_kernel_dim: int = 4
+    allow_neg_eigval: bool = False  # beta = 2 sigmoid(b) in (0, 2) instead of sigmoid(b)
+    linear_norm_eps: float | None = None  # eps of the GDN output norm; None: rms_norm_eps
     # MLP / MoE (num_experts = 0: dense MLPs everywhere)
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -115,6 +150,7 @@ class HybridConfig:
     mlp_only_layers: list[int] = field(default_factory=list)
     # the rest
     rms_norm_eps: float = 1e-6
+    zero_centered_norm: bool = True  # RMSNorm scale (1 + w) (Qwen) or w (OLMo)
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
     dtype: str = "float32"
@@ -139,6 +175,11 @@ class HybridConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def gdn_norm_eps(self) -> float:
+        """eps of the GDN output (gated) RMSNorm."""
+        return self.rms_norm_eps if self.linear_norm_eps is None else self.linear_norm_eps
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer `layer` uses the sparse MoE block (transformers' rule for Qwen3-Next)."""
         return (
@@ -160,10 +201,11 @@ class HybridConfig:
         for i, kind in enumerate(self.layer_kinds):
             if kind not in (LINEAR, FULL):
                 raise ConfigError(f"layer_types[{i}] = {kind!r}; supported: {LINEAR!r}, {FULL!r}")
+        dense = any(not self.is_moe_layer(i) for i in range(self.num_hidden_layers))
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "linear_num_key_heads",
                      "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                     "linear_conv_kernel_dim", "intermediate_size"):
+                     "linear_conv_kernel_dim") + (("intermediate_size",) if dense else ()):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -192,9 +234,14 @@ class HybridConfig:
             raise ConfigError(f"torch_dtype/dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.num_experts < 0:
             raise ConfigError(f"num_experts must be >= 0, got {self.num_experts}")
+        for name, value, allowed in (("qk_norm", self.qk_norm, ("head", "projection")),
+                                     ("attn_block_norm", self.attn_block_norm, ("pre", "post"))):
+            if value not in allowed:
+                raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
         if self.num_experts:
-            if self.family != "qwen3_next":
-                raise ConfigError(f"num_experts is only supported for qwen3_next, not {self.family}")
+            if self.family not in ("qwen3_next", "qwen3_5_moe"):
+                raise ConfigError(f"num_experts is only supported for qwen3_next and qwen3_5_moe, "
+                                  f"not {self.family}")
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ConfigError(
                     f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
@@ -301,6 +348,99 @@ def _dtype(d: dict, outer: dict) -> str:
     return value
 
 
+def _olmo_rope(d: dict) -> tuple[bool, float]:
+    """(use_rope, rope_theta) of an olmo_hybrid config. transformers skips rope (NoPE) when
+    rope_theta is null, as in the released checkpoints, and fills in 10000 when it is absent;
+    its default rope rotates whole heads."""
+    params = d.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ConfigError(f"rope_parameters must be an object, got {params!r}")
+    params = params or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ConfigError(f"rope_parameters.rope_type {rope_type!r} is not supported for olmo_hybrid "
+                          f"(only default rope or NoPE)")
+    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if factor not in (None, 1, 1.0):
+        raise ConfigError(f"partial_rotary_factor {factor!r} is not supported for olmo_hybrid "
+                          f"(its rope rotates whole heads)")
+    if "rope_theta" in params:
+        theta = params["rope_theta"]
+    else:
+        theta = d.get("rope_theta", _DEFAULT_ROPE_THETA) if "rope_theta" in d else _DEFAULT_ROPE_THETA
+    if theta is None:
+        return False, _DEFAULT_ROPE_THETA
+    try:
+        return True, float(theta)
+    except (TypeError, ValueError):
+        raise ConfigError(f"rope_theta must be a number or null, got {theta!r}") from None
+
+
+def _olmo_layer_kinds(d: dict, n_layers: int) -> list[str]:
+    """OlmoHybridConfig's default: every 4th layer attention, and the last one if none is."""
+    if d.get("layer_types") is not None:
+        return _layer_kinds(d, n_layers)
+    kinds = [FULL if i % 4 == 3 else LINEAR for i in range(n_layers)]
+    if FULL not in kinds and kinds:
+        kinds[-1] = FULL
+    return kinds
+
+
+def _olmo_fields(d: dict) -> dict[str, Any]:
+    """The olmo_hybrid-specific fields, with OlmoHybridConfig's derived defaults."""
+    get = lambda name: _get(d, name, "olmo_hybrid")  # noqa: E731
+    hidden, heads = get("hidden_size"), get("num_attention_heads")
+    n_layers = get("num_hidden_layers")
+    try:
+        hk = d.get("linear_num_key_heads") or heads
+        dk = d.get("linear_key_head_dim") or int(0.75 * hidden / hk)
+        fields = dict(
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or hidden // heads,
+            linear_num_key_heads=hk,
+            linear_num_value_heads=d.get("linear_num_value_heads") or heads,
+            linear_key_head_dim=dk,
+            linear_value_head_dim=d.get("linear_value_head_dim") or 2 * dk,
+        )
+    except (TypeError, ZeroDivisionError) as exc:
+        raise ConfigError(f"hidden_size / num_attention_heads / linear_num_key_heads must be positive "
+                          f"integers ({exc})") from None
+    use_rope, theta = _olmo_rope(d)
+    allow_neg = d.get("linear_allow_neg_eigval", True)
+    if not isinstance(allow_neg, bool):
+        raise ConfigError(f"linear_allow_neg_eigval must be true or false, got {allow_neg!r}")
+    fields.update(
+        layer_kinds=_olmo_layer_kinds(d, n_layers), attn_output_gate=False, qk_norm="projection",
+        attn_block_norm="post", use_rope=use_rope, rope_theta=theta, partial_rotary_factor=1.0,
+        mrope_section=None, allow_neg_eigval=allow_neg, linear_norm_eps=OLMO_GDN_NORM_EPS,
+        zero_centered_norm=False,
+    )
+    return fields
+
+
+# Qwen3.5-MoE fixes what Qwen3-Next configures: every layer is MoE, top-k always renormalised.
+_QWEN3_5_MOE_FIXED = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
+
+
+def _moe_fields(d: dict, family: str) -> dict[str, Any]:
+    get = lambda name: _get(d, name, family)  # noqa: E731
+    fields = dict(
+        num_experts=get("num_experts"), num_experts_per_tok=get("num_experts_per_tok"),
+        moe_intermediate_size=get("moe_intermediate_size"),
+        shared_expert_intermediate_size=get("shared_expert_intermediate_size"),
+    )
+    if family == "qwen3_next":
+        fields.update(norm_topk_prob=bool(get("norm_topk_prob")), decoder_sparse_step=get("decoder_sparse_step"),
+                      mlp_only_layers=list(d.get("mlp_only_layers") or []))
+        return fields
+    for name, fixed in _QWEN3_5_MOE_FIXED.items():
+        if d.get(name) is not None and d[name] != fixed:
+            raise ConfigError(f"{name} = {d[name]!r} is not supported for qwen3_5_moe (its transformers "
+                              f"model has {name} = {fixed!r})")
+    fields.update(_QWEN3_5_MOE_FIXED, mlp_only_layers=[])
+    return fields
+
+
 def _from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
     model_type = outer.get("model_type")
     if model_type not in MODEL_TYPES:
@@ -309,14 +449,14 @@ def _from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         )
     family = MODEL_TYPES[model_type]
     d = outer
-    if model_type == "qwen3_5":
+    if model_type in COMPOSITE:
         d = outer.get("text_config")
         if not isinstance(d, dict):
-            raise ConfigError("text_config is missing from a qwen3_5 config (needed for the text model)")
-        log.warning("qwen3_5 checkpoint: exporting the text model only; the vision tower is not exported")
+            raise ConfigError(f"text_config is missing from a {model_type} config (needed for the text model)")
+        log.warning("%s checkpoint: exporting the text model only; the vision tower is not exported",
+                    model_type)
     hidden_act = d.get("hidden_act", "silu")
     n_layers = _get(d, "num_hidden_layers", family)
-    theta, factor, mrope = _rope(d)
     # A composite checkpoint ties on its top-level flag (what transformers' tying reads).
     tie = outer.get("tie_word_embeddings", d.get("tie_word_embeddings"))
     if tie is None:
@@ -328,36 +468,36 @@ def _from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         hidden_size=_get(d, "hidden_size", family),
         intermediate_size=_get(d, "intermediate_size", family),
         num_hidden_layers=n_layers,
-        layer_kinds=_layer_kinds(d, n_layers),
-        num_attention_heads=_get(d, "num_attention_heads", family),
-        num_key_value_heads=_get(d, "num_key_value_heads", family),
-        head_dim=_get(d, "head_dim", family),
-        attn_output_gate=bool(_get(d, "attn_output_gate", family)),
         attention_bias=bool(_get(d, "attention_bias", family)),
-        rope_theta=theta,
-        partial_rotary_factor=factor,
-        mrope_section=mrope,
         max_position_embeddings=_get(d, "max_position_embeddings", family),
-        linear_num_key_heads=_get(d, "linear_num_key_heads", family),
-        linear_num_value_heads=_get(d, "linear_num_value_heads", family),
-        linear_key_head_dim=_get(d, "linear_key_head_dim", family),
-        linear_value_head_dim=_get(d, "linear_value_head_dim", family),
         linear_conv_kernel_dim=_get(d, "linear_conv_kernel_dim", family),
         rms_norm_eps=float(_get(d, "rms_norm_eps", family)),
         tie_word_embeddings=bool(tie),
         hidden_act=hidden_act,
         dtype=_dtype(d, outer),
     )
-    if family == "qwen3_next":
+    if family == "olmo_hybrid":
+        fields.update(_olmo_fields(d))
+    else:
+        theta, factor, mrope = _rope(d)
         fields.update(
-            num_experts=_get(d, "num_experts", family),
-            num_experts_per_tok=_get(d, "num_experts_per_tok", family),
-            moe_intermediate_size=_get(d, "moe_intermediate_size", family),
-            shared_expert_intermediate_size=_get(d, "shared_expert_intermediate_size", family),
-            norm_topk_prob=bool(_get(d, "norm_topk_prob", family)),
-            decoder_sparse_step=_get(d, "decoder_sparse_step", family),
-            mlp_only_layers=list(d.get("mlp_only_layers") or []),
+            layer_kinds=_layer_kinds(d, n_layers),
+            num_attention_heads=_get(d, "num_attention_heads", family),
+            num_key_value_heads=_get(d, "num_key_value_heads", family),
+            head_dim=_get(d, "head_dim", family),
+            attn_output_gate=bool(_get(d, "attn_output_gate", family)),
+            rope_theta=theta,
+            partial_rotary_factor=factor,
+            mrope_section=mrope,
+            linear_num_key_heads=_get(d, "linear_num_key_heads", family),
+            linear_num_value_heads=_get(d, "linear_num_value_heads", family),
+            linear_key_head_dim=_get(d, "linear_key_head_dim", family),
+            linear_value_head_dim=_get(d, "linear_value_head_dim", family),
         )
+    if family == "olmo_hybrid":
+        fields["num_attention_heads"] = _get(d, "num_attention_heads", family)
+    if family in ("qwen3_next", "qwen3_5_moe"):
+        fields.update(_moe_fields(d, family))
     try:
         return HybridConfig(**fields)
     except TypeError as exc:  # a field of the wrong JSON type reaching a comparison

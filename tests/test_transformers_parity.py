@@ -1,9 +1,11 @@
 """Parity with Hugging Face transformers, the independent oracle.
 
-Tiny random Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration and Qwen3NextForCausalLM are built in
-transformers from config dicts (Hv = 2 Hk, Dk != Dv), their conventions exercised by randomising
-the weights transformers initialises to constants (norm weights, dt_bias), saved with
-save_pretrained, and loaded with load_checkpoint. The prefill logits and those of 8 greedy decode
+Tiny random models of every supported model type (Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, OlmoHybridForCausalLM
+with rope and NoPE) are built in transformers from config dicts (Hv = 2 Hk, Dk != Dv), their
+conventions exercised by randomising the weights transformers initialises to constants (norm
+weights, dt_bias), saved with save_pretrained as sharded safetensors, and loaded with
+load_checkpoint. The prefill logits and those of 8 greedy decode
 steps (transformers drives its own cache; we feed the same tokens and our flat states) agree in
 fp32 to 1e-4, for prompt lengths that are not multiples of the chunk size 64.
 """
@@ -50,21 +52,54 @@ def _qwen3_next():
     return transformers.Qwen3NextForCausalLM(config)
 
 
-BUILDERS = {"qwen3_5_text": _qwen3_5_text, "qwen3_5": _qwen3_5_composite, "qwen3_next": _qwen3_next}
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+
+
+def _qwen3_5_moe_text():
+    text = {k: v for k, v in TEXT.items() if k != "intermediate_size"}
+    config = transformers.Qwen3_5MoeTextConfig(**text, **MOE, rope_parameters=dict(ROPE, mrope_section=[1, 1, 0]))
+    return transformers.Qwen3_5MoeForCausalLM(config)
+
+
+def _qwen3_5_moe_composite():
+    text = {k: v for k, v in TEXT.items() if k != "intermediate_size"}
+    config = transformers.Qwen3_5MoeConfig(
+        text_config=dict(text, **MOE, rope_parameters=dict(ROPE, mrope_section=[1, 1, 0], mrope_interleaved=True)),
+        vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64),
+    )
+    return transformers.Qwen3_5MoeForConditionalGeneration(config)
+
+
+def _olmo_hybrid(rope_theta=10000.0):
+    # OLMo has no head_dim field (hidden / heads = 16) and its own layer-type default.
+    text = {k: v for k, v in TEXT.items() if k != "head_dim"}
+    config = transformers.OlmoHybridConfig(
+        **text, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        pad_token_id=None, eos_token_id=None, linear_allow_neg_eigval=True,
+    )
+    return transformers.OlmoHybridForCausalLM(config)
+
+
+BUILDERS = {
+    "qwen3_5_text": _qwen3_5_text, "qwen3_5": _qwen3_5_composite, "qwen3_next": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_5_moe_text, "qwen3_5_moe": _qwen3_5_moe_composite,
+    "olmo_hybrid": _olmo_hybrid, "olmo_hybrid-nope": lambda: _olmo_hybrid(rope_theta=None),
+}
 
 
 @torch.no_grad()
 def _randomise(model, seed):
     """Move the weights transformers sets to constants, so that conventions are exercised."""
     gen = torch.Generator().manual_seed(seed)
+    plain_norms = type(model).__name__.startswith("Olmo")  # scale w (centred on 1), not 1 + w
     for name, p in model.named_parameters():
         if "visual" in name:
             continue
         noise = torch.randn(p.shape, generator=gen)
-        if name.endswith("linear_attn.norm.weight"):
+        if name.endswith("linear_attn.norm.weight") or name.endswith("linear_attn.o_norm.weight"):
             p.copy_(1 + 0.2 * noise)  # gated norm: scale w
-        elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-            p.copy_(0.2 * noise)  # zero-centred: scale 1 + w
+        elif name.endswith("norm.weight"):
+            p.copy_(0.2 * noise + (1.0 if plain_norms else 0.0))
         elif name.endswith("dt_bias"):
             p.copy_(noise - 2)
         elif name.endswith("mlp.gate.weight"):
@@ -80,9 +115,11 @@ def pair(request, tmp_path_factory):
     hf = BUILDERS[request.param]().eval()
     _randomise(hf, seed=1)
     directory = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(directory)
+    hf.save_pretrained(directory, max_shard_size="100KB")
+    assert (directory / "model.safetensors.index.json").is_file()
     ours = load_checkpoint(directory)
-    assert ours.config.model_type == request.param
+    assert ours.config.model_type == request.param.removesuffix("-nope")
+    assert ours.config.use_rope == (not request.param.endswith("-nope"))
     return hf, ours
 
 

@@ -43,11 +43,30 @@ def routing_weights(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> t
     return dense.to(logits.dtype)
 
 
+class MoeExperts(nn.Module):
+    """The routed experts of a MoE block, stacked as transformers 5 holds them.
+
+    gate_up_proj [E, 2I, hidden]: expert e's gate rows [e, :I], then its up rows [e, I:];
+    down_proj [E, hidden, I]. Expert e computes down_proj[e] @ (silu(gate x) * up x).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def extra_repr(self) -> str:
+        E, I2, H = self.gate_up_proj.shape
+        return f"num_experts={E}, hidden={H}, intermediate={I2 // 2}"
+
+
 class SparseMoeBlock(nn.Module):
-    """Top-k routed experts plus a sigmoid-gated shared expert (Qwen3-Next).
+    """Top-k routed experts plus a sigmoid-gated shared expert (Qwen3-Next, Qwen3.5-MoE).
 
     x [B, T, hidden] -> [B, T, hidden]. Parameters: gate.weight [E, hidden] (router),
-    experts.{e}.{gate,up,down}_proj, shared_expert.*, shared_expert_gate.weight [1, hidden].
+    experts.gate_up_proj [E, 2I, hidden], experts.down_proj [E, hidden, I] (`MoeExperts`),
+    shared_expert.{gate,up,down}_proj, shared_expert_gate.weight [1, hidden].
     """
 
     def __init__(self, config: HybridConfig) -> None:
@@ -56,25 +75,27 @@ class SparseMoeBlock(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
         self.gate = nn.Linear(hidden, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            SwiGLUMLP(hidden, config.moe_intermediate_size) for _ in range(config.num_experts)
-        )
+        self.experts = MoeExperts(config.num_experts, hidden, config.moe_intermediate_size)
         self.shared_expert = SwiGLUMLP(hidden, config.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, hidden]
-        weights = routing_weights(self.gate(x), self.top_k, self.norm_topk_prob)  # [N, E]
-        # All experts as two wide matmuls: gate/up rows of expert e at [e*I, (e+1)*I), and the
-        # down projections side by side, so that the graph is MatMuls TensorRT handles natively.
-        E = len(self.experts)
-        w_gate = torch.cat([e.gate_proj.weight for e in self.experts])  # [E*I, hidden]
-        w_up = torch.cat([e.up_proj.weight for e in self.experts])  # [E*I, hidden]
-        w_down = torch.cat([e.down_proj.weight for e in self.experts], dim=1)  # [hidden, E*I]
-        h = F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)  # [N, E*I]
-        # Weight before the down projection: one [N, hidden] result, no [N, E, hidden] tensor.
-        h = (h.view(x.shape[0], E, -1) * weights[..., None]).view(x.shape[0], -1)
-        routed = F.linear(h, w_down)
+        routed = self.routed(x, self.gate(x))
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return (routed + shared).reshape(shape)
+
+    def routed(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """Sum of the top-k experts' outputs weighted by their routing probabilities.
+
+        x [N, hidden], router_logits [N, E] -> [N, hidden]. Dense-equivalent: every expert runs on
+        every token and the routing matrix is zero outside each token's top-k (see module
+        docstring); the stacked weights are used as they are, with no per-call copy of them.
+        """
+        weights = routing_weights(router_logits, self.top_k, self.norm_topk_prob)  # [N, E]
+        I = self.experts.intermediate_size
+        gate_up = torch.matmul(x, self.experts.gate_up_proj.transpose(1, 2))  # [E, N, 2I]
+        h = F.silu(gate_up[..., :I]) * gate_up[..., I:]  # [E, N, I]
+        h = h * weights.transpose(0, 1)[..., None]  # weight before the down projection
+        return torch.matmul(h, self.experts.down_proj.transpose(1, 2)).sum(0)  # [N, hidden]

@@ -10,7 +10,7 @@ from gdn_export.errors import InputError
 from gdn_export.models import Cache, HybridForCausalLM
 from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
 
-FAMILIES = ["qwen3_5", "qwen3_next"]
+FAMILIES = ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"]
 
 
 def _model(family, seed=0, **overrides):
