@@ -61,6 +61,7 @@ def _split_convs(shapes, expected) -> dict[str, Source]:
 def plan(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], config: HybridConfig) -> Plan:
     """Match an OLMo-Hybrid checkpoint's tensors to the model's; CheckpointError names the key."""
     result = build_plan(shapes, expected, rename=module_name, ignore=IGNORE,
+                        checkpoint_name=lambda name: checkpoint_name(name, config),
                         assembled=_split_convs(shapes, expected))
     if not config.use_rope:
         result.notes.append("rope_theta is null: attention without rotary embedding (NoPE)")
