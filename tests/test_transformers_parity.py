@@ -7,7 +7,9 @@ conventions exercised by randomising the weights transformers initialises to con
 weights, dt_bias), saved with save_pretrained as sharded safetensors, and loaded with
 load_checkpoint. The prefill logits and those of 8 greedy decode
 steps (transformers drives its own cache; we feed the same tokens and our flat states) agree in
-fp32 to 1e-4, for prompt lengths that are not multiples of the chunk size 64.
+fp32 to 1e-4, for prompt lengths that are not multiples of the chunk size 64. The families added
+with OLMo-Hybrid and Qwen3.5-MoE are also exported to ONNX and run in ONNX Runtime against the same
+transformers logits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from gdn_export.weights import load_checkpoint  # noqa: E402
+
+ORT_CASES = ["qwen3_5_moe_text", "qwen3_5_moe", "olmo_hybrid", "olmo_hybrid-nope"]
 
 BATCH, STEPS, ATOL = 2, 8, 1e-4
 PROMPTS = [1, 63, 130]
@@ -108,18 +112,31 @@ def _randomise(model, seed):
             p.copy_(noise * 64**-0.5)  # logits of order 1
 
 
+_PAIRS: dict[str, tuple] = {}
+
+
+def _pair(case, tmp_path_factory):
+    if case not in _PAIRS:
+        _PAIRS[case] = _build_pair(case, tmp_path_factory)
+    return _PAIRS[case]
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS), ids=list(BUILDERS))
 def pair(request, tmp_path_factory):
     """(transformers model, our model loaded from its save_pretrained directory)."""
+    return _pair(request.param, tmp_path_factory)
+
+
+def _build_pair(case, tmp_path_factory):
     torch.manual_seed(0)
-    hf = BUILDERS[request.param]().eval()
+    hf = BUILDERS[case]().eval()
     _randomise(hf, seed=1)
-    directory = tmp_path_factory.mktemp(request.param)
+    directory = tmp_path_factory.mktemp(case)
     hf.save_pretrained(directory, max_shard_size="100KB")
     assert (directory / "model.safetensors.index.json").is_file()
     ours = load_checkpoint(directory)
-    assert ours.config.model_type == request.param.removesuffix("-nope")
-    assert ours.config.use_rope == (not request.param.endswith("-nope"))
+    assert ours.config.model_type == case.removesuffix("-nope")
+    assert ours.config.use_rope == (not case.endswith("-nope"))
     return hf, ours
 
 
@@ -142,3 +159,32 @@ def test_prefill_and_decode_match_transformers(pair, prompt):
     assert states[-1].shape[2] == prompt + STEPS
     assert max(diffs) <= ATOL, f"max |logits diff| per step (prefill first): {diffs}"
     assert hf_out.logits.std() > 0.3  # the comparison is not between near-constant logits
+
+
+@pytest.fixture(scope="module", params=ORT_CASES, ids=ORT_CASES)
+def ort_pair(request, tmp_path_factory):
+    """(transformers model, OrtRunner of our export of the same checkpoint)."""
+    from gdn_export.onnx import export_onnx
+    from gdn_export.runtime.ort_runner import OrtRunner
+
+    hf, ours = _pair(request.param, tmp_path_factory)
+    path = export_onnx(ours, tmp_path_factory.mktemp(f"onnx-{request.param}") / "model.onnx")
+    return hf, OrtRunner(path)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=lambda t: f"prompt{t}")
+@torch.no_grad()
+def test_onnxruntime_matches_transformers(ort_pair, prompt):
+    hf, runner = ort_pair
+    ids = torch.randint(0, 256, (BATCH, prompt), generator=torch.Generator().manual_seed(prompt))
+    hf_out = hf(input_ids=ids, use_cache=True)
+    logits, states = runner.forward(ids.numpy(), 0, runner.empty_states(BATCH))
+    diffs = [(hf_out.logits - torch.from_numpy(logits)).abs().max().item()]
+    cache = hf_out.cache
+    for step in range(STEPS):
+        token = hf_out.logits[:, -1].argmax(-1, keepdim=True)
+        hf_out = hf(input_ids=token, cache=cache, use_cache=True)
+        cache = hf_out.cache
+        logits, states = runner.forward(token.numpy(), prompt + step, states)
+        diffs.append((hf_out.logits - torch.from_numpy(logits)).abs().max().item())
+    assert max(diffs) <= ATOL, f"max |logits diff| per step (prefill first): {diffs}"

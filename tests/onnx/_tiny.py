@@ -1,4 +1,4 @@
-"""Tiny checkpoints of both families, loaded and exported once per test session (shared by
+"""Tiny checkpoints of every family, loaded and exported once per test session (shared by
 tests/onnx and tests/runtime: exporting costs seconds)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from gdn_export.onnx import export_onnx
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 
-FAMILIES = ("qwen3_5", "qwen3_next")
+FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid")
 _CHECKPOINTS: dict[str, Path] = {}
 _EXPORTS: dict[tuple[str, torch.dtype], tuple[object, Path]] = {}
 
