@@ -9,8 +9,9 @@ length P of the K/V states (query i sees keys j <= P + i). States are the flat t
 of a batch shares P: there is no padding mask.
 
 Module names follow transformers' checkpoints (model.embed_tokens, model.layers.{i}.linear_attn /
-self_attn / mlp / input_layernorm / post_attention_layernorm, model.norm, lm_head), so a checkpoint's
-text weights load by name; `gdn_export.weights` does the family-specific renaming and checks.
+self_attn / mlp / input_layernorm / post_attention_layernorm (/ post_feedforward_layernorm in
+OLMo-Hybrid's post-norm attention blocks), model.norm, lm_head), so a checkpoint's text weights load
+by name; `gdn_export.weights` does the family-specific renaming, stacking and checks.
 
 dtype: `model.to(dtype)` converts every parameter, as transformers does when loading in that dtype
 (A_log, dt_bias and the norm weights included). The recurrent state stays fp32, the decay g and all

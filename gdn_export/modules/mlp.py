@@ -1,10 +1,14 @@
-"""Feed-forward blocks: the dense SwiGLU MLP and Qwen3-Next's sparse MoE block.
+"""Feed-forward blocks: the dense SwiGLU MLP and the sparse MoE block of Qwen3-Next / Qwen3.5-MoE.
+
+The routed experts are held stacked, as transformers 5 holds them (`MoeExperts`); `SparseMoeBlock.routed`
+is the one method that computes with them, so that a sparse kernel can replace it alone.
 
 The MoE block is written in a dense-equivalent form so that it exports to standard ONNX without
 data-dependent control flow: every expert runs on every token, and the expert outputs are combined
 with a [tokens, experts] routing matrix that is zero outside each token's top-k. The result equals
 transformers' gather/scatter implementation (the unselected experts are multiplied by exactly 0);
-the cost is num_experts / top_k times the routed compute, which is the price of a static graph.
+the cost is num_experts / top_k times the routed compute, and an [E, N, hidden] intermediate, which
+is the price of a static graph without a MoE op.
 """
 
 from __future__ import annotations
