@@ -86,7 +86,7 @@ def load_checkpoint(
             return cache[key]
 
         for name, source in plan.sources.items():
-            state[name] = source.load(read, dtype, device)
+            state[name] = source.load(reader, read, dtype, device)
         cache.clear()
     if config.tie_word_embeddings:
         state[LM_HEAD] = state[EMBED]

@@ -32,9 +32,10 @@ class Source:
     def keys(self) -> tuple[str, ...]:
         return (self.key,)
 
-    def load(self, read: Callable[[str], torch.Tensor], dtype: torch.dtype,
+    def load(self, reader, read: Callable[[str], torch.Tensor], dtype: torch.dtype,
              device: torch.device | str) -> torch.Tensor:
-        """The module tensor in `dtype` on `device`; read(key) gives a checkpoint tensor."""
+        """The module tensor in `dtype` on `device`; read(key) gives a checkpoint tensor, `reader`
+        is the CheckpointReader (for read_into)."""
         tensor = read(self.key)
         tensor = tensor if self.select is None else self.select(tensor)
         return tensor.to(device=device, dtype=dtype).contiguous()
@@ -53,10 +54,14 @@ class Assembled(Source):
     def keys(self) -> tuple[str, ...]:
         return tuple(key for key, _ in self.pieces)
 
-    def load(self, read, dtype, device) -> torch.Tensor:
+    def load(self, reader, read, dtype, device) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=dtype, device=device)
         for key, index in self.pieces:
-            out[index] = read(key)
+            piece = out[index]
+            if piece.is_contiguous() and out.device.type == "cpu":
+                reader.read_into(key, piece)  # no mmap pages or temporary left behind
+            else:
+                piece.copy_(read(key))
         return out
 
 

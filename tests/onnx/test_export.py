@@ -80,6 +80,20 @@ def test_io_names_and_dynamic_axes(exported):
         assert tuple(_dims(value)) == spec.shape, spec.name
 
 
+# Constants that are not weights (shape vectors, scalars, the zero conv bias [C]).
+NON_WEIGHT_BYTES = 4096
+
+
+def test_initializers_do_not_duplicate_weights(exported):
+    """The exporter folds transposes and 1 + w into initializers; each replaces its weight, so the
+    file holds no more weight bytes than the model (no transposed second copy)."""
+    _, model, path = exported
+    proto = onnx.load(path)
+    init_bytes = sum(onnx.numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+    unique = {p.data_ptr(): p.numel() * p.element_size() for p in model.state_dict().values()}
+    assert init_bytes <= sum(unique.values()) + NON_WEIGHT_BYTES, (init_bytes, sum(unique.values()))
+
+
 def test_metadata_records_state_layout(exported):
     family, model, path = exported
     props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}

@@ -198,3 +198,36 @@ def test_olmo_errors_name_the_key(olmo, edit, message):
     with pytest.raises(CheckpointError, match=message) as info:
         load_checkpoint(olmo)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("stored, loaded", [("bfloat16", torch.bfloat16), ("bfloat16", torch.float32),
+                                            ("float32", torch.float16)],
+                         ids=["bf16-direct", "bf16-to-fp32", "fp32-to-fp16"])
+def test_read_into_matches_get(tmp_path, stored, loaded):
+    """Per-expert pieces are read straight into the stacked tensor when the dtypes agree, converted
+    otherwise; both give what safetensors' get_tensor gives."""
+    from gdn_export.weights.reader import CheckpointReader
+
+    d = make_tiny_checkpoint(tmp_path / "c", "qwen3_5_moe", dtype=stored, shards=3)
+    with CheckpointReader(d) as reader:
+        for key in ("model.layers.1.mlp.experts.2.up_proj.weight", "model.norm.weight"):
+            out = torch.full(reader.shapes[key], float("nan"), dtype=loaded)
+            reader.read_into(key, out)
+            assert torch.equal(out, reader.get(key).to(loaded)), key
+    model = load_checkpoint(d, dtype=loaded)
+    t = {}
+    for file in d.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            t.update({k: f.get_tensor(k) for k in f.keys()})
+    gate_up = model.model.layers[0].mlp.experts.gate_up_proj
+    assert gate_up.dtype == loaded
+    assert torch.equal(gate_up[1, I:], t["model.layers.0.mlp.experts.1.up_proj.weight"].to(loaded))
+
+
+def test_truncated_expert_data_is_a_checkpoint_error(tmp_path):
+    d = make_tiny_checkpoint(tmp_path / "c", "qwen3_5_moe")
+    path = d / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-4096])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors") as info:
+        load_checkpoint(d)
+    assert "\n" not in str(info.value)
