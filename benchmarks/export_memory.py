@@ -6,7 +6,8 @@ Writes a random checkpoint of about --gb GB (the tiny layout with large sizes, w
 a time so that the writer never holds the whole checkpoint), then runs `gdn-export export` on it in
 a child process and reports the child's peak RSS (ru_maxrss) against the target
 1.3 x checkpoint + 1 GB, and the bytes of the ONNX initializers against the checkpoint's tensor
-bytes (same dtype). A second child runs the same steps in-process and prints RSS after each phase
+bytes (same dtype; the exporter folds 1-D norm / decay vectors that the model computes in fp32
+into fp32 initializers, which may add up to 0.1%). A second child runs the same steps in-process and prints RSS after each phase
 (load, trace, save, check), which says what dominates. Logs and a JSON of the results go to $OUT
 (or the --keep folder). The results table is printed last.
 """
@@ -196,18 +197,20 @@ def main(argv=None) -> int:
             phases = "\n".join(line for line in res.stdout.splitlines() if line.startswith("PHASE"))
             (out_dir / "phases.log").write_text(res.stdout + res.stderr)
         bound = 1.3 * ckpt_bytes + 1e9
+        excess = init_bytes - ckpt_bytes
         result = dict(family=args.family, dtype=args.dtype, checkpoint_bytes=ckpt_bytes,
                       peak_rss_bytes=peak, bound_bytes=bound, initializer_bytes=init_bytes,
-                      seconds=seconds, peak_within_bound=peak <= bound,
-                      initializers_within_checkpoint=init_bytes <= ckpt_bytes)
+                      initializer_excess_bytes=excess, seconds=seconds, peak_within_bound=peak <= bound,
+                      initializers_within_checkpoint=excess <= 1e-3 * ckpt_bytes)
         (out_dir / "export_memory.json").write_text(json.dumps(result, indent=2))
         if phases:
             print(phases)
-        print(f"\n| family | dtype | checkpoint | peak RSS | 1.3x + 1 GB | peak / ckpt | ONNX initializers | export time |")
+        print("\n| family | dtype | checkpoint | peak RSS | 1.3x + 1 GB | peak / ckpt | ONNX initializers "
+              "(- checkpoint) | export time |")
         print("|---|---|---|---|---|---|---|---|")
         print(f"| {args.family} | {args.dtype} | {ckpt_bytes / 1e9:.2f} GB | {peak / 1e9:.2f} GB | "
               f"{bound / 1e9:.2f} GB {'ok' if peak <= bound else 'OVER'} | {peak / ckpt_bytes:.2f} | "
-              f"{init_bytes / 1e9:.2f} GB {'<=' if init_bytes <= ckpt_bytes else '>'} ckpt | {seconds:.0f} s |")
+              f"{init_bytes / 1e9:.3f} GB ({excess / 1e3:+.0f} kB) | {seconds:.0f} s |")
         return 0 if result["peak_within_bound"] and result["initializers_within_checkpoint"] else 1
     finally:
         if not args.keep:
