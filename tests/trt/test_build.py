@@ -50,7 +50,7 @@ def test_engine_is_replaced_atomically(plugins_lib, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"])
 def test_tiny_checkpoint_engine_has_the_plugin_layers(plugins_lib, tiny_root, family):
     from tests.onnx._tiny import tiny_export
 
