@@ -6,10 +6,18 @@ Accepted model types (transformers' names):
     qwen3_5_text   Qwen3_5ForCausalLM: split GDN projections, dense MLPs
     qwen3_5        Qwen3_5ForConditionalGeneration: its `text_config` is used; the vision tower is
                    not exported (a warning says so)
+    qwen3_5_moe_text  Qwen3_5MoeForCausalLM: Qwen3.5 with a sparse MoE block (plus a gated shared
+                   expert) in every layer, top-k probabilities always renormalised
+    qwen3_5_moe    Qwen3_5MoeForConditionalGeneration: its `text_config`, as for qwen3_5
+    olmo_hybrid    OlmoHybridForCausalLM (OLMo-Hybrid): separate q/k/v/a/b/g GDN projections with
+                   beta in (0, 2) (`linear_allow_neg_eigval`), plain (not zero-centred) RMSNorms,
+                   post-norm attention blocks with q/k norms over the whole projection and no
+                   output gate, full rope or none at all (NoPE: no `rope_theta`, as released)
 
 Fields missing from config.json take the defaults of transformers' config classes, so that a
 checkpoint means the same model here as in transformers. A field gdn-export cannot honour raises
-`ConfigError` naming the field.
+`ConfigError` naming the field. The transformers dict is parsed in `gdn_export.hf_config`; this
+module holds the one description, `HybridConfig`, and its checks.
 
 Rotary embedding: only the default rope (`rope_type` "default") is implemented; yarn, dynamic, linear
 scaling and the rest raise `ConfigError`. Qwen3.5 stores an `mrope_section` for its vision model:
@@ -22,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,46 +38,18 @@ import torch
 
 from gdn_export.errors import CheckpointError, ConfigError
 
-log = logging.getLogger(__name__)
-
 LINEAR, FULL = "linear_attention", "full_attention"
-FAMILIES = ("qwen3_next", "qwen3_5")
-MODEL_TYPES = {"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5"}
+FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")
+MODEL_TYPES = {"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5",
+               "qwen3_5_moe_text": "qwen3_5_moe", "qwen3_5_moe": "qwen3_5_moe",
+               "olmo_hybrid": "olmo_hybrid"}
+# Composite (vision-language) model types whose text model is exported from `text_config`.
+COMPOSITE = ("qwen3_5", "qwen3_5_moe")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# transformers' defaults (Qwen3NextConfig / Qwen3_5TextConfig), used where config.json is silent.
-_COMMON_DEFAULTS: dict[str, Any] = {
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "head_dim": 256,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32,
-    "max_position_embeddings": 32768,
-    "attn_output_gate": True,
-}
-_DEFAULTS = {
-    "qwen3_next": {
-        **_COMMON_DEFAULTS,
-        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
-        "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
-        "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-    },
-    "qwen3_5": {
-        **_COMMON_DEFAULTS,
-        "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
-        "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
-    },
-}
-_DEFAULT_ROPE_THETA = 10000.0
-_DEFAULT_PARTIAL_ROTARY = 0.25
-_DEFAULT_FULL_ATTENTION_INTERVAL = 4
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_PARTIAL_ROTARY = 0.25
+DEFAULT_FULL_ATTENTION_INTERVAL = 4
 
 
 @dataclass
@@ -95,8 +74,13 @@ class HybridConfig:
     head_dim: int
     attn_output_gate: bool = True
     attention_bias: bool = False
-    rope_theta: float = _DEFAULT_ROPE_THETA
-    partial_rotary_factor: float = _DEFAULT_PARTIAL_ROTARY
+    # q_norm / k_norm over each head ("head", Qwen) or over the whole projection ("projection", OLMo)
+    qk_norm: str = "head"
+    # attention blocks: "pre" x + attn(norm(x)) (Qwen) or "post" x + norm(attn(x)) (OLMo)
+    attn_block_norm: str = "pre"
+    use_rope: bool = True  # False: NoPE (no rotary at all)
+    rope_theta: float = DEFAULT_ROPE_THETA
+    partial_rotary_factor: float = DEFAULT_PARTIAL_ROTARY
     mrope_section: list[int] | None = None
     max_position_embeddings: int = 32768
     # Gated DeltaNet (linear attention)
@@ -105,6 +89,8 @@ class HybridConfig:
     linear_key_head_dim: int = 128
     linear_value_head_dim: int = 128
     linear_conv_kernel_dim: int = 4
+    allow_neg_eigval: bool = False  # beta = 2 sigmoid(b) in (0, 2) instead of sigmoid(b)
+    linear_norm_eps: float | None = None  # eps of the GDN output norm; None: rms_norm_eps
     # MLP / MoE (num_experts = 0: dense MLPs everywhere)
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -115,6 +101,7 @@ class HybridConfig:
     mlp_only_layers: list[int] = field(default_factory=list)
     # the rest
     rms_norm_eps: float = 1e-6
+    zero_centered_norm: bool = True  # RMSNorm scale (1 + w) (Qwen) or w (OLMo)
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
     dtype: str = "float32"
@@ -139,6 +126,11 @@ class HybridConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def gdn_norm_eps(self) -> float:
+        """eps of the GDN output (gated) RMSNorm."""
+        return self.rms_norm_eps if self.linear_norm_eps is None else self.linear_norm_eps
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer `layer` uses the sparse MoE block (transformers' rule for Qwen3-Next)."""
         return (
@@ -160,10 +152,11 @@ class HybridConfig:
         for i, kind in enumerate(self.layer_kinds):
             if kind not in (LINEAR, FULL):
                 raise ConfigError(f"layer_types[{i}] = {kind!r}; supported: {LINEAR!r}, {FULL!r}")
+        dense = any(not self.is_moe_layer(i) for i in range(self.num_hidden_layers))
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "linear_num_key_heads",
                      "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                     "linear_conv_kernel_dim", "intermediate_size"):
+                     "linear_conv_kernel_dim") + (("intermediate_size",) if dense else ()):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -192,9 +185,14 @@ class HybridConfig:
             raise ConfigError(f"torch_dtype/dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.num_experts < 0:
             raise ConfigError(f"num_experts must be >= 0, got {self.num_experts}")
+        for name, value, allowed in (("qk_norm", self.qk_norm, ("head", "projection")),
+                                     ("attn_block_norm", self.attn_block_norm, ("pre", "post"))):
+            if value not in allowed:
+                raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
         if self.num_experts:
-            if self.family != "qwen3_next":
-                raise ConfigError(f"num_experts is only supported for qwen3_next, not {self.family}")
+            if self.family not in ("qwen3_next", "qwen3_5_moe"):
+                raise ConfigError(f"num_experts is only supported for qwen3_next and qwen3_5_moe, "
+                                  f"not {self.family}")
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ConfigError(
                     f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
@@ -224,7 +222,9 @@ class HybridConfig:
             if unknown:
                 raise ConfigError(f"unknown HybridConfig field(s): {', '.join(unknown)}")
             return cls(**d)
-        return _from_hf_dict(d)
+        from gdn_export.hf_config import from_hf_dict  # the transformers spelling, parsed there
+
+        return from_hf_dict(d)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "HybridConfig":
@@ -244,121 +244,3 @@ class HybridConfig:
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
         return cls.from_dict(d)
-
-
-# ---------------------------------------------------------------------- transformers dict
-def _get(d: dict, name: str, family: str) -> Any:
-    value = d.get(name)
-    return _DEFAULTS[family][name] if value is None else value
-
-
-def _rope(d: dict) -> tuple[float, float, list[int] | None]:
-    """(rope_theta, partial_rotary_factor, mrope_section) from the old or new rope fields."""
-    params = d.get("rope_parameters")
-    if params is None:
-        params = d.get("rope_scaling")  # transformers < 5 spelling
-        where = "rope_scaling"
-    else:
-        where = "rope_parameters"
-    if params is not None and not isinstance(params, dict):
-        raise ConfigError(f"{where} must be an object, got {params!r}")
-    params = dict(params or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    # Qwen3.5 writes rope_type "default" with mrope_section for its vision positions.
-    if rope_type not in ("default", "mrope"):
-        raise ConfigError(
-            f"{where}.rope_type {rope_type!r} is not supported (only default rope is implemented)"
-        )
-    theta = params.get("rope_theta", d.get("rope_theta", _DEFAULT_ROPE_THETA))
-    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY))
-    mrope = params.get("mrope_section")
-    try:
-        theta, factor = float(theta), float(factor)
-    except (TypeError, ValueError):
-        raise ConfigError(f"rope_theta / partial_rotary_factor must be numbers, got {theta!r} / {factor!r}") from None
-    return theta, factor, (list(mrope) if mrope is not None else None)
-
-
-def _layer_kinds(d: dict, n_layers: int) -> list[str]:
-    kinds = d.get("layer_types")
-    if kinds is not None:
-        if not isinstance(kinds, list):
-            raise ConfigError(f"layer_types must be a list, got {kinds!r}")
-        return list(kinds)
-    interval = d.get("full_attention_interval", _DEFAULT_FULL_ATTENTION_INTERVAL)
-    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
-        raise ConfigError(f"full_attention_interval must be a positive integer, got {interval!r}")
-    return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers)]
-
-
-def _dtype(d: dict, outer: dict) -> str:
-    value = d.get("dtype") or d.get("torch_dtype") or outer.get("dtype") or outer.get("torch_dtype")
-    if value is None:
-        return "float32"
-    value = str(value).removeprefix("torch.")
-    if value not in DTYPES:
-        raise ConfigError(f"torch_dtype/dtype {value!r} is not one of {', '.join(DTYPES)}")
-    return value
-
-
-def _from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
-    model_type = outer.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ConfigError(
-            f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
-        )
-    family = MODEL_TYPES[model_type]
-    d = outer
-    if model_type == "qwen3_5":
-        d = outer.get("text_config")
-        if not isinstance(d, dict):
-            raise ConfigError("text_config is missing from a qwen3_5 config (needed for the text model)")
-        log.warning("qwen3_5 checkpoint: exporting the text model only; the vision tower is not exported")
-    hidden_act = d.get("hidden_act", "silu")
-    n_layers = _get(d, "num_hidden_layers", family)
-    theta, factor, mrope = _rope(d)
-    # A composite checkpoint ties on its top-level flag (what transformers' tying reads).
-    tie = outer.get("tie_word_embeddings", d.get("tie_word_embeddings"))
-    if tie is None:
-        tie = _DEFAULTS[family]["tie_word_embeddings"]
-    fields = dict(
-        family=family,
-        model_type=model_type,
-        vocab_size=_get(d, "vocab_size", family),
-        hidden_size=_get(d, "hidden_size", family),
-        intermediate_size=_get(d, "intermediate_size", family),
-        num_hidden_layers=n_layers,
-        layer_kinds=_layer_kinds(d, n_layers),
-        num_attention_heads=_get(d, "num_attention_heads", family),
-        num_key_value_heads=_get(d, "num_key_value_heads", family),
-        head_dim=_get(d, "head_dim", family),
-        attn_output_gate=bool(_get(d, "attn_output_gate", family)),
-        attention_bias=bool(_get(d, "attention_bias", family)),
-        rope_theta=theta,
-        partial_rotary_factor=factor,
-        mrope_section=mrope,
-        max_position_embeddings=_get(d, "max_position_embeddings", family),
-        linear_num_key_heads=_get(d, "linear_num_key_heads", family),
-        linear_num_value_heads=_get(d, "linear_num_value_heads", family),
-        linear_key_head_dim=_get(d, "linear_key_head_dim", family),
-        linear_value_head_dim=_get(d, "linear_value_head_dim", family),
-        linear_conv_kernel_dim=_get(d, "linear_conv_kernel_dim", family),
-        rms_norm_eps=float(_get(d, "rms_norm_eps", family)),
-        tie_word_embeddings=bool(tie),
-        hidden_act=hidden_act,
-        dtype=_dtype(d, outer),
-    )
-    if family == "qwen3_next":
-        fields.update(
-            num_experts=_get(d, "num_experts", family),
-            num_experts_per_tok=_get(d, "num_experts_per_tok", family),
-            moe_intermediate_size=_get(d, "moe_intermediate_size", family),
-            shared_expert_intermediate_size=_get(d, "shared_expert_intermediate_size", family),
-            norm_topk_prob=bool(_get(d, "norm_topk_prob", family)),
-            decoder_sparse_step=_get(d, "decoder_sparse_step", family),
-            mlp_only_layers=list(d.get("mlp_only_layers") or []),
-        )
-    try:
-        return HybridConfig(**fields)
-    except TypeError as exc:  # a field of the wrong JSON type reaching a comparison
-        raise ConfigError(f"config.json has a field of the wrong type: {exc}") from None

@@ -14,7 +14,7 @@ from gdn_export.weights.tiny import tiny_config_dict
 
 
 def _text(d: dict) -> dict:
-    return d["text_config"] if d["model_type"] == "qwen3_5" else d
+    return d.get("text_config", d)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,17 @@ BAD = [
     ("top-k-over-experts", "qwen3_next", _set("num_experts_per_tok", 5), "num_experts_per_tok"),
     ("interval-zero", "qwen3_5", _set("full_attention_interval", 0), "full_attention_interval"),
     ("model-type-llama", "qwen3_5", lambda d: d.update(model_type="llama"), "model_type"),
-    ("model-type-qwen3_5_moe", "qwen3_5", lambda d: d.update(model_type="qwen3_5_moe"), "model_type"),
+    ("model-type-qwen3_moe", "qwen3_5", lambda d: d.update(model_type="qwen3_moe"), "model_type"),
+    ("moe-top-k-over-experts", "qwen3_5_moe", _set("num_experts_per_tok", 5), "num_experts_per_tok"),
+    ("moe-mlp-only-layers", "qwen3_5_moe", _set("mlp_only_layers", [1]), "mlp_only_layers"),
+    ("moe-no-topk-norm", "qwen3_5_moe", _set("norm_topk_prob", False), "norm_topk_prob"),
+    ("moe-sparse-step", "qwen3_5_moe", _set("decoder_sparse_step", 2), "decoder_sparse_step"),
+    ("olmo-rope-yarn", "olmo_hybrid", _set("rope_parameters.rope_type", "yarn"), "rope_parameters.rope_type"),
+    ("olmo-partial-rope", "olmo_hybrid", _set("rope_parameters.partial_rotary_factor", 0.5),
+     "partial_rotary_factor"),
+    ("olmo-neg-eigval-string", "olmo_hybrid", _set("linear_allow_neg_eigval", "yes"), "linear_allow_neg_eigval"),
+    ("olmo-hidden-act", "olmo_hybrid", _set("hidden_act", "gelu"), "hidden_act"),
+    ("olmo-gqa-not-multiple", "olmo_hybrid", _set("num_key_value_heads", 3), "num_attention_heads"),
 ]
 
 
@@ -180,3 +190,54 @@ def test_released_qwen3_5_style_config():
     c = HybridConfig.from_dict({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False})
     assert (c.family, c.dtype, c.mrope_section, c.rotary_dim) == ("qwen3_5", "bfloat16", [11, 11, 10], 64)
     assert c.num_experts == 0 and c.linear_num_value_heads == 32  # transformers' default
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_moe_text", "qwen3_5_moe"])
+def test_qwen3_5_moe_every_layer_is_moe(model_type):
+    c = HybridConfig.from_dict(tiny_config_dict("qwen3_5_moe", model_type))
+    assert (c.family, c.model_type) == ("qwen3_5_moe", model_type)
+    assert (c.num_experts, c.num_experts_per_tok, c.norm_topk_prob) == (4, 2, True)
+    assert [c.is_moe_layer(i) for i in range(4)] == [True] * 4
+    assert c.intermediate_size == 0 and c.zero_centered_norm and c.attn_output_gate
+    assert (c.qk_norm, c.attn_block_norm, c.mrope_section) == ("head", "pre", [1, 1, 0])
+
+
+def test_qwen3_5_moe_defaults_are_transformers():
+    c = HybridConfig.from_dict({"model_type": "qwen3_5_moe_text"})
+    assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_key_value_heads) == (248320, 2048, 40, 2)
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (256, 8, 512)
+    assert c.layer_kinds[:4] == [LINEAR, LINEAR, LINEAR, FULL] and c.rotary_dim == 64
+
+
+def test_olmo_hybrid_fields():
+    c = HybridConfig.from_dict(tiny_config_dict("olmo_hybrid"))
+    assert (c.family, c.head_dim, c.rotary_dim, c.use_rope) == ("olmo_hybrid", 16, 16, True)
+    assert (c.qk_norm, c.attn_block_norm, c.attn_output_gate, c.zero_centered_norm) == (
+        "projection", "post", False, False)
+    assert c.allow_neg_eigval and c.gdn_norm_eps == 1e-5 and c.rms_norm_eps == 1e-6
+    assert c.layer_kinds == [LINEAR, LINEAR, LINEAR, FULL] and c.num_experts == 0
+
+
+def test_olmo_hybrid_defaults_follow_transformers():
+    """OlmoHybridConfig derives the GDN sizes, kv heads and head_dim from other fields."""
+    c = HybridConfig.from_dict({"model_type": "olmo_hybrid", "num_hidden_layers": 3})
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (3840, 30, 30, 128)
+    assert (c.linear_num_key_heads, c.linear_num_value_heads) == (30, 30)
+    assert (c.linear_key_head_dim, c.linear_value_head_dim) == (96, 192)
+    assert c.layer_kinds == [LINEAR, LINEAR, FULL]  # none at i % 4 == 3: the last one
+    assert c.allow_neg_eigval and c.use_rope and c.rope_theta == 10000.0
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update(rope_parameters={"rope_type": "default", "rope_theta": None}),
+    lambda d: (d.pop("rope_parameters"), d.update(rope_theta=None)),
+], ids=["rope_parameters", "top-level"])
+def test_olmo_hybrid_null_rope_theta_is_nope(edit):
+    d = tiny_config_dict("olmo_hybrid")
+    edit(d)
+    c = HybridConfig.from_dict(d)
+    assert not c.use_rope
+    d = tiny_config_dict("olmo_hybrid", linear_allow_neg_eigval=False)
+    d.pop("rope_parameters")
+    c = HybridConfig.from_dict(d)
+    assert c.use_rope and c.rope_theta == 10000.0 and not c.allow_neg_eigval

@@ -7,7 +7,8 @@ from pathlib import Path
 from gdn_export.cli.common import check_at_least
 from gdn_export.errors import InputError
 
-FAMILIES = ("qwen3_5", "qwen3_next")
+# gdn_export.weights.tiny.FAMILIES, spelled out so that `--help` needs no torch import.
+FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid")
 
 
 def add_parser(sub) -> None:

@@ -11,8 +11,9 @@ tuple described in `gdn_export.models.cache`; prefill passes `empty_states(B)`. 
 no state (gdn_export.modules.kv_cache says how), so rows of different lengths share a batch.
 
 Module names follow transformers' checkpoints (model.embed_tokens, model.layers.{i}.linear_attn /
-self_attn / mlp / input_layernorm / post_attention_layernorm, model.norm, lm_head), so a checkpoint's
-text weights load by name; `gdn_export.weights` does the family-specific renaming and checks.
+self_attn / mlp / input_layernorm / post_attention_layernorm (/ post_feedforward_layernorm in
+OLMo-Hybrid's post-norm attention blocks), model.norm, lm_head), so a checkpoint's text weights load
+by name; `gdn_export.weights` does the family-specific renaming, stacking and checks.
 
 dtype: `model.to(dtype)` converts every parameter, as transformers does when loading in that dtype
 (A_log, dt_bias and the norm weights included). The recurrent state is stored in
@@ -32,34 +33,52 @@ from gdn_export.modules.kv_cache import StepInputs, check_call, make_step
 from gdn_export.modules.gated_attention import GatedAttention
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
 from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
-from gdn_export.modules.norm import ZeroCenteredRMSNorm
+from gdn_export.modules.norm import make_rmsnorm
+from gdn_export.modules.olmo_hybrid import OlmoAttention, OlmoGatedDeltaNet
 from gdn_export.modules.rotary import RotaryEmbedding
+
+# Mixer classes per family: (Gated DeltaNet, attention).
+_MIXERS = {"olmo_hybrid": (OlmoGatedDeltaNet, OlmoAttention)}
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)). The mixer is GDN or attention."""
+    """One block; the mixer is GDN or attention. Pre-norm (every Qwen block, OLMo's GDN blocks):
+    x + mixer(input_layernorm(x)), then x + mlp(post_attention_layernorm(x)). Post-norm (OLMo's
+    attention blocks, config.attn_block_norm "post"): x + post_attention_layernorm(mixer(x)), then
+    x + post_feedforward_layernorm(mlp(x))."""
 
     def __init__(self, config: HybridConfig, layer_idx: int) -> None:
         super().__init__()
         self.kind = config.layer_kinds[layer_idx]
+        linear_cls, attention_cls = _MIXERS.get(config.family, (GatedDeltaNet, GatedAttention))
         if self.kind == LINEAR:
-            self.linear_attn = GatedDeltaNet(config, layer_idx)
+            self.linear_attn = linear_cls(config, layer_idx)
         else:
-            self.self_attn = GatedAttention(config, layer_idx)
+            self.self_attn = attention_cls(config, layer_idx)
         if config.is_moe_layer(layer_idx):
             self.mlp = SparseMoeBlock(config)
         else:
             self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_norm = self.kind != LINEAR and config.attn_block_norm == "post"
+
+        def norm():
+            return make_rmsnorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
+
+        if self.post_norm:
+            self.post_attention_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        else:
+            self.input_layernorm, self.post_attention_layernorm = norm(), norm()
 
     def forward(self, x, step: StepInputs, state_a, state_b):
         """x [B, T, hidden]; (state_a, state_b) = (conv, recurrent) or (key, value)."""
-        h = self.input_layernorm(x)
+        h = x if self.post_norm else self.input_layernorm(x)
         if self.kind == LINEAR:
             h, state_a, state_b = self.linear_attn(h, step, state_a, state_b)
         else:
             h, state_a, state_b = self.self_attn(h, step, state_a, state_b)
+        if self.post_norm:
+            x = x + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(x)), state_a, state_b
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, state_a, state_b
@@ -72,12 +91,13 @@ class HybridModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = ZeroCenteredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = make_rmsnorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
 
 
 class HybridForCausalLM(nn.Module):
-    """Qwen3-Next / Qwen3.5 text LM with an explicit flat state tuple (see module docstring)."""
+    """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE / OLMo-Hybrid text LM with an explicit flat state tuple
+    (see module docstring)."""
 
     def __init__(self, config: HybridConfig, layout: DeployLayout = DEFAULT_LAYOUT) -> None:
         super().__init__()

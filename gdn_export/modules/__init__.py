@@ -6,17 +6,23 @@ single nodes; everything else is plain PyTorch that exports to standard ONNX.
 
 from gdn_export.modules.gated_attention import GatedAttention
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
-from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
-from gdn_export.modules.norm import GatedRMSNorm, ZeroCenteredRMSNorm
+from gdn_export.modules.mlp import MoeExperts, SparseMoeBlock, SwiGLUMLP
+from gdn_export.modules.norm import GatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm, make_rmsnorm
+from gdn_export.modules.olmo_hybrid import OlmoAttention, OlmoGatedDeltaNet
 from gdn_export.modules.rotary import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "GatedAttention",
     "GatedDeltaNet",
     "GatedRMSNorm",
+    "MoeExperts",
+    "OlmoAttention",
+    "OlmoGatedDeltaNet",
+    "RMSNorm",
     "RotaryEmbedding",
     "SparseMoeBlock",
     "SwiGLUMLP",
     "ZeroCenteredRMSNorm",
     "apply_rotary",
+    "make_rmsnorm",
 ]

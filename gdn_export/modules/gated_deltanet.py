@@ -1,4 +1,4 @@
-"""Gated DeltaNet mixer (linear attention) of Qwen3-Next / Qwen3.5.
+"""Gated DeltaNet mixer (linear attention) of Qwen3-Next / Qwen3.5 (OLMo-Hybrid subclasses it).
 
 Hk key heads of size Dk, Hv = m * Hk value heads of size Dv, conv kernel K:
 
@@ -19,6 +19,11 @@ Projection layouts:
 
 In both, value head h belongs to key head h // m, which is the `gdn::gated_delta_rule` convention,
 so the key heads go to the op un-repeated.
+
+Families differ only in the projections, the beta scaling and the output (norm + projection); a
+subclass overrides `make_projections`, `project`, `make_output`, `output` and/or `beta`, while the
+call sequence conv -> split -> gates -> gated_delta_rule -> output stays in the one `forward` here
+(see gdn_export.modules.olmo_hybrid).
 """
 
 from __future__ import annotations
@@ -41,14 +46,16 @@ class GatedDeltaNet(nn.Module):
     S, the state's storage dtype (fp32, fp16 or bf16), is kept: the op computes in fp32 and rounds
     the state once per call where it stores it (see gdn_export.ops.gated_delta_rule).
 
-    C = 2*Hk*Dk + Hv*Dv. `layout` is "fused" (Qwen3-Next) or "split" (Qwen3.5).
+    C = 2*Hk*Dk + Hv*Dv. `layout` is "fused" (Qwen3-Next) or "split" (Qwen3.5, Qwen3.5-MoE).
     """
+
+    LAYOUTS = ("fused", "split")
 
     def __init__(self, config: HybridConfig, layer_idx: int, layout: str | None = None) -> None:
         super().__init__()
         layout = layout or ("fused" if config.family == "qwen3_next" else "split")
-        if layout not in ("fused", "split"):
-            raise ValueError(f"layout must be 'fused' or 'split', got {layout!r}")
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout must be one of {self.LAYOUTS}, got {layout!r}")
         self.layout = layout
         self.layer_idx = layer_idx
         self.num_k_heads = Hk = config.linear_num_key_heads
@@ -58,9 +65,23 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = Hk * Dk, Hv * Dv
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = config.linear_conv_kernel_dim
-        hidden = config.hidden_size
+        self.make_projections(config)
+        # Depthwise conv weight kept as [C, 1, K] (the checkpoint's shape); the op takes [C, K].
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_kernel_size,
+                                groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(Hv))
+        self.A_log = nn.Parameter(torch.zeros(Hv))
+        self.make_output(config)
+        # True (set by gdn_export.runtime.cuda_graph.GraphRunner, never for export): the conv and
+        # recurrent states given to forward are updated in place and returned, so that a captured
+        # decode step reads and writes the same buffers (no copy of the states per step).
+        self.update_states_in_place = False
 
-        if layout == "fused":
+    # ------------------------------------------------------------------ family hooks
+    def make_projections(self, config: HybridConfig) -> None:
+        """Create the input projections that `project` uses."""
+        hidden, Hv = config.hidden_size, self.num_v_heads
+        if self.layout == "fused":
             self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
             self.in_proj_ba = nn.Linear(hidden, 2 * Hv, bias=False)
         else:
@@ -68,17 +89,11 @@ class GatedDeltaNet(nn.Module):
             self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
             self.in_proj_b = nn.Linear(hidden, Hv, bias=False)
             self.in_proj_a = nn.Linear(hidden, Hv, bias=False)
-        # Depthwise conv weight kept as [C, 1, K] (the checkpoint's shape); the op takes [C, K].
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_kernel_size,
-                                groups=self.conv_dim, bias=False)
-        self.dt_bias = nn.Parameter(torch.ones(Hv))
-        self.A_log = nn.Parameter(torch.zeros(Hv))
-        self.norm = GatedRMSNorm(Dv, eps=config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
-        # True (set by gdn_export.runtime.cuda_graph.GraphRunner, never for export): the conv and
-        # recurrent states given to forward are updated in place and returned, so that a captured
-        # decode step reads and writes the same buffers (no copy of the states per step).
-        self.update_states_in_place = False
+
+    def make_output(self, config: HybridConfig) -> None:
+        """Create the output norm and projection that `output` uses."""
+        self.norm = GatedRMSNorm(self.head_v_dim, eps=config.gdn_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> (mixed_qkv [B, T, C], z [B, T, Hv, Dv], b [B, T, Hv], a [B, T, Hv])."""
@@ -94,6 +109,16 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
         return mixed, z.reshape(B, T, Hv, Dv), b.reshape(B, T, Hv), a.reshape(B, T, Hv)
 
+    def beta(self, b: torch.Tensor) -> torch.Tensor:
+        """Write strength from the b projection [B, T, Hv]: sigmoid(b) in (0, 1)."""
+        return torch.sigmoid(b)
+
+    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o, z [B, T, Hv, Dv] -> out_proj(gated_rmsnorm(o, z)) [B, T, hidden]."""
+        B, T = o.shape[:2]
+        return self.out_proj(self.norm(o, z).reshape(B, T, self.value_dim))
+
+    # ------------------------------------------------------------------ forward
     def forward(
         self,
         x: torch.Tensor,
@@ -105,14 +130,14 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.project(x)
         mixed, new_conv_state = causal_conv1d(
             mixed, self.conv1d.weight[:, 0, :], None, conv_state.to(mixed.dtype), silu=True,
-            **_conv_lengths(step.seq_lens),
+            seq_lens=step.seq_lens.to(torch.int32),
         )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(B, T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
 
-        beta = torch.sigmoid(b)
+        beta = self.beta(b)
         # fp32 before exp: in fp16 a large A_log would overflow.
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         # Padded tokens of ragged rows take an exact identity step (g = 0: no decay, beta = 0: no
@@ -128,14 +153,4 @@ class GatedDeltaNet(nn.Module):
             o, new_recurrent_state = gated_delta_rule(
                 q, k, v, g, beta, initial_state=recurrent_state, use_qk_l2norm=True
             )
-        o = self.norm(o, z).reshape(B, T, self.value_dim)
-        return self.out_proj(o), new_conv_state, new_recurrent_state
-
-
-def _conv_lengths(seq_lens: torch.Tensor) -> dict:
-    """TEMPORARY until the conv op takes seq_lens (merge of the plugins branch)."""
-    import inspect
-
-    if "seq_lens" in inspect.signature(causal_conv1d).parameters:
-        return {"seq_lens": seq_lens.to(torch.int32)}
-    return {}
+        return self.output(o, z), new_conv_state, new_recurrent_state

@@ -1,8 +1,10 @@
-"""RMSNorm variants of Qwen3-Next / Qwen3.5 (both families use the same two).
+"""RMSNorm variants of the hybrid families.
 
-* `ZeroCenteredRMSNorm`: decoder, final, q_norm and k_norm. The stored weight w is centred on 0
-  and the scale applied is (1 + w); a checkpoint of zeros is the identity scale.
-* `GatedRMSNorm`: the GDN output norm, per value head: rmsnorm(x) * w * silu(z), w centred on 1.
+* `ZeroCenteredRMSNorm`: Qwen3-Next / Qwen3.5 decoder, final, q_norm and k_norm. The stored weight
+  w is centred on 0 and the scale applied is (1 + w); a checkpoint of zeros is the identity scale.
+* `RMSNorm`: the same places in OLMo-Hybrid: plain scale w, centred on 1.
+* `GatedRMSNorm`: the GDN output norm of every family, per value head: rmsnorm(x) * w * silu(z),
+  w centred on 1.
 
 Both compute in fp32 and return the input dtype. The gated norm stays in fp32 end to end, where
 transformers rounds the normalised x to the model dtype before the weight: identical in fp32, one
@@ -34,6 +36,26 @@ class ZeroCenteredRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class RMSNorm(nn.Module):
+    """y = rmsnorm(x) * weight, over the last axis. x [..., D] -> y [..., D] in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (_rms(x.float(), self.eps) * self.weight.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def make_rmsnorm(dim: int, eps: float, zero_centered: bool) -> nn.Module:
+    """The decoder/final/q/k RMSNorm of a family (HybridConfig.zero_centered_norm)."""
+    return (ZeroCenteredRMSNorm if zero_centered else RMSNorm)(dim, eps=eps)
 
 
 class GatedRMSNorm(nn.Module):

@@ -1,7 +1,7 @@
 """metadata_props written into every exported file, so runtimes need nothing but the .onnx.
 
     gdn_export.version      gdn-export version that wrote the file
-    gdn_export.family       model family ("qwen3_next" | "qwen3_5")
+    gdn_export.family       model family ("qwen3_next" | "qwen3_5" | "qwen3_5_moe" | "olmo_hybrid")
     gdn_export.dtype        model dtype ("float32" | "float16" | "bfloat16")
     gdn_export.opset        ai.onnx opset of the graph
     gdn_export.vocab_size   logits width V

@@ -55,8 +55,8 @@ class TorchRunner(Runner):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"state {spec.name} must be a torch.Tensor for the torch runner, got "
                                  f"{type(t).__module__}.{type(t).__qualname__}")
-            if t.device != self.device:
-                raise InputError(f"state {spec.name} is on {t.device}, the model on {self.device}")
+            if t.device != self.model.device:
+                raise InputError(f"state {spec.name} is on {t.device}, the model on {self.model.device}")
         check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states],
                      batch, past)
         return states

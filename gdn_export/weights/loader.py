@@ -1,8 +1,13 @@
 """`load_checkpoint`: a Hugging Face checkpoint directory -> `HybridForCausalLM`.
 
 Reads config.json (HybridConfig), plans every tensor by name and shape from the safetensors
-headers (per-family modules `qwen3_next.py` / `qwen3_5.py` map the names), then reads the data.
-Every error is a one-line CheckpointError naming the file or the tensor key.
+headers (per-family modules `qwen3_next.py`, `qwen3_5.py` (also Qwen3.5-MoE), `olmo_hybrid.py` map
+the names), then reads the data. Every error is a one-line CheckpointError naming the file or the
+tensor key.
+
+Memory: each module tensor is built once, in the target dtype, and handed to the model as it is
+(`load_state_dict(assign=True)` on a meta-device model): the model holds the only copy. Per-expert
+tensors are written one at a time into their layer's preallocated stacked tensor.
 
 dtype: every tensor is converted to the requested dtype (default: the checkpoint's torch_dtype),
 A_log, dt_bias and norm weights included, which is what transformers does when it loads in that
@@ -20,12 +25,13 @@ import torch
 from gdn_export.config import DTYPES, HybridConfig
 from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
-from gdn_export.weights import qwen3_5, qwen3_next
+from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
 from gdn_export.weights.mapping import report
 from gdn_export.weights.reader import CheckpointReader
 
 log = logging.getLogger("gdn_export.weights")
-FAMILIES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5}
+FAMILIES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5,
+            "olmo_hybrid": olmo_hybrid}
 LM_HEAD = "lm_head.weight"
 EMBED = "model.embed_tokens.weight"
 
@@ -71,11 +77,16 @@ def load_checkpoint(
         report(plan, str(directory))
         state = {}
         cache: dict[str, torch.Tensor] = {}
+
+        def read(key: str) -> torch.Tensor:
+            # Slices of one fused tensor are claimed by consecutive names; keep one at a time.
+            if key not in cache:
+                cache.clear()
+                cache[key] = reader.get(key)
+            return cache[key]
+
         for name, source in plan.sources.items():
-            if source.key not in cache:
-                cache.clear()  # fused tensors are claimed by consecutive names; keep one at a time
-                cache[source.key] = reader.get(source.key)
-            state[name] = source.load(cache[source.key]).to(device=device, dtype=dtype).contiguous()
+            state[name] = source.load(reader, read, dtype, device)
         cache.clear()
     if config.tie_word_embeddings:
         state[LM_HEAD] = state[EMBED]

@@ -10,6 +10,7 @@ data is read. A missing or corrupt file is a one-line CheckpointError naming it.
 from __future__ import annotations
 
 import json
+import struct
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from gdn_export.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+           "U8": torch.uint8, "BOOL": torch.bool}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -38,6 +42,7 @@ class CheckpointReader:
         self._handles: dict[Path, object] = {}
         self.files: dict[str, Path] = {}  # tensor name -> file
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self._headers: dict[Path, tuple[int, dict]] = {}  # file -> (data start, header)
         try:
             self._index()
         except BaseException:
@@ -98,6 +103,35 @@ class CheckpointReader:
             return self._handles[path].get_tensor(name)
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
+
+    def _header(self, path: Path) -> tuple[int, dict]:
+        if path not in self._headers:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                self._headers[path] = (8 + n, json.loads(f.read(n)))
+        return self._headers[path]
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Copy tensor `name` into `out` (same shape). Where the stored dtype is out's and out is a
+        contiguous CPU tensor, the bytes are read from the file straight into out: no mmap pages
+        of it stay resident and no temporary copy is made (how per-expert tensors are stacked)."""
+        path = self.files[name]
+        try:
+            start, header = self._header(path)
+            entry = header[name]
+            begin, end = entry["data_offsets"]
+            direct = (_DTYPES.get(entry["dtype"]) == out.dtype and out.is_contiguous()
+                      and out.device.type == "cpu" and end - begin == out.numel() * out.element_size())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
+        if not direct:
+            out.copy_(self.get(name))
+            return
+        with open(path, "rb") as f:
+            f.seek(start + begin)
+            view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
+            if f.readinto(view) != end - begin:
+                raise CheckpointError(f"{path}: cannot read tensor {name} (file is truncated)")
 
     def close(self) -> None:
         self._stack.close()

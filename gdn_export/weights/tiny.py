@@ -3,12 +3,13 @@
 No transformers needed: the config dict is written the way transformers 5 writes it, the tensors
 come from our own model under the family's checkpoint names. Defaults: hidden 64, 4 layers (3 GDN +
 1 attention, full_attention_interval 4), GDN Hk=2, Hv=4, Dk=16, Dv=24, conv kernel 4, 4 attention
-heads / 2 KV heads of 16 with partial_rotary_factor 0.25, vocab 256; qwen3_next adds a MoE of 4
-experts (top 2) with a shared expert in every layer.
+heads / 2 KV heads of 16 with partial_rotary_factor 0.25, vocab 256; qwen3_next and qwen3_5_moe add
+a MoE of 4 experts (top 2) with a shared expert in every layer (written per expert, as published);
+olmo_hybrid has the same sizes with full rope, beta in (0, 2) and its published tensor names.
 
 The random init is conditioned so that activations and logits are neither vanishing nor
 saturated: linears N(0, 0.02), lm_head N(0, hidden^-0.5) (logits of order 1), zero-centred norms
-N(0, 0.1), gated norm 1 + N(0, 0.1), conv N(0, 0.3), A = exp(A_log) ~ U(1, 16) and dt_bias the
+N(0, 0.1) (plain norms 1 + N(0, 0.1)), gated norm 1 + N(0, 0.1), conv N(0, 0.3), A = exp(A_log) ~ U(1, 16) and dt_bias the
 inverse softplus of dt ~ logU(1e-3, 1e-1), so the per-token decay exp(g) spans long and short
 memories.
 """
@@ -29,28 +30,57 @@ from safetensors.torch import save_file
 from gdn_export.config import HybridConfig
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
-from gdn_export.weights import qwen3_5, qwen3_next
+from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
 from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
 
 _ARCH = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "olmo_hybrid": "OlmoHybridForCausalLM",
 }
+# family -> (default model type, composite model type or None)
+_MODEL_TYPES = {
+    "qwen3_next": ("qwen3_next", None),
+    "qwen3_5": ("qwen3_5_text", "qwen3_5"),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "qwen3_5_moe"),
+    "olmo_hybrid": ("olmo_hybrid", None),
+}
+FAMILIES = tuple(_MODEL_TYPES)
+
+
+def _olmo_text(overrides: dict) -> dict:
+    # No head_dim (hidden / heads = 16) and no Qwen fields; pad/eos ids inside the tiny vocab.
+    text = {
+        "model_type": "olmo_hybrid", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "attention_bias": False, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 24, "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True,
+        "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+        "max_position_embeddings": 4096, "pad_token_id": None, "eos_token_id": None, "dtype": "float32",
+    }
+    text.update(overrides)
+    return {"architectures": [_ARCH["olmo_hybrid"]], **text}
 
 
 def tiny_config_dict(family: str = "qwen3_5", model_type: str | None = None, **overrides: Any) -> dict:
     """The config.json dict of a tiny model; `overrides` replace text-model fields."""
-    if family not in ("qwen3_5", "qwen3_next"):
-        raise ValueError(f"family must be 'qwen3_5' or 'qwen3_next', got {family!r}")
-    model_type = model_type or ("qwen3_next" if family == "qwen3_next" else "qwen3_5_text")
-    if model_type not in _ARCH or (model_type == "qwen3_next") != (family == "qwen3_next"):
+    if family not in _MODEL_TYPES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    model_type = model_type or _MODEL_TYPES[family][0]
+    if model_type not in _MODEL_TYPES[family]:
         raise ValueError(f"model_type {model_type!r} does not belong to family {family!r}")
+    if family == "olmo_hybrid":
+        return _olmo_text(overrides)
+    composite = model_type == _MODEL_TYPES[family][1]
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-    if family == "qwen3_5":
+    if family in ("qwen3_5", "qwen3_5_moe"):
         rope.update(mrope_section=[1, 1, 0], mrope_interleaved=True)
     text = {
-        "model_type": model_type if model_type != "qwen3_5" else "qwen3_5_text",
+        "model_type": f"{model_type}_text" if composite else model_type,
         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
         "full_attention_interval": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "attn_output_gate": True, "attention_bias": False, "rope_parameters": rope,
@@ -59,18 +89,21 @@ def tiny_config_dict(family: str = "qwen3_5", model_type: str | None = None, **o
         "hidden_act": "silu", "tie_word_embeddings": False, "max_position_embeddings": 4096,
         "dtype": "float32",
     }
-    if family == "qwen3_next":
+    if family in ("qwen3_next", "qwen3_5_moe"):
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                    shared_expert_intermediate_size=48, norm_topk_prob=True,
-                    decoder_sparse_step=1, mlp_only_layers=[])
+                    shared_expert_intermediate_size=48)
+    if family == "qwen3_next":
+        text.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "qwen3_5_moe":
+        del text["intermediate_size"]  # every layer is MoE; transformers has no such field
     text.update(overrides)
-    if model_type != "qwen3_5":
+    if not composite:
         return {"architectures": [_ARCH[model_type]], **text}
     return {
         "architectures": [_ARCH[model_type]],
-        "model_type": "qwen3_5",
+        "model_type": model_type,
         "text_config": text,
-        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 32,
+        "vision_config": {"model_type": f"{model_type}_vision", "depth": 1, "hidden_size": 32,
                           "num_heads": 2, "out_hidden_size": text["hidden_size"]},
         "tie_word_embeddings": text["tie_word_embeddings"],
         "dtype": text["dtype"],
@@ -95,10 +128,11 @@ def init_tiny_weights(model: HybridForCausalLM, seed: int = 0) -> None:
         elif name.endswith("dt_bias"):
             dt = torch.empty(p.shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
             p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
-        elif name.endswith("linear_attn.norm.weight"):
+        elif name.endswith("linear_attn.norm.weight") or name.endswith("linear_attn.o_norm.weight"):
             normal(p, 1.0, 0.1)
         elif leaf[-1] == "weight" and "norm" in leaf[0]:
-            normal(p, 0.0, 0.1)  # zero-centred: the scale is 1 + w
+            # zero-centred: the scale is 1 + w; plain: the scale is w
+            normal(p, 0.0 if model.config.zero_centered_norm else 1.0, 0.1)
         elif name.endswith("conv1d.weight"):
             normal(p, 0.0, 0.3)
         elif name.endswith("mlp.gate.weight"):
@@ -158,7 +192,8 @@ def make_tiny_checkpoint(
     """Write a random checkpoint (config.json + safetensors) to `directory` and return its path.
 
     family: "qwen3_5" (default model_type qwen3_5_text; "qwen3_5" writes the composite layout with
-    model.language_model. names) or "qwen3_next". shards > 1 writes exactly that many
+    model.language_model. names), "qwen3_5_moe" (likewise: qwen3_5_moe_text or qwen3_5_moe),
+    "qwen3_next" or "olmo_hybrid". shards > 1 writes exactly that many
     model-0000i-of-0000N files with model.safetensors.index.json (at most one per tensor).
     extra_tensors are written as they are (e.g. vision/mtp tensors). overrides replace config
     fields (e.g. num_hidden_layers=6, tie_word_embeddings=True, dtype="bfloat16"). overwrite
@@ -174,12 +209,13 @@ def make_tiny_checkpoint(
     init_tiny_weights(model, seed)
     model.to(config.torch_dtype)
 
-    naming = qwen3_next if config.family == "qwen3_next" else qwen3_5
+    naming = {"qwen3_next": qwen3_next, "olmo_hybrid": olmo_hybrid}.get(config.family, qwen3_5)
     tensors = {}
     for name, t in model.state_dict().items():
         if config.tie_word_embeddings and name == "lm_head.weight":
             continue
-        tensors[naming.checkpoint_name(name, config)] = t.detach().clone().contiguous()
+        for key, part in naming.checkpoint_tensors(name, t, config):
+            tensors[key] = part.detach().clone().contiguous()
     for name, t in (extra_tensors or {}).items():
         tensors[name] = t.detach().clone().contiguous()
     if shards > len(tensors):

@@ -141,3 +141,40 @@ def test_check_export_target_is_the_check_the_cli_uses(tmp_path, name, opset, fr
         check_export_target(tmp_path / name, opset)
     assert fragment.format(tmp=tmp_path) in str(info.value)
     assert check_export_target(tmp_path / "ok.onnx") == tmp_path / "ok.onnx"
+
+
+def _moe_missing_expert(ckpt):
+    tensors = load_file(ckpt / "model.safetensors")
+    del tensors["model.layers.2.mlp.experts.1.down_proj.weight"]
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+
+
+def _moe_router_rows(ckpt):
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["model.layers.0.mlp.gate.weight"] = tensors["model.layers.0.mlp.gate.weight"][:3]
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+
+
+def _moe_top_k(ckpt):
+    config = json.loads((ckpt / "config.json").read_text())
+    config["num_experts_per_tok"] = 9
+    (ckpt / "config.json").write_text(json.dumps(config))
+
+
+MOE_BROKEN = {
+    "missing-expert": (_moe_missing_expert, ["tensor model.layers.2.mlp.experts.1.down_proj.weight is missing"]),
+    "router-rows": (_moe_router_rows, ["router model.layers.0.mlp.gate.weight has 3 rows", "num_experts is 4"]),
+    "top-k-over-experts": (_moe_top_k, ["num_experts_per_tok must be in [1, num_experts=4], got 9"]),
+}
+
+
+@pytest.mark.parametrize("case", MOE_BROKEN)
+def test_broken_moe_checkpoint(cli, tmp_path, case):
+    damage, fragments = MOE_BROKEN[case]
+    assert cli("make-tiny", tmp_path / "ckpt", "--family", "qwen3_5_moe").code == 0
+    damage(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    out.mkdir()
+    message = cli("export", tmp_path / "ckpt", "-o", out / "m.onnx", "-q").error_line("export")
+    assert all(f in message for f in fragments), message
+    assert list(out.iterdir()) == []

@@ -1,4 +1,4 @@
-"""`gdn-export make-tiny`: both families, shards, and a target that is in the way."""
+"""`gdn-export make-tiny`: every family, shards, and a target that is in the way."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from gdn_export.weights import load_checkpoint
 
 
-@pytest.mark.parametrize("family,model_type", [("qwen3_5", "qwen3_5_text"), ("qwen3_next", "qwen3_next")])
+@pytest.mark.parametrize("family,model_type", [("qwen3_5", "qwen3_5_text"), ("qwen3_next", "qwen3_next"),
+                                               ("qwen3_5_moe", "qwen3_5_moe_text"), ("olmo_hybrid", "olmo_hybrid")])
 def test_each_family_loads(cli, tmp_path, family, model_type):
     result = cli("make-tiny", tmp_path / "ckpt", "--family", family, "--seed", 1)
     assert result.code == 0 and f"wrote {family} checkpoint" in result.out

@@ -13,7 +13,7 @@ from gdn_export.layout import DeployLayout
 from gdn_export.modules import kv_cache
 from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
 
-FAMILIES = ["qwen3_5", "qwen3_next"]
+FAMILIES = ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"]
 ALL = DeployLayout.make(cache_len=160, logits="all")
 CONCAT = DeployLayout.make(kv_cache="concat", logits="all")
 

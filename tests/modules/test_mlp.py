@@ -1,4 +1,4 @@
-"""Dense SwiGLU and the dense-equivalent MoE against a per-token routed loop."""
+"""Dense SwiGLU and the sparse MoE block (through the gdn::moe op) against a per-token routed loop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.config import HybridConfig
-from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP, routing_weights
+from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
 from gdn_export.weights.tiny import tiny_config_dict
 
 
@@ -18,18 +18,6 @@ def test_swiglu_formula():
     torch.testing.assert_close(m(x), ref)
 
 
-@pytest.mark.parametrize("norm", [True, False], ids=["norm_topk", "raw_topk"])
-def test_routing_weights_keep_top_k(norm):
-    logits = torch.randn(50, 6)
-    w = routing_weights(logits, 2, norm)
-    assert ((w > 0).sum(-1) == 2).all()
-    probs = torch.softmax(logits, -1)
-    top = probs.topk(2, -1)
-    assert torch.equal(w.topk(2, -1).indices.sort(-1).values, top.indices.sort(-1).values)
-    total = w.sum(-1)
-    torch.testing.assert_close(total, torch.ones(50) if norm else top.values.sum(-1))
-
-
 def _loop_reference(m: SparseMoeBlock, x):
     """What a router does: per token, softmax, top-k, run only the chosen experts."""
     out = torch.zeros_like(x)
@@ -38,21 +26,30 @@ def _loop_reference(m: SparseMoeBlock, x):
         values, index = probs.topk(m.top_k)
         if m.norm_topk_prob:
             values = values / values.sum()
+        I = m.experts.intermediate_size
         for value, e in zip(values, index):
-            out[n] += value * m.experts[int(e)](x[n])
+            gate, up = m.experts.gate_up_proj[e, :I], m.experts.gate_up_proj[e, I:]
+            out[n] += value * (m.experts.down_proj[e] @ (F.silu(gate @ x[n]) * (up @ x[n])))
         out[n] += torch.sigmoid(m.shared_expert_gate(x[n])) * m.shared_expert(x[n])
     return out
 
 
-@pytest.mark.parametrize("experts, top_k, norm", [(4, 2, True), (5, 1, False), (8, 3, True)],
-                         ids=["E4-k2-norm", "E5-k1-raw", "E8-k3-norm"])
-def test_moe_dense_equals_routed_loop(experts, top_k, norm):
+@pytest.mark.parametrize("family, experts, top_k, norm", [
+    ("qwen3_next", 4, 2, True), ("qwen3_next", 5, 1, False), ("qwen3_next", 8, 3, True),
+    ("qwen3_5_moe", 6, 2, True),
+], ids=["E4-k2-norm", "E5-k1-raw", "E8-k3-norm", "qwen3_5_moe-E6-k2"])
+def test_moe_block_equals_routed_loop(family, experts, top_k, norm):
     torch.manual_seed(experts)
+    extra = {} if family == "qwen3_5_moe" else {"norm_topk_prob": norm}
     config = HybridConfig.from_dict(tiny_config_dict(
-        "qwen3_next", num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=norm))
+        family, num_experts=experts, num_experts_per_tok=top_k, **extra))
     m = SparseMoeBlock(config)
+    assert tuple(m.experts.gate_up_proj.shape) == (experts, 64, 64)  # [E, 2I, hidden], I = 32
+    assert tuple(m.experts.down_proj.shape) == (experts, 64, 32)
     with torch.no_grad():
         m.gate.weight.normal_(0, 0.5)
+        m.experts.gate_up_proj.normal_(0, 0.1)
+        m.experts.down_proj.normal_(0, 0.1)
     x = torch.randn(2, 11, 64)
     out = m(x)
     assert out.shape == x.shape

@@ -1,4 +1,4 @@
-"""Tiny checkpoints of both families, loaded and exported once per test session (shared by
+"""Tiny checkpoints of every family, loaded and exported once per test session (shared by
 tests/onnx and tests/runtime: exporting costs seconds)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from gdn_export.layout import DeployLayout
 from gdn_export.onnx import export_onnx
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 
-FAMILIES = ("qwen3_5", "qwen3_next")
+FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid")
 # Room for the longest test prompt (130) plus 8 decode steps; small, so ORT's attention stays cheap.
 TEST_LAYOUT = DeployLayout.make(cache_len=160)
 CONCAT = DeployLayout.make(kv_cache="concat", logits="all")

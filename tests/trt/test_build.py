@@ -51,9 +51,9 @@ def test_engine_is_replaced_atomically(plugins_lib, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"])
 def test_tiny_checkpoint_engine_is_deployment_shaped(plugins_lib, tiny_root, family, dtype):
-    """fp16 / bf16 exports of both families: KV_CACHE_UPDATE and fused ATTENTION layers next to the
+    """fp16 / bf16 exports of every family: KV_CACHE_UPDATE and fused ATTENTION layers next to the
     gdn plugin layers, every cache and state output updated in place, two profiles."""
     import torch
 
@@ -66,7 +66,7 @@ def test_tiny_checkpoint_engine_is_deployment_shaped(plugins_lib, tiny_root, fam
     kinds = model.config.layer_kinds
     n_gdn = sum(kind != "full_attention" for kind in kinds)
     n_attn = len(kinds) - n_gdn
-    n_moe = sum(model.config.is_moe_layer(i) for i in range(len(kinds))) if family == "qwen3_next" else 0
+    n_moe = sum(model.config.is_moe_layer(i) for i in range(len(kinds)))
     record = check_deployment_engine(engine, plugins_lib, kv_layers=2 * n_attn, attention_layers=n_attn,
                                      plugin_layers=2 * n_gdn + n_moe)
     info = inspect_engine(engine, plugins=plugins_lib)

@@ -36,7 +36,7 @@ def runnable(trt_flavour):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"])
 def test_prefill_then_decode_matches_torch(runnable, plugins_lib, tiny_root, family):
     from gdn_export.runtime.torch_runner import TorchRunner
     from gdn_export.trt import build_engine

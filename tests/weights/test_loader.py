@@ -70,7 +70,8 @@ def test_vision_and_mtp_tensors_are_ignored_quietly(tmp_path, caplog):
     d = make_tiny_checkpoint(tmp_path / "c", "qwen3_5", model_type="qwen3_5", extra_tensors=extra)
     with caplog.at_level(logging.INFO, logger="gdn_export.weights"):
         load_checkpoint(d)
-    assert "ignored 2 tensors" in caplog.text
+    assert "ignored 1 tensors" in caplog.text and "model.visual.patch_embed" in caplog.text
+    assert "skipped 1 multi-token-prediction tensors (mtp.fc.weight)" in caplog.text
     assert not [r for r in caplog.records if r.name == "gdn_export.weights" and r.levelno >= logging.WARNING]
 
 

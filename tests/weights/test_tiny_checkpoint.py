@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
+from gdn_export.weights.loader import FAMILIES
 
 
 def _tensors(directory):
@@ -27,12 +28,18 @@ LAYOUTS = [
      "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"),
     ("qwen3_next", None, 1, "Qwen3NextForCausalLM", "model.layers.0.mlp.experts.3.down_proj.weight"),
     ("qwen3_next", None, 4, "Qwen3NextForCausalLM", "model.layers.0.linear_attn.in_proj_qkvz.weight"),
+    ("qwen3_5_moe", None, 1, "Qwen3_5MoeForCausalLM", "model.layers.2.mlp.experts.1.up_proj.weight"),
+    ("qwen3_5_moe", "qwen3_5_moe", 3, "Qwen3_5MoeForConditionalGeneration",
+     "model.language_model.layers.0.mlp.experts.3.gate_proj.weight"),
+    ("olmo_hybrid", None, 1, "OlmoHybridForCausalLM", "model.layers.0.linear_attn.k_conv1d.weight"),
+    ("olmo_hybrid", None, 2, "OlmoHybridForCausalLM", "model.layers.1.attention_layer_norm.weight"),
 ]
 
 
 @pytest.mark.parametrize("family, model_type, shards, arch, key", LAYOUTS,
                          ids=["qwen3_5-single", "qwen3_5-3shards", "qwen3_5-composite-2shards",
-                              "qwen3_next-single", "qwen3_next-4shards"])
+                              "qwen3_next-single", "qwen3_next-4shards", "qwen3_5_moe-single",
+                              "qwen3_5_moe-composite-3shards", "olmo_hybrid-single", "olmo_hybrid-2shards"])
 def test_round_trip(tmp_path, family, model_type, shards, arch, key):
     d = make_tiny_checkpoint(tmp_path / "ckpt", family, seed=1, shards=shards, model_type=model_type)
     config = json.loads((d / "config.json").read_text())
@@ -47,10 +54,14 @@ def test_round_trip(tmp_path, family, model_type, shards, arch, key):
     stored = _tensors(d)
     assert key in stored
     model = load_checkpoint(d)
-    loaded = model.state_dict()
-    prefix = "model.language_model." if model_type == "qwen3_5" else "model."
-    for name, t in stored.items():
-        assert torch.equal(loaded["model." + name[len(prefix):] if name.startswith(prefix) else name], t), name
+    # Written back in the published layout (per-expert, split convs, renamed), the loaded model
+    # gives exactly the stored tensors.
+    naming = FAMILIES[model.config.family]
+    back = {key: t for name, tensor in model.state_dict().items()
+            for key, t in naming.checkpoint_tensors(name, tensor, model.config)}
+    assert back.keys() == stored.keys()
+    for key, t in stored.items():
+        assert torch.equal(back[key], t), key
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dir left behind
 
 

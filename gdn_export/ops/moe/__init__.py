@@ -107,7 +107,8 @@ def moe(
 
 
 def sparse_moe_forward(x: torch.Tensor, block) -> torch.Tensor:
-    """Qwen3-Next / Qwen3.5 sparse MoE block through the op: routed experts + gated shared expert.
+    """A Qwen3-Next / Qwen3.5-MoE sparse MoE block through the op: routed experts + gated shared
+    expert (what gdn_export.modules.mlp.SparseMoeBlock runs; transformers' blocks work too).
 
     x [..., H] -> [..., H]. `block` holds gate (Linear H -> E), experts.gate_up_proj [E, 2I, H],
     experts.down_proj [E, H, I], shared_expert (an MLP), shared_expert_gate (Linear H -> 1),
