@@ -18,7 +18,9 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
+BUDGET=${E2E_SECONDS:-540}  # the whole script's wall time; optional runs start only if they fit
 elapsed() { echo $(( $(date +%s) - START )); }
+fits() { [ $(( $(elapsed) + $1 )) -lt "$BUDGET" ]; }  # fits SECONDS
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 "$PY" -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt" 2>&1
 
@@ -36,17 +38,17 @@ CK="$OUT/ckpt-1.6b"
 P="--device cuda --dtype bf16 --prompt-len 4096 --decode-steps 32 --warmup 1 --repeats 3"
 run b1-triton        150 "$CK" $P --batch 1 --op-backend triton --compare-hf --accuracy
 run b32-triton       120 "$CK" $P --batch 32 --op-backend triton --compare-hf
-run b1-cuda          120 "$CK" $P --batch 1 --op-backend cuda     # first use builds the extension
-run b32-cuda          60 "$CK" $P --batch 32 --op-backend cuda
-run b1-triton-eager   45 "$CK" $P --batch 1 --op-backend triton --no-cuda-graph
-[ "$(elapsed)" -lt 300 ] && run b1-triton-compile 90 "$CK" $P --batch 1 --op-backend triton --compile
-[ "$(elapsed)" -lt 330 ] && run b32-triton-chunk  45 "$CK" $P --batch 32 --op-backend triton --prefill-chunk 1024
+fits 90 && run b1-cuda     90 "$CK" $P --batch 1 --op-backend cuda     # first use builds the extension
+fits 60 && run b32-cuda    60 "$CK" $P --batch 32 --op-backend cuda
+fits 45 && run b1-triton-eager   45 "$CK" $P --batch 1 --op-backend triton --no-cuda-graph
+fits 90 && run b1-triton-compile 90 "$CK" $P --batch 1 --op-backend triton --compile
+fits 45 && run b32-triton-chunk  45 "$CK" $P --batch 32 --op-backend triton --prefill-chunk 1024
 
-if [ "$(elapsed)" -lt 360 ]; then
+if fits 190; then
   CK9="$OUT/ckpt-9b"
   timeout 90 "$PY" benchmarks/make_random_checkpoint.py "$CK9" --size 9b 2>&1 | tee "$OUT/make-9b.log" >&2
-  [ "$(elapsed)" -lt 440 ] && run 9b-b1-triton 60 "$CK9" $P --batch 1 --op-backend triton
-  [ "$(elapsed)" -lt 490 ] && run 9b-b32-triton 40 "$CK9" $P --batch 32 --op-backend triton
+  fits 60 && run 9b-b1-triton 60 "$CK9" $P --batch 1 --op-backend triton
+  fits 40 && run 9b-b32-triton 40 "$CK9" $P --batch 32 --op-backend triton
   rm -rf "$CK9"
 fi
 rm -rf "$CK"

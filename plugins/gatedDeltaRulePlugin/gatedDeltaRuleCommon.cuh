@@ -58,54 +58,36 @@ __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
     return __float2bfloat16_rn(x);
 }
 
-//! Four consecutive elements of a state stored as S (fp32, fp16 or bf16), aligned to 4 elements:
-//! one 16-byte load for fp32, one 8-byte load for 16-bit storage (half the bytes of a decode step).
-template <typename S>
-struct alignas(4 * sizeof(S)) Vec4
+//! N consecutive elements of a state stored as S (fp32, fp16 or bf16), aligned to N elements: one
+//! vector load / store (16 bytes for 4 fp32 or 8 16-bit elements, 8 bytes for 4 16-bit ones).
+template <typename S, int32_t N>
+struct alignas(N * sizeof(S)) VecN
 {
-    S x[4];
+    S x[N];
 };
 
-template <typename S>
-__device__ __forceinline__ void loadVec4(S const* src, float (&out)[4])
+template <typename S, int32_t N>
+__device__ __forceinline__ void loadVec(S const* src, float (&out)[N])
 {
-    if constexpr (std::is_same<S, float>::value)
-    {
-        float4 const x = *reinterpret_cast<float4 const*>(src);
-        out[0] = x.x;
-        out[1] = x.y;
-        out[2] = x.z;
-        out[3] = x.w;
-    }
-    else
-    {
-        Vec4<S> const x = *reinterpret_cast<Vec4<S> const*>(src);
+    VecN<S, N> const x = *reinterpret_cast<VecN<S, N> const*>(src);
 #pragma unroll
-        for (int32_t c = 0; c < 4; ++c)
-        {
-            out[c] = toFloat(x.x[c]);
-        }
+    for (int32_t c = 0; c < N; ++c)
+    {
+        out[c] = toFloat(x.x[c]);
     }
 }
 
 //! The one rounding of a stored state (round to nearest even), as one vector store.
-template <typename S>
-__device__ __forceinline__ void storeVec4(S* dst, float const (&in)[4])
+template <typename S, int32_t N>
+__device__ __forceinline__ void storeVec(S* dst, float const (&in)[N])
 {
-    if constexpr (std::is_same<S, float>::value)
-    {
-        *reinterpret_cast<float4*>(dst) = make_float4(in[0], in[1], in[2], in[3]);
-    }
-    else
-    {
-        Vec4<S> x;
+    VecN<S, N> x;
 #pragma unroll
-        for (int32_t c = 0; c < 4; ++c)
-        {
-            x.x[c] = fromFloat<S>(in[c]);
-        }
-        *reinterpret_cast<Vec4<S>*>(dst) = x;
+    for (int32_t c = 0; c < N; ++c)
+    {
+        x.x[c] = fromFloat<S>(in[c]);
     }
+    *reinterpret_cast<VecN<S, N>*>(dst) = x;
 }
 
 //! Element i of a state stored in `type`, as fp32 (the chunked kernel reads and writes its state

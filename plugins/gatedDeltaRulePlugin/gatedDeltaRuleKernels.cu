@@ -146,18 +146,24 @@ int32_t maxDynamicSmem()
 
 //! S: the state's storage type. The decode kernel is templated on it (its loads and stores are the
 //! whole cost of a step); the chunked kernels switch on p.stateType at their one load and store.
+template <typename T, typename S, int32_t kDK>
+void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
+{
+    using Tile = kernels::RecurrentTile<S, kDK>;
+    dim3 const grid((p.valueDim + Tile::kBV - 1) / Tile::kBV, p.numValueHeads, numSequences(p));
+    kernels::gatedDeltaRuleRecurrentKernel<T, S, kDK><<<grid, Tile::kTHREADS, 0, stream>>>(p);
+}
+
 template <typename T, typename S>
 cudaError_t launchRecurrentState(GatedDeltaRuleParams const& p, cudaStream_t stream)
 {
-    dim3 const grid((p.valueDim + kernels::kREC_BV - 1) / kernels::kREC_BV, p.numValueHeads, numSequences(p));
-    dim3 const block(kernels::kREC_THREADS);
     switch (roundDim(p.keyDim, 16))
     {
-    case 16: kernels::gatedDeltaRuleRecurrentKernel<T, S, 16><<<grid, block, 0, stream>>>(p); break;
-    case 32: kernels::gatedDeltaRuleRecurrentKernel<T, S, 32><<<grid, block, 0, stream>>>(p); break;
-    case 64: kernels::gatedDeltaRuleRecurrentKernel<T, S, 64><<<grid, block, 0, stream>>>(p); break;
-    case 128: kernels::gatedDeltaRuleRecurrentKernel<T, S, 128><<<grid, block, 0, stream>>>(p); break;
-    case 256: kernels::gatedDeltaRuleRecurrentKernel<T, S, 256><<<grid, block, 0, stream>>>(p); break;
+    case 16: launchRecurrentTile<T, S, 16>(p, stream); break;
+    case 32: launchRecurrentTile<T, S, 32>(p, stream); break;
+    case 64: launchRecurrentTile<T, S, 64>(p, stream); break;
+    case 128: launchRecurrentTile<T, S, 128>(p, stream); break;
+    case 256: launchRecurrentTile<T, S, 256>(p, stream); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

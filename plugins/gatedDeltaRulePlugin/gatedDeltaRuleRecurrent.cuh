@@ -1,8 +1,11 @@
 /*
  * Recurrent gated delta rule kernel: decode (T == 1) and short sequences.
  *
- * One block of 128 threads owns a [Dk, 32] column tile of one (sequence, value head) state and keeps
- * it in registers for the whole sequence, so the state is read once and written once. Columns of
+ * One block owns a [Dk, BV] column tile of one (sequence, value head) state and keeps it in
+ * registers for the whole sequence, so the state is read once and written once (RecurrentTile: an
+ * fp32 state takes 128 threads x 4 columns, BV = 32; a 16-bit state 256 threads x 8 columns, BV = 64,
+ * so that a block moves as many bytes either way: the per-token fixed cost of a block, not its
+ * bytes, bounded the 16-bit step when it used the fp32 tile). Columns of
  * the state are independent, so tiles need no communication. Per token, with the decayed state
  * S' = a S, one reduction over Dk gives both S'^T k and S'^T q:
  *     u = beta (v - S'^T k),  o = S'^T q~ + u (k . q~)  (q~ = scale q),  S = S' + k u^T.
@@ -20,10 +23,23 @@ namespace gdn
 namespace kernels
 {
 
-constexpr int32_t kREC_THREADS = 128;
-constexpr int32_t kREC_BV = 32;      // state columns per block: 8 lanes x 4 columns
-constexpr int32_t kREC_KGROUPS = 16; // row groups: 4 per warp x 4 warps
 constexpr float kL2NORM_EPS = 1e-6F;
+
+//! The decode kernel's tile for state storage S and key dim kDK: kCW state columns per thread
+//! (8 lanes of a warp share a row, 4 rows per warp), kNW warps. A 16-bit state (kDK >= 32) takes
+//! 16-byte loads of 8 columns and twice the warps, so that a block moves as many bytes as an fp32 one.
+template <typename S, int32_t kDK>
+struct RecurrentTile
+{
+    static constexpr bool kWIDE = sizeof(S) == 2 && kDK >= 32;
+    static constexpr int32_t kCW = kWIDE ? 8 : 4;
+    static constexpr int32_t kNW = kWIDE ? 8 : 4;
+    static constexpr int32_t kTHREADS = kNW * kWARP;
+    static constexpr int32_t kBV = 8 * kCW;      // state columns per block
+    static constexpr int32_t kKGROUPS = 4 * kNW; // row groups
+    //! 1024 threads per multiprocessor (64 registers) up to Dk = 128; wider rows need more registers.
+    static constexpr int32_t kMIN_BLOCKS = kDK <= 128 ? 1024 / kTHREADS : (kWIDE ? 1 : 3);
+};
 
 //! Token range [bos, bos + len) of sequence n (flattened over B * T).
 __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, int32_t n, int64_t& bos, int32_t& len)
@@ -41,20 +57,25 @@ __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, in
     }
 }
 
-// At most 64 registers up to Dk = 128: eight blocks per multiprocessor keep enough state loads in
+// At most 64 registers up to Dk = 128: 1024 threads per multiprocessor keep enough state loads in
 // flight for a bandwidth-bound decode step.
-template <typename T, typename S, int32_t kDK>
-__global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
+template <typename T, typename S, int32_t kDK, typename Tile = RecurrentTile<S, kDK>>
+__global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
 {
-    constexpr int32_t kROWS = kDK / kREC_KGROUPS;
+    constexpr int32_t kCW = Tile::kCW;
+    constexpr int32_t kNW = Tile::kNW;
+    constexpr int32_t kBV = Tile::kBV;
+    constexpr int32_t kKGROUPS = Tile::kKGROUPS;
+    constexpr int32_t kROWS = kDK / kKGROUPS;
     constexpr int32_t kLANE_ELEMS = (kDK + kWARP - 1) / kWARP;
-    static_assert(kDK % kREC_KGROUPS == 0, "kDK must be a multiple of 16");
+    static_assert(kDK % kKGROUPS == 0, "kDK must be a multiple of the row groups");
 
     __shared__ float sQ[kDK];
     __shared__ float sK[kDK];
-    __shared__ float sV[kREC_BV];
+    __shared__ float sV[kBV];
     __shared__ float sScalar[3]; // exp(g), beta, scale * (q . k) after normalisation
-    __shared__ float sRed[kREC_THREADS / kWARP][2][kREC_BV];
+    __shared__ float sRed[kNW][2][kBV];
+    __shared__ float sSum[Tile::kWIDE ? 2 : 1][kBV]; // wide tile: S'^T k and S'^T q~ per column
 
     int32_t const dk = p.keyDim;
     int32_t const dv = p.valueDim;
@@ -68,8 +89,8 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
     int32_t const vl = lane % 8;
     int32_t const kl = lane / 8;
     int32_t const kg = warp * 4 + kl;
-    int32_t const col0 = blockIdx.x * kREC_BV + vl * 4;
-    bool const vecCols = (dv % 4 == 0) && (col0 < dv);
+    int32_t const col0 = blockIdx.x * kBV + vl * kCW;
+    bool const vecCols = (dv % kCW == 0) && (col0 < dv);
 
     int64_t bos;
     int32_t len;
@@ -77,20 +98,20 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
 
     size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
     S const* init = static_cast<S const*>(p.initialState);
-    float s[kROWS][4];
+    float s[kROWS][kCW];
 #pragma unroll
     for (int32_t i = 0; i < kROWS; ++i)
     {
-        int32_t const r = kg + kREC_KGROUPS * i;
+        int32_t const r = kg + kKGROUPS * i;
         S const* src = init + stateOffset + static_cast<size_t>(r) * dv + col0;
         if (init != nullptr && r < dk && vecCols)
         {
-            loadVec4(src, s[i]);
+            loadVec(src, s[i]);
         }
         else
         {
 #pragma unroll
-            for (int32_t c = 0; c < 4; ++c)
+            for (int32_t c = 0; c < kCW; ++c)
             {
                 bool const ok = init != nullptr && r < dk && col0 + c < dv;
                 s[i][c] = ok ? toFloat(src[c]) : 0.F;
@@ -153,22 +174,32 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
         }
         else if (warp == 1)
         {
-            int32_t const c = blockIdx.x * kREC_BV + lane;
-            sV[lane] = c < dv ? toFloat(v[(tok * hv + h) * dv + c]) : 0.F;
+#pragma unroll
+            for (int32_t j = lane; j < kBV; j += kWARP)
+            {
+                int32_t const c = blockIdx.x * kBV + j;
+                sV[j] = c < dv ? toFloat(v[(tok * hv + h) * dv + c]) : 0.F;
+            }
         }
         __syncthreads();
 
         float const a = sScalar[0];
-        float pk[4] = {0.F, 0.F, 0.F, 0.F};
-        float pq[4] = {0.F, 0.F, 0.F, 0.F};
+        float pk[kCW];
+        float pq[kCW];
+#pragma unroll
+        for (int32_t c = 0; c < kCW; ++c)
+        {
+            pk[c] = 0.F;
+            pq[c] = 0.F;
+        }
 #pragma unroll
         for (int32_t i = 0; i < kROWS; ++i)
         {
-            int32_t const r = kg + kREC_KGROUPS * i;
+            int32_t const r = kg + kKGROUPS * i;
             float const kr = sK[r];
             float const qr = sQ[r];
 #pragma unroll
-            for (int32_t c = 0; c < 4; ++c)
+            for (int32_t c = 0; c < kCW; ++c)
             {
                 s[i][c] *= a;
                 pk[c] += s[i][c] * kr;
@@ -176,7 +207,7 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
             }
         }
 #pragma unroll
-        for (int32_t c = 0; c < 4; ++c)
+        for (int32_t c = 0; c < kCW; ++c)
         {
             // lanes differing in bits 3 and 4 hold the other row groups of this warp
             pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], 8);
@@ -187,32 +218,62 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
         if (kl == 0)
         {
 #pragma unroll
-            for (int32_t c = 0; c < 4; ++c)
+            for (int32_t c = 0; c < kCW; ++c)
             {
-                sRed[warp][0][vl * 4 + c] = pk[c];
-                sRed[warp][1][vl * 4 + c] = pq[c];
+                sRed[warp][0][vl * kCW + c] = pk[c];
+                sRed[warp][1][vl * kCW + c] = pq[c];
             }
         }
         __syncthreads();
+        if constexpr (Tile::kWIDE)
+        {
+            // Eight warps: one thread per (reduction, column) sums them once, instead of every row
+            // group of a column summing them again.
+            static_assert(2 * kBV <= Tile::kTHREADS, "one thread per (reduction, column)");
+            if (threadIdx.x < 2 * kBV)
+            {
+                int32_t const which = threadIdx.x / kBV;
+                int32_t const cc = threadIdx.x % kBV;
+                float acc = 0.F;
+#pragma unroll
+                for (int32_t w = 0; w < kNW; ++w)
+                {
+                    acc += sRed[w][which][cc];
+                }
+                sSum[which][cc] = acc;
+            }
+            __syncthreads();
+        }
+        auto columnSum = [&](int32_t which, int32_t cc) {
+            if constexpr (Tile::kWIDE)
+            {
+                return sSum[which][cc];
+            }
+            float acc = 0.F;
+#pragma unroll
+            for (int32_t w = 0; w < kNW; ++w)
+            {
+                acc += sRed[w][which][cc];
+            }
+            return acc;
+        };
 
         float const b = sScalar[1];
         float const qk = sScalar[2];
-        float u[4];
-        float out[4];
+        float u[kCW];
+        float out[kCW];
 #pragma unroll
-        for (int32_t c = 0; c < 4; ++c)
+        for (int32_t c = 0; c < kCW; ++c)
         {
-            int32_t const cc = vl * 4 + c;
-            float const kS = sRed[0][0][cc] + sRed[1][0][cc] + sRed[2][0][cc] + sRed[3][0][cc];
-            float const qS = sRed[0][1][cc] + sRed[1][1][cc] + sRed[2][1][cc] + sRed[3][1][cc];
-            u[c] = b * (sV[cc] - kS);
-            out[c] = qS + u[c] * qk;
+            int32_t const cc = vl * kCW + c;
+            u[c] = b * (sV[cc] - columnSum(0, cc));
+            out[c] = columnSum(1, cc) + u[c] * qk;
         }
         if (warp == 0 && kl == 0)
         {
             T* dst = o + (tok * hv + h) * dv + col0;
 #pragma unroll
-            for (int32_t c = 0; c < 4; ++c)
+            for (int32_t c = 0; c < kCW; ++c)
             {
                 if (col0 + c < dv)
                 {
@@ -223,9 +284,9 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
 #pragma unroll
         for (int32_t i = 0; i < kROWS; ++i)
         {
-            float const kr = sK[kg + kREC_KGROUPS * i];
+            float const kr = sK[kg + kKGROUPS * i];
 #pragma unroll
-            for (int32_t c = 0; c < 4; ++c)
+            for (int32_t c = 0; c < kCW; ++c)
             {
                 s[i][c] += kr * u[c];
             }
@@ -236,7 +297,7 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
 #pragma unroll
     for (int32_t i = 0; i < kROWS; ++i)
     {
-        int32_t const r = kg + kREC_KGROUPS * i;
+        int32_t const r = kg + kKGROUPS * i;
         if (r >= dk)
         {
             continue;
@@ -244,12 +305,12 @@ __global__ void __launch_bounds__(kREC_THREADS, kDK <= 128 ? 8 : 3) gatedDeltaRu
         S* dst = static_cast<S*>(p.finalState) + stateOffset + static_cast<size_t>(r) * dv + col0;
         if (vecCols)
         {
-            storeVec4(dst, s[i]);
+            storeVec(dst, s[i]);
         }
         else
         {
 #pragma unroll
-            for (int32_t c = 0; c < 4; ++c)
+            for (int32_t c = 0; c < kCW; ++c)
             {
                 if (col0 + c < dv)
                 {

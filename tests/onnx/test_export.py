@@ -48,7 +48,9 @@ def test_file_holds_plugin_nodes_and_no_functions(exported):
     _, model, path = exported
     proto = onnx.load(path)
     n_linear = model.config.layer_kinds.count(LINEAR)
-    assert check_plugin_mappable(proto) == {"GatedDeltaRule": n_linear, "CausalConv1d": n_linear}
+    n_moe = sum(model.config.is_moe_layer(i) for i in range(len(model.config.layer_kinds)))
+    want = {"GatedDeltaRule": n_linear, "CausalConv1d": n_linear, **({"MoE": n_moe} if n_moe else {})}
+    assert check_plugin_mappable(proto) == want  # MoE layers are one sparse gdn.MoE node each
     assert len(proto.functions) == 0
     opset = 24 if model.layout.inplace else export_module.ONNX_OPSET
     assert {e.domain: e.version for e in proto.opset_import} == {"": opset, "gdn": 1}

@@ -18,6 +18,17 @@ C, K, HK, HV, DK, DV = 32, 4, 2, 4, 16, 24
 NAME_CONV, NAME_GDR = "conv_node", "gdr_node"
 
 
+def _seq_lens_nodes(x: str, out: str) -> list:
+    """`out` [batch] int32 = seq for every row of x [batch, seq, C], as the exporter emits the conv's
+    row lengths without ragged rows."""
+    return [
+        helper.make_node("Shape", [x], [f"{out}_b"], name=f"{out}_batch", start=0, end=1),
+        helper.make_node("Shape", [x], [f"{out}_t"], name=f"{out}_seq", start=1, end=2),
+        helper.make_node("Cast", [f"{out}_t"], [f"{out}_t32"], name=f"{out}_int32", to=TensorProto.INT32),
+        helper.make_node("Expand", [f"{out}_t32", f"{out}_b"], [out], name=out),
+    ]
+
+
 def make_plugin_graph(path: Path, dtype: int = TensorProto.FLOAT16, *, gdr_version: str = "1",
                       conv_version: str = "1") -> Path:
     """Write the graph to `path` with activations in `dtype` (TensorProto enum)."""
@@ -38,11 +49,7 @@ def make_plugin_graph(path: Path, dtype: int = TensorProto.FLOAT16, *, gdr_versi
         numpy_helper.from_array(np.array([0, 0, HV, DV], np.int64), "shape_v"),
     ]
     nodes = [
-        # seq_lens [batch] int32 = seq for every row, as the exporter emits it without ragged rows
-        helper.make_node("Shape", ["x"], ["x_b"], name="x_batch", start=0, end=1),
-        helper.make_node("Shape", ["x"], ["x_t"], name="x_seq", start=1, end=2),
-        helper.make_node("Cast", ["x_t"], ["x_t32"], name="seq_int32", to=TensorProto.INT32),
-        helper.make_node("Expand", ["x_t32", "x_b"], ["seq_lens"], name="seq_lens"),
+        *_seq_lens_nodes("x", "seq_lens"),
         helper.make_node("CausalConv1d", ["x", "conv_w", "conv_b", "past.0.conv", "seq_lens"], ["y", "present.0.conv"],
                          name=NAME_CONV, domain="gdn", plugin_version=conv_version, plugin_namespace="gdn",
                          activation=1),
@@ -113,8 +120,10 @@ def make_kv_graph(path: Path, dtype: int = TensorProto.FLOAT16, head_dim: int = 
         ints("axes_0", [0]), ints("axes_1", [1]), ints("axes_2", [2]), ints("axes_1_2", [1, 2]),
     ]
     nodes = [
-        helper.make_node("CausalConv1d", ["x", "kv_conv_w", "kv_conv_b", "past.0.conv"], ["y", "present.0.conv"],
-                         name=NAME_KV_CONV, domain="gdn", plugin_version="1", plugin_namespace="gdn", activation=1),
+        *_seq_lens_nodes("x", "kv_seq_lens"),
+        helper.make_node("CausalConv1d", ["x", "kv_conv_w", "kv_conv_b", "past.0.conv", "kv_seq_lens"],
+                         ["y", "present.0.conv"], name=NAME_KV_CONV, domain="gdn", plugin_version="1",
+                         plugin_namespace="gdn", activation=1),
     ]
     for name, heads, shape in (("q", HQ, "shape_q"), ("k", HKV, "shape_kv"), ("v", HKV, "shape_kv")):
         nodes += [helper.make_node("MatMul", ["y", f"w_{name}"], [f"{name}_flat"], name=f"proj_{name}"),

@@ -72,7 +72,8 @@ def test_plugin_identities_match_the_op_contract():
     # importlib: gdn_export.ops re-exports the op functions under the module names.
     gdr = importlib.import_module("gdn_export.ops.gated_delta_rule")
     conv = importlib.import_module("gdn_export.ops.causal_conv1d")
+    moe = importlib.import_module("gdn_export.ops.moe")
 
-    want = tuple((m.PLUGIN_NAME, m.PLUGIN_VERSION, m.PLUGIN_NAMESPACE) for m in (gdr, conv))
+    want = tuple((m.PLUGIN_NAME, m.PLUGIN_VERSION, m.PLUGIN_NAMESPACE) for m in (gdr, conv, moe))
     assert _worker.GDN_PLUGINS == want
     assert inspect.GDN_PLUGIN_NAMES == tuple(name for name, _, _ in want)

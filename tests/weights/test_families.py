@@ -48,7 +48,7 @@ def _stack(tensors, layers):
 
 def _logits(model, ids):
     B, T = ids.shape
-    return model(ids, torch.arange(T)[None].expand(B, T), *model.empty_states(B))[0]
+    return model(ids, torch.zeros(B, dtype=torch.long), torch.full((B,), T), *model.empty_states(B))[0]
 
 
 @pytest.fixture(params=MOE, ids=MOE_IDS)
