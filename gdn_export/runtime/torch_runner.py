@@ -74,7 +74,7 @@ class TorchRunner(Runner):
         """One model call on device tensors: (logits, new states). `model` defaults to self.model."""
         # The in-place K/V caches come back as the same tensors, written in place: no per-step copy.
         with torch.no_grad(), self._backend_context():
-            logits, *new_states = (model or self.model)(ids, past, lens, *states)
+            logits, *new_states = (self.model if model is None else model)(ids, past, lens, *states)
         return logits, new_states
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
