@@ -113,3 +113,47 @@ def test_onnx_of_another_checkpoint(cli, tmp_path, tiny_onnx, overrides, fragmen
     other = make_tiny_checkpoint(tmp_path / "other", **overrides)
     message = cli("validate", other, "--onnx", tiny_onnx, "-q").error_line("validate")
     assert fragment in message and message.endswith("was it exported from this checkpoint?")
+
+
+def test_report_names_the_ragged_rows(cli, tmp_path, tiny_ckpt, tiny_onnx):
+    """The default run is ragged on the inplace layout: rows of --prompt-len down to 1 token."""
+    result = cli("validate", tiny_ckpt, "--onnx", tiny_onnx, "--batch", "3", "--prompt-len", "9",
+                 "--decode-steps", "2", "--json", tmp_path / "r.json", "-q")
+    assert result.code == 0, result.out
+    assert "ragged prompts of 9, 5, 1 tokens" in result.out
+    assert json.loads((tmp_path / "r.json").read_text())["prompt_lengths"] == [9, 5, 1]
+
+
+@pytest.mark.parametrize("flags,steps,atol", [
+    (["--state-dtype", "fp16", "--max-cache-len", "64"], 12, 1e-4 + 1e-2),
+    (["--attention-sinks", "2", "--attention-window", "8"], 30, 1e-4),
+    (["--all-logits", "--max-cache-len", "64"], 3, 1e-4),
+], ids=["fp16-state", "streaming-past-the-window", "all-logits"])
+def test_layout_options_validate(cli, tmp_path, tiny_ckpt, flags, steps, atol):
+    """Each export layout option passes validate (PyTorch built with the file's layout vs ORT) at
+    its default tolerance: the 16-bit state adds its share; streaming runs decode far past W."""
+    onnx_path = tmp_path / "m.onnx"
+    assert cli("export", tiny_ckpt, "-o", onnx_path, *flags, "-q").code == 0
+    result = cli("validate", tiny_ckpt, "--onnx", onnx_path, "--decode-steps", str(steps),
+                 "--json", tmp_path / "r.json", "-q")
+    assert result.code == 0, result.out
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert len({r["phase"] for r in rows}) == steps + 1
+    assert all(abs(r["atol"] - atol) < 1e-12 for r in rows)
+
+
+def test_state_of_the_wrong_dtype_is_one_line(tmp_path, tiny_ckpt):
+    """A --state-dtype fp16 file refuses an fp32 recurrent state, naming it."""
+    import numpy as np
+
+    from gdn_export.cli.main import main
+    from gdn_export.runtime.ort_runner import OrtRunner
+
+    onnx_path = tmp_path / "m.onnx"
+    assert main(["export", str(tiny_ckpt), "-o", str(onnx_path), "--state-dtype", "fp16", "-q"]) == 0
+    runner = OrtRunner(onnx_path)
+    states = runner.empty_states(1)
+    i = [s.name for s in runner.state_specs].index("past.0.recurrent")
+    states[i] = states[i].astype(np.float32)
+    with pytest.raises(InputError, match=r"^state past\.0\.recurrent must be float16, got float32$"):
+        runner.forward(np.ones((1, 2), np.int64), 0, states)

@@ -73,3 +73,28 @@ def test_tiny_checkpoint_engine_is_deployment_shaped(plugins_lib, tiny_root, fam
     assert info.plan_plugin_names["GatedDeltaRule"] >= n_gdn
     assert "gdn_export.state_specs" in record["metadata"]  # what TrtRunner reads
     assert record["inputs"][:3] == ["input_ids", "past_lengths", "seq_lens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "float16"], ids=["bf16-state", "fp16-state"])
+def test_16bit_state_export_builds(plugins_lib, tiny_root, state_dtype):
+    """--state-dtype bf16 / fp16: the GatedDeltaRule plugin takes the 16-bit state (its dtype is the
+    plugin's free choice, final_state follows it) in an fp16 engine, updated in place."""
+    import onnx
+    import torch
+
+    from gdn_export.layout import DeployLayout
+    from tests.onnx._tiny import tiny_export
+    from tests.trt.engine_checks import check_deployment_engine
+
+    layout = DeployLayout.make(cache_len=160, state_dtype=state_dtype)
+    model, onnx_path = tiny_export("qwen3_5", tiny_root, torch.float16, layout=layout)
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.load(onnx_path).graph.input}
+    want = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16}[state_dtype]
+    assert types["past.0.recurrent"] == want and types["past.0.conv"] == TensorProto.FLOAT16
+    engine = build_engine(onnx_path, tiny_root / f"state-{state_dtype}.engine", plugins=plugins_lib)
+    kinds = model.config.layer_kinds
+    n_gdn = sum(kind != "full_attention" for kind in kinds)
+    n_attn = len(kinds) - n_gdn
+    check_deployment_engine(engine, plugins_lib, kv_layers=2 * n_attn, attention_layers=n_attn,
+                            plugin_layers=2 * n_gdn)
