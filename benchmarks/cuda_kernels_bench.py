@@ -15,9 +15,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 from gdn_export.cuda import backend as cuda
+from gpu_timing import copy_tbps, graph_ms, median_ms
 
 HV, D = 32, 128
 
@@ -25,25 +25,6 @@ HV, D = 32, 128
 def _cell(ms: float) -> str:
     """A table cell: the time, or "-" where that implementation was not timed (nan)."""
     return "-" if ms != ms else f"{ms:.3f}"
-
-
-def _median_ms(fn, warmup=25, rep=200):
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
-
-def _graph_ms(fn, steps=20):
-    """GPU time per call of fn, replayed from a CUDA graph of `steps` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(steps):
-            fn()
-    return _median_ms(graph.replay) / steps
 
 
 def _inputs(B, T, Hk, Hv, dtype=torch.bfloat16):
@@ -54,14 +35,6 @@ def _inputs(B, T, Hk, Hv, dtype=torch.bfloat16):
     g = -F.softplus(torch.randn(B, T, Hv, device=dev)) * 0.1
     beta = torch.sigmoid(torch.randn(B, T, Hv, device=dev)).to(dtype)
     return q, k, v, g, beta
-
-
-def copy_bandwidth():
-    x = torch.empty(2 * 1024**3 // 4, device="cuda")
-    x.normal_()
-    y = torch.empty_like(x)
-    ms = _median_ms(lambda: y.copy_(x))
-    return 2 * x.numel() * 4 / ms / 1e9  # TB/s (read + write)
 
 
 def bench_decode(rows, bw, with_triton=True):
@@ -77,13 +50,13 @@ def bench_decode(rows, bw, with_triton=True):
         o = torch.empty_like(v)
         scale = D**-0.5
         run = lambda: cuda.gated_delta_rule_out(q, k, v, g, beta, state, scale, True, None, o, state)  # noqa: E731
-        ms = _graph_ms(run)
+        ms = graph_ms(run)
         bytes_ = 2 * state.numel() * 4 + 2 * (q.numel() + k.numel() + v.numel() + o.numel())
         tri = float("nan")
         if fused_recurrent_gated_delta_rule is not None:
             try:
                 s2 = state.clone()
-                tri = _graph_ms(lambda: fused_recurrent_gated_delta_rule(
+                tri = graph_ms(lambda: fused_recurrent_gated_delta_rule(
                     q, k, v, g, beta, s2, scale, True, None, inplace=True, out=o))
             except Exception as exc:  # noqa: BLE001
                 print("triton decode failed:", str(exc).splitlines()[0])
@@ -131,7 +104,7 @@ def bench_prefill(rows, which, emit):
             continue
         q, k, v, g, beta = _inputs(B, T, HV, HV)
         try:
-            ms = _median_ms(lambda: fn(q, k, v, g, beta))
+            ms = median_ms(lambda: fn(q, k, v, g, beta))
         except Exception as exc:  # noqa: BLE001
             print(f"prefill column {which} failed:", str(exc).splitlines()[0])
             ms = float("nan")
@@ -169,7 +142,7 @@ def bench_conv(rows, bw):
         s = torch.randn(B, C, K - 1, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
         run = lambda: cuda.causal_conv1d_out(x, w, b, s, True, y, s)  # noqa: E731
-        ms = _graph_ms(run) if T == 1 else _median_ms(run)
+        ms = graph_ms(run) if T == 1 else median_ms(run)
         bytes_ = 2 * (2 * x.numel() + 2 * s.numel())
         rows.append((f"conv B={B} T={T} C={C} K={K} bf16", ms * 1e3, "us",
                      f"{bytes_ / ms / 1e9:.2f} TB/s = {bytes_ / ms / 1e9 / bw:.0%} of copy", float("nan"), float("nan")))
@@ -182,7 +155,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
-    bw = copy_bandwidth()
+    bw = copy_tbps()
     rows = []
 
     def emit():

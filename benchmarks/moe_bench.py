@@ -30,6 +30,7 @@ import os
 import sys
 from pathlib import Path
 
+import gpu_timing
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
@@ -58,30 +59,12 @@ def events_ms(fn, reps=20) -> float:
 
 def graph_ms(fn, steps=10) -> float:
     """GPU time per call, replayed from a CUDA graph of `steps` calls; events if capture fails."""
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(steps):
-                fn()
-        return do_bench(graph.replay, warmup=10, rep=200, return_mode="median") / steps
-    except Exception as exc:  # noqa: BLE001  (timing falls back; the reason is printed)
-        print(f"  (graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}; events)")
-        torch.cuda.synchronize()
-        return events_ms(fn)
+    return gpu_timing.graph_ms(fn, steps, fallback=events_ms)
 
 
 def copy_bandwidth() -> float:
     """Bytes per second of a 2 GiB device copy (read + write)."""
-    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=5, rep=100, return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3)
+    return gpu_timing.copy_tbps() * 1e12
 
 
 def hf_block():

@@ -25,41 +25,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 from gdn_export.cuda import backend as cuda
+from gpu_timing import copy_tbps, graph_ms, median_ms
 from gdn_export.ops import gated_delta_rule, use_backend
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
 HK, HV, D = 16, 32, 128
 STATES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAN = float("nan")
-
-
-def _median_ms(fn, warmup=25, rep=200):
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
-
-def _graph_ms(fn, steps=20):
-    """GPU time per call of fn, replayed from a CUDA graph of `steps` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(steps):
-            fn()
-    return _median_ms(graph.replay) / steps
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(2 * 1024**3 // 4, device="cuda").normal_()
-    y = torch.empty_like(x)
-    ms = _median_ms(lambda: y.copy_(x))
-    return 2 * x.numel() * 4 / ms / 1e9  # TB/s (read + write)
 
 
 def _inputs(B, T, state_dtype, dtype=torch.bfloat16, correlated=False):
@@ -116,7 +90,7 @@ def bench_decode(batches, bw, rows):
             es = torch.tensor([], dtype=sd).element_size()
             moved = 2 * B * HV * D * D * es + 2 * (2 * B * HK * D + 2 * B * HV * D) + B * HV * 6
             t = {}
-            t["cuda kernel"] = _graph_ms(
+            t["cuda kernel"] = graph_ms(
                 lambda: ext.gated_delta_rule(q, k, v, g, beta, state, scale, True, None, o, state, 1))
 
             def op(backend):
@@ -125,8 +99,8 @@ def bench_decode(batches, bw, rows):
                         gated_delta_rule(q, k, v, g, beta, state, scale, True)
                 return run
 
-            t["op cuda"] = _graph_ms(op("cuda"))
-            t["op triton"] = _graph_ms(op("triton"))
+            t["op cuda"] = graph_ms(op("cuda"))
+            t["op triton"] = graph_ms(op("triton"))
             t["flashinfer"] = NAN
             if fi is not None and sd == torch.bfloat16:
                 # FlashInfer takes the raw gates (a, b, A_log, dt_bias) and a V-major [B, HV, V, K] state.
@@ -137,7 +111,7 @@ def bench_decode(batches, bw, rows):
                 fstate = state.transpose(-1, -2).contiguous()
                 out = torch.empty_like(v)
                 try:
-                    t["flashinfer"] = _graph_ms(lambda: fi(q, k, v, fstate, A_log, a, dt_bias, bb, scale=scale,
+                    t["flashinfer"] = graph_ms(lambda: fi(q, k, v, fstate, A_log, a, dt_bias, bb, scale=scale,
                                                            output=out, use_qk_l2norm=True))
                 except Exception as exc:  # noqa: BLE001
                     print(f"flashinfer decode failed at B={B}: {type(exc).__name__}: {exc}".splitlines()[0])
@@ -157,7 +131,7 @@ def bench_prefill(lengths, rows):
                 def run():
                     with use_backend(backend):
                         gated_delta_rule(*x, use_qk_l2norm=True)
-                ms = _median_ms(run, warmup=5, rep=100)
+                ms = median_ms(run, warmup=5, rep=100)
                 rows.append(dict(kind="prefill", B=1, T=T, state=name, impl=f"op {backend}", us=ms * 1e3,
                                  bytes=NAN, pct_copy=NAN))
                 print(f"prefill T={T} state {name} {backend}: {ms:.3f} ms", flush=True)
@@ -198,7 +172,7 @@ def main(argv=None) -> int:
     if failures:
         print("correctness check failed:\n  " + "\n  ".join(failures))
         return 1
-    bw = copy_bandwidth()
+    bw = copy_tbps()
     rows: list[dict] = []
     bench_decode((1, 64, 256) if args.quick else (1, 8, 32, 64, 128, 256, 512), bw, rows)
     bench_prefill((4096,) if args.quick else (4096, 16384), rows)

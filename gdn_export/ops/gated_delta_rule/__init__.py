@@ -138,10 +138,11 @@ def _gated_delta_rule_inplace_op(
     use_qk_l2norm: bool,
 ) -> torch.Tensor:
     backend = backends.for_device(v.device)
-    if backend.gated_delta_rule_inplace is not None and state.dtype == torch.float32 \
+    # The state keeps its storage dtype either way (the kernels read and round it themselves).
+    if backend.gated_delta_rule_inplace is not None and state.dtype in STATE_DTYPES \
             and state.is_contiguous():
         return backend.gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm)
-    o, new_state = backend.gated_delta_rule(q, k, v, g, beta, state.float(), scale, use_qk_l2norm, None)
+    o, new_state = backend.gated_delta_rule(q, k, v, g, beta, state, scale, use_qk_l2norm, None)
     state.copy_(new_state)
     return o
 
