@@ -20,7 +20,8 @@
  *              calling f("field_name", self.member) for each field, in the creator's order;
  *   explicit Plugin(Fields const&)            validates the fields (throws PluginError)
  *   static void checkInputDims(Dims const*)   ranks and shared dims; a dim < 0 is unknown
- *                                             (checkRanks / checkSameDim help)
+ *                                             (checkRanks / checkSameDim help); may instead be a
+ *                                             const member where a field enters a dim rule (MoE's top_k <= E)
  *   nvinfer1::DataType typeAt(int32_t pos, nvinfer1::DataType const* types) const
  *                                             dtype at position pos (inputs, then outputs), given
  *                                             the dtypes of every position before it (types[0] is
@@ -202,7 +203,7 @@ public:
                     known[i].d[d] = inputs[i].d[d]->isConstant() ? inputs[i].d[d]->getConstantValue() : -1;
                 }
             }
-            Derived::checkInputDims(known);
+            derived().checkInputDims(known);
             derived().inferOutputShapes(inputs, outputs, exprBuilder);
             return 0;
         }
@@ -250,7 +251,7 @@ public:
             {
                 dims[i] = in[i].desc.dims;
             }
-            Derived::checkInputDims(dims);
+            derived().checkInputDims(dims);
             return 0;
         }
         GDN_PLUGIN_CATCH(where("configurePlugin").c_str())
@@ -301,7 +302,7 @@ public:
             {
                 dims[i] = in[i].dims;
             }
-            Derived::checkInputDims(dims);
+            derived().checkInputDims(dims);
             return 0;
         }
         GDN_PLUGIN_CATCH(where("onShapeChange").c_str())

@@ -18,10 +18,9 @@
  */
 #pragma once
 
-#include <NvInferRuntime.h>
+#include "../common/pluginBase.h"
 
-#include <string>
-#include <vector>
+#include <NvInferRuntime.h>
 
 namespace gdn
 {
@@ -46,78 +45,51 @@ struct MoEIO
     static constexpr int32_t kOUT = 0;
     static constexpr int32_t kNB_OUTPUTS = 1;
 
-    //! Name of input `i` for messages.
+    static constexpr int32_t kALIASED_INPUTS[kNB_OUTPUTS] = {-1};
+    //! hidden sets T; every other tensor follows it.
+    static constexpr int32_t kFREE_TYPES[] = {kHIDDEN};
+
+    //! Name of input `i` / output `i` for messages.
     static char const* inputName(int32_t i) noexcept;
+    static char const* outputName(int32_t i) noexcept;
 };
 
-class MoEPlugin : public nvinfer1::IPluginV3,
-                  public nvinfer1::IPluginV3OneCore,
-                  public nvinfer1::IPluginV3OneBuildV2,
-                  public nvinfer1::IPluginV3OneRuntime
+//! The fields, by name, in the creator's order.
+struct MoEFields
+{
+    int32_t topK{1};
+    int32_t normTopkProb{1};
+
+    template <typename S, typename F>
+    static void visit(S& self, F&& f)
+    {
+        f(kMOE_FIELD_TOP_K, self.topK);
+        f(kMOE_FIELD_NORM_TOPK_PROB, self.normTopkProb);
+    }
+};
+
+class MoEPlugin : public PluginBase<MoEPlugin, MoEIO, MoEFields>
 {
 public:
-    MoEPlugin(int32_t topK, int32_t normTopkProb);
-    ~MoEPlugin() override = default;
+    static constexpr char const* kNAME = kMOE_PLUGIN_NAME;
+    static constexpr char const* kVERSION = kMOE_PLUGIN_VERSION;
+    static constexpr char const* kNAMESPACE = kMOE_PLUGIN_NAMESPACE;
 
-    // ---------------------------------------------------------------- IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
+    explicit MoEPlugin(Fields const& fields);
 
-    // ---------------------------------------------------------------- IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneBuild(V2)
-    int32_t getNbOutputs() const noexcept override;
-    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
-    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-        int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-    char const* getTimingCacheID() noexcept override;
-    char const* getMetadataString() noexcept override;
-
-    // ---------------------------------------------------------------- IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-        int32_t nbOutputs) noexcept override;
-    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
-private:
-    int32_t mTopK;
-    int32_t mNormTopkProb;
-    std::string mDescription; // "top_k=...,norm_topk_prob=..." for the timing cache and metadata
-
-    std::vector<nvinfer1::PluginField> mFieldsToSerialize;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
+    // ---------------------------------------------------------------- hooks called by PluginBase
+    //! A member, not static: top_k is checked against E.
+    void checkInputDims(nvinfer1::Dims const* in) const;
+    nvinfer1::DataType typeAt(int32_t pos, nvinfer1::DataType const* types) const;
+    void inferOutputShapes(
+        nvinfer1::DimsExprs const* in, nvinfer1::DimsExprs* out, nvinfer1::IExprBuilder& exprBuilder) const;
+    size_t workspaceBytes(
+        nvinfer1::DynamicPluginTensorDesc const* in, nvinfer1::DynamicPluginTensorDesc const* out) const;
+    void launch(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) const;
 };
 
-class MoEPluginCreator : public nvinfer1::IPluginCreatorV3One
-{
-public:
-    MoEPluginCreator();
-    ~MoEPluginCreator() override = default;
-
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
-    nvinfer1::IPluginV3* createPlugin(
-        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
-
-private:
-    std::vector<nvinfer1::PluginField> mFieldNames;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
-};
+using MoEPluginCreator = PluginCreator<MoEPlugin>;
 
 } // namespace plugin
 } // namespace gdn

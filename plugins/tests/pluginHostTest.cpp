@@ -19,6 +19,7 @@
  */
 #include "../causalConv1dPlugin/causalConv1dPlugin.h"
 #include "../gatedDeltaRulePlugin/gatedDeltaRulePlugin.h"
+#include "../moePlugin/moePlugin.h"
 #include "hostStandIns.h"
 #include "reference.h"
 
@@ -619,6 +620,80 @@ Row runConv(ConvCase const& c)
 
 // ==================================================================== error cases
 
+//! The MoE plugin's build-time calls on hidden [N, 64], router_logits [N, 4], gate_up [4, 32, 64],
+//! down [4, 64, 16]: "" when they behave, else what went wrong.
+std::string checkMoEInterface(IPluginCreatorV3One* moe)
+{
+    auto& logger = gLoggerFinder.mLogger;
+    int32_t const topK = 2;
+    int32_t const tooMany = 7;
+    int32_t const one = 1;
+    auto make = [&](int32_t const* k) {
+        PluginField f[] = {PluginField("top_k", k, PluginFieldType::kINT32, 1),
+            PluginField("norm_topk_prob", &one, PluginFieldType::kINT32, 1)};
+        PluginFieldCollection fc{2, f};
+        return std::unique_ptr<IPluginV3>(moe->createPlugin("moe", &fc, TensorRTPhase::kBUILD));
+    };
+    std::unique_ptr<IPluginV3> good = make(&topK);
+    std::unique_ptr<IPluginV3> bad = make(&tooMany);
+    if (good == nullptr || bad == nullptr)
+    {
+        return "createPlugin failed";
+    }
+    auto build = [](IPluginV3* p) {
+        return static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    };
+    DynamicPluginTensorDesc io[5]{};
+    std::vector<int64_t> const shapes[5] = {{-1, 64}, {-1, 4}, {4, 32, 64}, {4, 64, 16}, {-1, 64}};
+    for (int32_t i = 0; i < 5; ++i)
+    {
+        io[i].desc.type = DataType::kHALF;
+        io[i].desc.format = TensorFormat::kLINEAR;
+        io[i].desc.dims = makeDims(shapes[i]);
+        std::vector<int64_t> lo = shapes[i], hi = shapes[i];
+        if (lo[0] < 0)
+        {
+            lo[0] = 1;
+            hi[0] = 256;
+        }
+        io[i].min = io[i].opt = makeDims(lo);
+        io[i].max = makeDims(hi);
+    }
+    logger.clear();
+    logger.mEcho = false;
+    DataType in[4] = {DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kBF16};
+    DataType out[1];
+    int32_t const rcType = build(good.get())->getOutputDataTypes(out, 1, in, 4);
+    bool const typeNamed = logger.contains("down is kBF16");
+    in[3] = DataType::kHALF;
+    int32_t const rcTypeOk = build(good.get())->getOutputDataTypes(out, 1, in, 4);
+    int32_t const rcGood = build(good.get())->configurePlugin(io, 4, io + 4, 1);
+    size_t const ws = build(good.get())->getWorkspaceSize(io, 4, io + 4, 1);
+    int32_t const aliased = build(good.get())->getAliasedInput(0);
+    logger.clear();
+    int32_t const rcBad = build(bad.get())->configurePlugin(io, 4, io + 4, 1);
+    bool const badNamed = logger.contains("top_k = 7 exceeds the 4 experts");
+    logger.mEcho = true;
+    if (rcType == 0 || !typeNamed)
+    {
+        return "bf16 down with fp16 hidden: rc " + std::to_string(rcType) + ", message " + logger.last();
+    }
+    if (rcTypeOk != 0 || out[0] != DataType::kHALF)
+    {
+        return "getOutputDataTypes refused four fp16 inputs or gave another dtype";
+    }
+    if (rcGood != 0 || ws == 0 || aliased != -1)
+    {
+        return "top_k = 2: configurePlugin rc " + std::to_string(rcGood) + ", workspace " + std::to_string(ws)
+            + ", aliased input " + std::to_string(aliased);
+    }
+    if (rcBad == 0 || !badNamed)
+    {
+        return "top_k = 7 with E = 4: configurePlugin rc " + std::to_string(rcBad) + ", message " + logger.last();
+    }
+    return "";
+}
+
 //! Each check returns "" on success or what went wrong.
 std::vector<std::pair<std::string, std::string>> runErrorChecks()
 {
@@ -643,6 +718,7 @@ std::vector<std::pair<std::string, std::string>> runErrorChecks()
     };
     IPluginCreatorV3One* gdr = findCreator(gdn::plugin::kGDR_PLUGIN_NAME);
     IPluginCreatorV3One* conv = findCreator(gdn::plugin::kCONV_PLUGIN_NAME);
+    IPluginCreatorV3One* moe = findCreator(gdn::plugin::kMOE_PLUGIN_NAME);
     auto expectFieldNames = [&](IPluginCreatorV3One* creator, std::vector<std::pair<std::string, PluginFieldType>> want) {
         PluginFieldCollection const* fc = creator->getFieldNames();
         std::string err;
@@ -664,6 +740,7 @@ std::vector<std::pair<std::string, std::string>> runErrorChecks()
     };
     expectFieldNames(gdr, {{"scale", PluginFieldType::kFLOAT32}, {"use_qk_l2norm", PluginFieldType::kINT32}});
     expectFieldNames(conv, {{"activation", PluginFieldType::kINT32}});
+    expectFieldNames(moe, {{"top_k", PluginFieldType::kINT32}, {"norm_topk_prob", PluginFieldType::kINT32}});
     float const scale = 0.125F;
     int32_t const one = 1;
     int32_t const seven = 7;
@@ -689,6 +766,22 @@ std::vector<std::pair<std::string, std::string>> runErrorChecks()
         PluginField f[] = {PluginField("activation", &seven, PluginFieldType::kINT32, 1)};
         expectFailure("CausalConv1d with activation = 7", conv, PluginFieldCollection{1, f}, "got 7");
     }
+    int32_t const zero = 0;
+    int32_t const big = 33;
+    expectFailure("MoE without fields", moe, PluginFieldCollection{0, nullptr}, "field 'top_k' (kINT32) is missing");
+    for (int32_t const* topK : {&zero, &big})
+    {
+        PluginField f[] = {PluginField("top_k", topK, PluginFieldType::kINT32, 1),
+            PluginField("norm_topk_prob", &one, PluginFieldType::kINT32, 1)};
+        expectFailure("MoE with top_k = " + std::to_string(*topK), moe, PluginFieldCollection{2, f},
+            "field 'top_k' must be 1..32, got " + std::to_string(*topK));
+    }
+    {
+        PluginField f[] = {PluginField("top_k", &one, PluginFieldType::kINT32, 1),
+            PluginField("norm_topk_prob", &seven, PluginFieldType::kINT32, 1)};
+        expectFailure("MoE with norm_topk_prob = 7", moe, PluginFieldCollection{2, f}, "must be 0 or 1, got 7");
+    }
+    results.emplace_back("MoE interface (top_k = 7 > E = 4, bf16 down, workspace)", checkMoEInterface(moe));
     {
         // Mismatched input dtypes must be refused by getOutputDataTypes with a message naming the tensor.
         PluginField f[] = {PluginField("scale", &scale, PluginFieldType::kFLOAT32, 1),
