@@ -25,9 +25,9 @@ Without streaming this is the causal mask j <= P. Padded tokens of row b sit at 
 >= past_b + seq_lens[b], after every real query of the row, so no real query reads them; the next
 call overwrites them (without streaming) or, in streaming mode, they write back the slot's old
 content (`keep_old`) so that ring entries still in a later window survive. Within a streaming call
-of T > 1 tokens, query t loses the entries that the call's later tokens overwrite: its window is
-min(W, W - (T - 1 - t) + ...) i.e. the ring as it stands after the call; decode (T = 1) reads
-exactly the sinks and the last W positions.
+of T > 1 tokens, query t reads the ring as it stands after the call's writes, so it misses the
+entries of its window that the call's later tokens overwrote (at most T - 1 - t of its W); a decode
+step (T = 1) reads exactly the sinks and the last W positions.
 """
 
 from __future__ import annotations
