@@ -152,7 +152,8 @@ class HybridForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, seq_lens: torch.Tensor,
                 *states: torch.Tensor):
         """input_ids [B, T] int64 (rows right-padded), past_lengths [B] int64 (tokens each row has
-        seen), seq_lens [B] int64 (real tokens per row, 1..T); states as `state_specs()`.
+        seen), seq_lens [B] int64 (real tokens per row, 0..T; 0: the row sits the call out); states
+        as `state_specs()`.
 
         Returns (logits, *new_states): logits fp32 [B, 1, V] at each row's last real token
         (layout.logits "last") or [B, T, V]; new states in place (inplace K/V, eager) or new tensors.

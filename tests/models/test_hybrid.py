@@ -264,3 +264,31 @@ def test_cache_wrapper_names_states():
     _, new = _step(model, torch.zeros(2, 5, dtype=torch.long), 0, list(cache))
     cache.update(new)
     assert cache[0, "recurrent"].shape == (2, 4, 16, 24)
+
+
+def _rss_mib() -> float:
+    import resource
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+@pytest.mark.slow
+def test_long_stream_runs_in_flat_memory():
+    """2000 decode steps, 125 windows past the 16-token ring: the caches stay the same tensors, the
+    process does not grow, and the logits stay finite (benchmarks/stream_memory.py runs 30000)."""
+    model = _model("qwen3_5", layout=DeployLayout.make(sinks=4, window=16))
+    states = model.empty_states(2)
+    first = [t.data_ptr() for t in states]
+    tok, ones = torch.tensor([[1], [2]]), torch.ones(2, dtype=torch.long)
+    rss = {}
+    with torch.no_grad():
+        for step in range(2000):
+            logits, *states = model(tok, torch.full((2,), step), ones, *states)
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            if step in (499, 1999):
+                rss[step] = _rss_mib()
+    assert torch.isfinite(logits).all()
+    assert [t.data_ptr() for spec, t in zip(model.state_specs(), states) if spec.kind in ("key", "value")] == \
+        [p for spec, p in zip(model.state_specs(), first) if spec.kind in ("key", "value")]
+    assert rss[1999] - rss[499] < 16, rss
