@@ -33,51 +33,20 @@ from gdn_export.ops.gated_delta_rule import (
     PLUGIN_VERSION,
 )
 from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
+from gdn_export.ops.onnx_common import (ACTIVATION_TYPES as _ACTIVATION_TYPES, ATTR_PLUGIN_NAMESPACE,
+                                        ATTR_PLUGIN_VERSION, DOMAIN_VERSION, node_attributes, register_once)
+from gdn_export.ops.onnx_common import dim as _dim
+from gdn_export.ops.onnx_common import rank as _rank
+from gdn_export.ops.onnx_common import static as _static
+from gdn_export.ops.onnx_common import tensor_type as _tensor_type
 
-# Version of the op inside the "gdn" ONNX domain (the model's opset_import entry).
-DOMAIN_VERSION = 1
-ATTR_PLUGIN_VERSION = "plugin_version"
-ATTR_PLUGIN_NAMESPACE = "plugin_namespace"
-# Every attribute of the node and its type: TensorRT turns all but the two plugin_* strings
-# into PluginFields of the same name.
-NODE_ATTRIBUTES = {
-    ATTR_PLUGIN_VERSION: onnx.AttributeProto.STRING,
-    ATTR_PLUGIN_NAMESPACE: onnx.AttributeProto.STRING,
+NODE_ATTRIBUTES, NODE_ATTRIBUTE_VALUES = node_attributes(PLUGIN_VERSION, PLUGIN_NAMESPACE, {
     FIELD_SCALE: onnx.AttributeProto.FLOAT,
     FIELD_USE_QK_L2NORM: onnx.AttributeProto.INT,
-}
-NODE_ATTRIBUTE_VALUES = {ATTR_PLUGIN_VERSION: PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE: PLUGIN_NAMESPACE}
-_ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+})
 _STATE_TYPES = _ACTIVATION_TYPES  # the storage dtypes of the recurrent state, S
 
 # ----------------------------------------------------------------------------------- schema
-
-
-def _dim(type_proto: onnx.TypeProto, axis: int) -> onnx.TensorShapeProto.Dimension | None:
-    tt = type_proto.tensor_type
-    if not tt.HasField("shape") or len(tt.shape.dim) <= axis:
-        return None
-    return tt.shape.dim[axis]
-
-
-def _static(dim) -> int | None:
-    return dim.dim_value if dim is not None and dim.HasField("dim_value") else None
-
-
-def _tensor_type(elem_type: int, dims) -> onnx.TypeProto:
-    """A tensor type; the shape is left unknown unless every dim is known or symbolic."""
-    out = onnx.TypeProto()
-    out.tensor_type.elem_type = elem_type
-    if all(d is not None for d in dims):
-        shape = out.tensor_type.shape
-        for d in dims:
-            shape.dim.add().CopyFrom(d)
-    return out
-
-
-def _rank(type_proto: onnx.TypeProto) -> int | None:
-    tt = type_proto.tensor_type
-    return len(tt.shape.dim) if tt.HasField("shape") else None
 
 
 def _infer(ctx) -> None:
@@ -131,8 +100,7 @@ def make_schema() -> onnx.defs.OpSchema:
 
 def register_schema() -> None:
     """Register the schema with the `onnx` package once (checker, shape inference, onnxscript)."""
-    if not onnx.defs.has(PLUGIN_NAME, DOMAIN_VERSION, ONNX_DOMAIN):
-        onnx.defs.register_schema(make_schema())
+    register_once(PLUGIN_NAME, ONNX_DOMAIN, make_schema)
 
 
 # ------------------------------------------------------------------------------ translation

@@ -32,20 +32,14 @@ from gdn_export.ops.moe import (
     PLUGIN_NAMESPACE,
     PLUGIN_VERSION,
 )
+from gdn_export.ops.onnx_common import (ACTIVATION_TYPES as _ACTIVATION_TYPES, ATTR_PLUGIN_NAMESPACE,
+                                        ATTR_PLUGIN_VERSION, DOMAIN_VERSION, node_attributes, register_once)
+from gdn_export.ops.onnx_common import static as _static
 
-DOMAIN_VERSION = 1
-ATTR_PLUGIN_VERSION = "plugin_version"
-ATTR_PLUGIN_NAMESPACE = "plugin_namespace"
-# Every attribute of the node and its type: TensorRT turns all but the two plugin_* strings
-# into PluginFields of the same name.
-NODE_ATTRIBUTES = {
-    ATTR_PLUGIN_VERSION: onnx.AttributeProto.STRING,
-    ATTR_PLUGIN_NAMESPACE: onnx.AttributeProto.STRING,
+NODE_ATTRIBUTES, NODE_ATTRIBUTE_VALUES = node_attributes(PLUGIN_VERSION, PLUGIN_NAMESPACE, {
     FIELD_TOP_K: onnx.AttributeProto.INT,
     FIELD_NORM_TOPK_PROB: onnx.AttributeProto.INT,
-}
-NODE_ATTRIBUTE_VALUES = {ATTR_PLUGIN_VERSION: PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE: PLUGIN_NAMESPACE}
-_ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+})
 
 # ----------------------------------------------------------------------------------- schema
 
@@ -53,10 +47,6 @@ _ACTIVATION_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 def _dims(type_proto: onnx.TypeProto):
     tt = type_proto.tensor_type
     return list(tt.shape.dim) if tt.HasField("shape") else None
-
-
-def _static(dim) -> int | None:
-    return dim.dim_value if dim is not None and dim.HasField("dim_value") else None
 
 
 def _infer(ctx) -> None:
@@ -119,8 +109,7 @@ def make_schema() -> onnx.defs.OpSchema:
 
 def register_schema() -> None:
     """Register the schema with the `onnx` package once (checker, shape inference, onnxscript)."""
-    if not onnx.defs.has(PLUGIN_NAME, DOMAIN_VERSION, ONNX_DOMAIN):
-        onnx.defs.register_schema(make_schema())
+    register_once(PLUGIN_NAME, ONNX_DOMAIN, make_schema)
 
 
 # ------------------------------------------------------------------------------ translation
