@@ -7,6 +7,7 @@ their inputs), o in v's dtype and the state in initial_state's storage dtype (fp
 
 from __future__ import annotations
 
+from gdn_export.errors import GdnExportError
 from gdn_kernels.causal_conv1d import causal_conv1d as _conv
 from gdn_kernels.chunk import chunk_gated_delta_rule
 from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
@@ -23,7 +24,10 @@ def _longest(v, cu_seqlens) -> int:
 def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
     short = _longest(v, cu_seqlens) <= RECURRENT_MAX_T
     fn = fused_recurrent_gated_delta_rule if short else chunk_gated_delta_rule
-    o, state = fn(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
+    try:
+        o, state = fn(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
+    except ValueError as exc:  # a shape this GPU cannot run (said in one line by the launcher)
+        raise GdnExportError(f"triton backend: {exc}") from None
     return o.to(v.dtype), state
 
 

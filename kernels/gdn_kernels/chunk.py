@@ -143,8 +143,12 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
         except Exception as exc:
             # Prefetching six tiles per stage can outgrow shared memory (large Dk, fp32): fall
             # back to fewer stages rather than fail; remembered per configuration.
-            if type(exc).__name__ != "OutOfResources" or stages <= 1:
+            if type(exc).__name__ != "OutOfResources":
                 raise
+            if stages <= 1:
+                raise ValueError(f"gated delta rule prefill: Dk={Dk}, Dv={Dv} in {str(q.dtype)[6:]} needs more "
+                                 f"shared memory than this GPU has ({str(exc).splitlines()[0][:120]}); use "
+                                 f"bf16 / fp16 inputs or the cuda backend") from None
             stages -= 1
     _STAGES_THAT_FIT[key] = stages
     return o, ht
