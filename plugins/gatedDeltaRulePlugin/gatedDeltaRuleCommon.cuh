@@ -12,6 +12,7 @@
 #include <mma.h>
 #include <type_traits>
 
+#include "../common/floatConvert.cuh"
 #include "gatedDeltaRuleKernels.h"
 
 namespace gdn
@@ -21,42 +22,6 @@ namespace kernels
 
 constexpr int32_t kWARP = 32;
 constexpr int32_t kCHUNK = 64; // tokens per chunk of the WY prefill
-
-template <typename T>
-__device__ __forceinline__ float toFloat(T x);
-template <>
-__device__ __forceinline__ float toFloat<float>(float x)
-{
-    return x;
-}
-template <>
-__device__ __forceinline__ float toFloat<__half>(__half x)
-{
-    return __half2float(x);
-}
-template <>
-__device__ __forceinline__ float toFloat<__nv_bfloat16>(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T fromFloat(float x);
-template <>
-__device__ __forceinline__ float fromFloat<float>(float x)
-{
-    return x;
-}
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float x)
-{
-    return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
 
 //! N consecutive elements of a state stored as S (fp32, fp16 or bf16), aligned to N elements: one
 //! vector load / store (16 bytes for 4 fp32 or 8 16-bit elements, 8 bytes for 4 16-bit ones).

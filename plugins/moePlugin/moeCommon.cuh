@@ -1,9 +1,10 @@
 /*
- * Shared pieces of the MoE kernels (moeKernels.cu and the two grouped GEMMs): dtype conversions and
- * the workspace layout.
+ * Shared pieces of the MoE kernels (moeKernels.cu and the two grouped GEMMs): SiLU and the workspace
+ * layout (dtype conversions: plugins/common/floatConvert.cuh).
  */
 #pragma once
 
+#include "../common/floatConvert.cuh"
 #include "moeKernels.h"
 
 #include <cuda_bf16.h>
@@ -13,38 +14,6 @@ namespace gdn
 {
 namespace moe
 {
-
-template <typename T>
-__device__ __forceinline__ float toFloat(T x)
-{
-    return static_cast<float>(x);
-}
-template <>
-__device__ __forceinline__ float toFloat<__nv_bfloat16>(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
-}
-template <>
-__device__ __forceinline__ float toFloat<__half>(__half x)
-{
-    return __half2float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T fromFloat(float x)
-{
-    return static_cast<T>(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float x)
-{
-    return __float2half_rn(x);
-}
 
 __device__ __forceinline__ float silu(float x)
 {
