@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from gdn_export.errors import GdnExportError, InputError
-from gdn_export.runtime.base import BATCH, PAST, Runner, StateInfo, check_input_ids, check_states
+from gdn_export.runtime.base import BATCH, PAST, Runner, StateInfo, check_states
 from gdn_export.trt import loader
 from gdn_export.trt.build import layers_path
 from gdn_export.trt.inspect import KV_CACHE, PLUGIN, state_aliasing
@@ -331,22 +331,15 @@ class TrtRunner(Runner):
         if not isinstance(states, TrtStates) or states.generation != self._generation:
             raise InputError("TensorRT states are updated in place: pass the states returned by the latest "
                              "forward / empty_states of this runner")
+        # Runner.forward checked the lengths against input_ids and the layout (check_lengths,
+        # check_fits); what is left is what only the states can say.
         batch, seq = input_ids.shape
-        past = self._lengths(past_lengths, batch, "past_lengths", 0)
-        lens = self._lengths(seq_lens, batch, "seq_lens", 0)
+        past, lens = past_lengths, seq_lens
         if states.batch != batch:
             raise InputError(f"the states are for batch {states.batch}, input_ids has {batch} rows")
-        if (lens > seq).any():
-            raise InputError(f"seq_lens {lens.tolist()} exceed the {seq} tokens of input_ids")
         if not np.array_equal(past, states.seen):
             raise InputError(f"past_lengths {past.tolist()} do not match the states, which have seen "
                              f"{states.seen.tolist()} tokens")
-        if not self.layout.inplace and (len(set(past.tolist())) != 1 or (lens != seq).any()):
-            raise InputError("this engine has the concat K/V layout: every row needs the same past length and "
-                             "seq_lens = the full width of input_ids")
-        if self.cache_len is not None and self.layout.inplace and not self.layout.streaming and (past + lens > self.cache_len).any():
-            raise InputError(f"past_lengths + seq_lens {(past + lens).tolist()} exceed the K/V cache length "
-                             f"{self.cache_len}")
         p_len = int(past[0]) if not self.layout.inplace else 0
         check_states(self.state_specs, [(tuple(t.shape), _dtype_name(t.dtype)) for t in states.tensors],
                      batch, p_len)
@@ -387,15 +380,6 @@ class TrtRunner(Runner):
         return logits, TrtStates(new, batch, past + lens, self._generation)
 
     # ------------------------------------------------------------------------------ helpers
-
-    @staticmethod
-    def _lengths(values, batch: int, name: str, low: int) -> np.ndarray:
-        arr = np.asarray(values)
-        if arr.shape != (batch,) or not np.issubdtype(arr.dtype, np.integer):
-            raise InputError(f"{name} must be {batch} integers (one per row), got {arr.dtype} {list(arr.shape)}")
-        if (arr < low).any():
-            raise InputError(f"{name} must be >= {low}, got {arr.tolist()}")
-        return arr.astype(np.int64)
 
     def _choose_profile(self, batch: int, seq: int, past: int) -> _Profile:
         def fits(p: _Profile) -> bool:
