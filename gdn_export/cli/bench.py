@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per run")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prefill in calls of at most N tokens (default: one call)")
+                   help="prefill in calls of at most N tokens per row (default: 4096 // batch on the GPU runner)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture the decode step as a CUDA graph (default: on CUDA); --no-cuda-graph")
     p.add_argument("--compile", action="store_true",
@@ -95,6 +95,7 @@ def run(args) -> int:
     ids = torch.from_numpy(prompts).to(device)
     runner = GraphRunner(model, device=device, op_backend=op_backend, cuda_graph=cuda_graph,
                          compile=args.compile)
+    result["prefill_chunk"] = args.prefill_chunk or runner.default_prefill_chunk(args.batch)
     result["parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     result["weights_bytes"] = B.tensor_bytes(model.parameters())
     result["states_bytes"] = B.tensor_bytes(runner.empty_states(args.batch))

@@ -22,8 +22,8 @@ def add_parser(sub) -> None:
                    help="prompt token ids; repeat the flag for a batch (rows may differ in length)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prefill long prompts in calls of at most N tokens (default: one call, or "
-                   "as many as the cache allows)")
+                   help="prefill long prompts in calls of at most N tokens per row (default: as many "
+                   "as the cache allows; 4096 // batch with --device cuda)")
     p.add_argument("--save-logits", metavar="OUT.npz",
                    help="save generated [B, N], prompt_lengths [B] and the logits of every step: "
                    "step_0 = the prompt's ([B, 1, V] at each row's last prompt token, or [B, T, V] "

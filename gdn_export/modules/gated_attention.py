@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
@@ -57,19 +58,24 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
+    def fusible_linears(self) -> list[tuple[nn.Linear, ...]]:
+        """q / k / v projections: one GEMM after fuse_linears (runtime only)."""
+        return [(self.q_proj, self.k_proj, self.v_proj)]
+
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, T, hidden] -> q [B, H, T, D], k, v [B, Hkv, T, D] (normed, rotated) and the output
         gate [B, T, H*D] (None without `attn_output_gate`). Families override this alone."""
         B, T, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, gate = self.q_proj(x), None
+        q, k, v = project_together(x, self.q_proj, self.k_proj, self.v_proj)
+        gate = None
         if self.gated:
             # The checkpoint interleaves per head: [q_0 | gate_0 | q_1 | gate_1 | ...].
-            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
+            q, gate = q.reshape(B, T, H, 2 * D).chunk(2, dim=-1)
             gate = gate.reshape(B, T, H * D)
         q = self.q_norm(q.reshape(B, T, H, D)).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_norm(self.k_proj(x).view(B, T, Hkv, D)).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
+        k = self.k_norm(k.reshape(B, T, Hkv, D)).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.reshape(B, T, Hkv, D).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v, gate
 

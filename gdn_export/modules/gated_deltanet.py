@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
 from gdn_export.ops import causal_conv1d, gated_delta_rule
@@ -90,6 +91,12 @@ class GatedDeltaNet(nn.Module):
             self.in_proj_b = nn.Linear(hidden, Hv, bias=False)
             self.in_proj_a = nn.Linear(hidden, Hv, bias=False)
 
+    def fusible_linears(self) -> list[tuple[nn.Linear, ...]]:
+        """The input projections `project` runs as one GEMM after fuse_linears (runtime only)."""
+        if self.layout == "fused":
+            return [(self.in_proj_qkvz, self.in_proj_ba)]
+        return [(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)]
+
     def make_output(self, config: HybridConfig) -> None:
         """Create the output norm and projection that `output` uses."""
         self.norm = GatedRMSNorm(self.head_v_dim, eps=config.gdn_norm_eps)
@@ -100,12 +107,13 @@ class GatedDeltaNet(nn.Module):
         B, T, _ = x.shape
         Hk, Hv, Dk, Dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         if self.layout == "split":
-            return (self.in_proj_qkv(x), self.in_proj_z(x).view(B, T, Hv, Dv),
-                    self.in_proj_b(x), self.in_proj_a(x))
+            mixed, z, b, a = project_together(x, self.in_proj_qkv, self.in_proj_z, self.in_proj_b,
+                                              self.in_proj_a)
+            return mixed, z.reshape(B, T, Hv, Dv), b, a
         m = Hv // Hk
-        qkvz = self.in_proj_qkvz(x).view(B, T, Hk, 2 * Dk + 2 * m * Dv)
-        q, k, v, z = torch.split(qkvz, [Dk, Dk, m * Dv, m * Dv], dim=-1)
-        b, a = torch.split(self.in_proj_ba(x).view(B, T, Hk, 2 * m), [m, m], dim=-1)
+        qkvz, ba = project_together(x, self.in_proj_qkvz, self.in_proj_ba)
+        q, k, v, z = torch.split(qkvz.reshape(B, T, Hk, 2 * Dk + 2 * m * Dv), [Dk, Dk, m * Dv, m * Dv], dim=-1)
+        b, a = torch.split(ba.reshape(B, T, Hk, 2 * m), [m, m], dim=-1)
         mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
         return mixed, z.reshape(B, T, Hv, Dv), b.reshape(B, T, Hv), a.reshape(B, T, Hv)
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.fused_linear import project_together
 from gdn_export.ops.moe import sparse_moe_forward
 
 
@@ -25,8 +26,13 @@ class SwiGLUMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
+    def fusible_linears(self) -> list[tuple[nn.Linear, ...]]:
+        """gate / up: one GEMM after fuse_linears (runtime only)."""
+        return [(self.gate_proj, self.up_proj)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project_together(x, self.gate_proj, self.up_proj)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoeExperts(nn.Module):

@@ -21,6 +21,7 @@ from torch import nn
 
 from gdn_export.config import HybridConfig
 from gdn_export.modules.gated_attention import GatedAttention
+from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
 from gdn_export.modules.norm import GatedRMSNorm, RMSNorm
 from gdn_export.modules.rotary import apply_rotary
@@ -44,15 +45,19 @@ class OlmoGatedDeltaNet(GatedDeltaNet):
         self.b_proj = nn.Linear(hidden, Hv, bias=False)
         self.g_proj = nn.Linear(hidden, self.value_dim, bias=False)
 
+    def fusible_linears(self) -> list[tuple[nn.Linear, ...]]:
+        return [(self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.b_proj, self.a_proj)]
+
     def make_output(self, config: HybridConfig) -> None:
         self.o_norm = GatedRMSNorm(self.head_v_dim, eps=config.gdn_norm_eps)
         self.o_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
 
     def project(self, x: torch.Tensor):
         B, T, _ = x.shape
-        mixed = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
-        z = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim)
-        return mixed, z, self.b_proj(x), self.a_proj(x)
+        q, k, v, z, b, a = project_together(x, self.q_proj, self.k_proj, self.v_proj, self.g_proj,
+                                            self.b_proj, self.a_proj)
+        mixed = torch.cat((q, k, v), dim=-1)
+        return mixed, z.reshape(B, T, self.num_v_heads, self.head_v_dim), b, a
 
     def beta(self, b: torch.Tensor) -> torch.Tensor:
         beta = torch.sigmoid(b)
@@ -79,9 +84,10 @@ class OlmoAttention(GatedAttention):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, T, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_norm(self.q_proj(x)).view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_norm(self.k_proj(x)).view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
+        q, k, v = project_together(x, self.q_proj, self.k_proj, self.v_proj)
+        q = self.q_norm(q).reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_norm(k).reshape(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.reshape(B, T, Hkv, D).transpose(1, 2)
         if self.use_rope:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v, None

@@ -28,6 +28,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
 from gdn_export.errors import GdnExportError
 
 ENV_VAR = "GDN_EXPORT_BACKEND"
@@ -119,6 +122,18 @@ def for_device(device) -> Backend:
     name = current_name()
     check_device(name, device)
     return get(name)
+
+
+def can_call_directly(*tensors) -> bool:
+    """True when an op may call its backend without the torch.ops dispatcher: eager mode, plain
+    tensors. The dispatcher's path into a Python custom op costs tens of microseconds per call (more
+    than a decode step's kernel); torch.compile, torch.export (the ONNX exporter), jit tracing and
+    dispatch modes (FakeTensor, make_fx) must see each op as its one node, so they keep it."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+        return False
+    if _get_current_dispatch_mode() is not None:
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 @contextlib.contextmanager

@@ -98,6 +98,10 @@ class Runner(abc.ABC):
                  states) -> tuple[np.ndarray, Any]:
         """`forward` after the token ids and lengths were checked (lengths int64 [B])."""
 
+    def default_prefill_chunk(self, batch: int) -> int | None:
+        """Tokens per row per prefill call when the caller gives none (None: as many as fit)."""
+        return None
+
     @abc.abstractmethod
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
         """{state name: host array}; bfloat16 states come back as float32 (numpy has no bf16)."""
@@ -202,11 +206,12 @@ def pad_rows(rows: Sequence[np.ndarray], width: int | None = None) -> np.ndarray
 
 def prefill(runner: Runner, prompts: Sequence[np.ndarray], states, chunk: int | None = None):
     """Run the prompts (rows of any lengths) through `runner` from empty `states`, in calls of at
-    most `chunk` tokens (default: as many as the cache allows at once; streaming caches are filled
-    up to the ring's end per call). Returns (logits, states): logits [B, 1, V] at each row's last
+    most `chunk` tokens (default: the runner's `default_prefill_chunk`, else as many as the cache
+    allows at once; streaming caches are filled up to the ring's end per call). Returns (logits, states): logits [B, 1, V] at each row's last
     prompt token, or [B, T, V] for every position when the runner's layout keeps all logits."""
     lens = np.array([len(p) for p in prompts], np.int64)
     batch, longest = len(prompts), int(lens.max())
+    chunk = runner.default_prefill_chunk(batch) if chunk is None else chunk
     layout = runner.layout
     past = np.zeros(batch, np.int64)
     last = full = None

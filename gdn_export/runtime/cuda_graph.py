@@ -13,12 +13,16 @@ What makes it fast, against TorchRunner (which is the same model, stepped eagerl
   lengths from static device buffers, and it also picks the greedy token on the GPU and advances
   the lengths, so `decode_greedy` replays the graph N times with no host synchronisation and no
   allocation at all; the tokens come back in one copy at the end.
+- Sibling projections of one input (q / k / v / z / b / a of a GDN layer, q / k / v of attention,
+  gate / up of an MLP) run as one GEMM (gdn_export.modules.fused_linear): at decode a GEMM is a pass
+  over its weights, and a few large ones get nearer the copy bandwidth than many small ones.
 - The model's own input checks (which read lengths back from the GPU) are off: Runner.forward
   checks ids, lengths and cache room on the host before anything runs.
 - compile=True wraps the model in torch.compile (inductor fuses the small elementwise ops: norms
   with their gates, rotary, the gates of the GDN layer) before the capture; the gdn custom ops stay
   opaque calls into the op backend. Prefill runs eagerly (compiled too with compile=True), in
-  chunks of at most `prefill_chunk` tokens when given (gdn_export.runtime.base.prefill).
+  calls of at most `prefill_chunk` tokens per row, by default PREFILL_TOKENS // batch (bounded
+  activation memory; gdn_export.runtime.base.prefill).
 
 On the CPU (or cuda_graph=False) it behaves like TorchRunner with static buffers, which is what the
 CPU tests check against TorchRunner.
@@ -32,9 +36,15 @@ import numpy as np
 import torch
 
 from gdn_export.errors import GdnExportError, InputError
+from gdn_export.modules.fused_linear import fuse_linears
 from gdn_export.runtime.base import check_fits, check_lengths
 from gdn_export.runtime.torch_runner import TorchRunner
 
+# Tokens of one prefill call over the whole batch when no chunk is given: a batch of long prompts in
+# one call would hold every token's activations at once (a 4096-token batch of 32 rows took 4x the
+# memory of weights + states); 4096 tokens keep them to a few percent while one 4096-token prompt
+# still goes in one call.
+PREFILL_TOKENS = 4096
 WARMUP_CALLS = 3  # before a capture: lazy init (cuBLAS handles, Triton / inductor compiles)
 
 
@@ -75,12 +85,19 @@ class GraphRunner(TorchRunner):
         for module in self.model.modules():
             if isinstance(module, GatedDeltaNet):
                 module.update_states_in_place = True
+        # Sibling projections of one input as one GEMM each (weights become views of one tensor:
+        # no extra memory; gdn_export.modules.fused_linear).
+        fuse_linears(self.model)
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
         if self.cuda_graph and self.device.type != "cuda":
             raise InputError(f"CUDA graphs need a CUDA device, got {self.device}")
         self.compiled = bool(compile)
         self._step_model = torch.compile(self.model, dynamic=False) if compile else self.model
         self._static: dict[int, _Static] = {}
+
+    def default_prefill_chunk(self, batch: int) -> int:
+        """PREFILL_TOKENS // batch tokens per row per prefill call (at least 1)."""
+        return max(1, PREFILL_TOKENS // max(batch, 1))
 
     # ------------------------------------------------------------------ states
     def empty_states(self, batch: int) -> list[torch.Tensor]:
@@ -170,8 +187,8 @@ class GraphRunner(TorchRunner):
     def prefill_device(self, ids: torch.Tensor, states, chunk: int | None = None):
         """Prefill rows of equal length from device tensors, without host round trips: ids [B, T]
         int64 on this runner's device, states from `empty_states(B)`; calls of at most `chunk`
-        tokens. Returns (logits [B, 1, V] fp32 on the device, the static states). For ragged rows
-        and host arrays use gdn_export.runtime.base.prefill."""
+        tokens (default: `default_prefill_chunk(B)`). Returns (logits [B, 1, V] fp32 on the device,
+        the static states). For ragged rows and host arrays use gdn_export.runtime.base.prefill."""
         batch, seq = ids.shape
         if self.layout.streaming:
             raise InputError("prefill_device does not split calls at the streaming ring's end; use "
@@ -179,7 +196,7 @@ class GraphRunner(TorchRunner):
         check_fits(self.layout, np.zeros(batch, np.int64), np.full(batch, seq, np.int64), seq)
         st = self._static_for(batch)
         self._load(st, self._check_state_tensors(states, batch, 0))
-        chunk = seq if chunk is None else int(chunk)
+        chunk = self.default_prefill_chunk(batch) if chunk is None else int(chunk)
         if chunk < 1:
             raise InputError(f"prefill chunk must be >= 1, got {chunk}")
         logits = None

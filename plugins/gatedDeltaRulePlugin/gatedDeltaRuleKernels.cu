@@ -149,6 +149,21 @@ int32_t maxDynamicSmem()
 template <typename T, typename S, int32_t kDK>
 void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
 {
+    if constexpr (sizeof(S) == 2 && kDK >= 16)
+    {
+        if (p.seqLen == 1 && p.cuSeqlens == nullptr)
+        {
+            // A decode step of a 16-bit state: the tile staged in shared memory (see the kernel),
+            // so the shared-memory carveout bounds the blocks per multiprocessor: ask for all of it.
+            using Tile = kernels::DecodeTile16<kDK>;
+            static bool const carveout = cudaFuncSetAttribute(kernels::gatedDeltaRuleDecode16Kernel<T, S, kDK>,
+                cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+            (void) carveout; // a hint: without it the kernel is correct, only fewer blocks may fit
+            dim3 const grid((p.valueDim + Tile::kBV - 1) / Tile::kBV, p.numValueHeads, numSequences(p));
+            kernels::gatedDeltaRuleDecode16Kernel<T, S, kDK><<<grid, Tile::kTHREADS, 0, stream>>>(p);
+            return;
+        }
+    }
     using Tile = kernels::RecurrentTile<S, kDK>;
     dim3 const grid((p.valueDim + Tile::kBV - 1) / Tile::kBV, p.numValueHeads, numSequences(p));
     kernels::gatedDeltaRuleRecurrentKernel<T, S, kDK><<<grid, Tile::kTHREADS, 0, stream>>>(p);

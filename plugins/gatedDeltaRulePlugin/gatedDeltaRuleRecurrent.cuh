@@ -12,6 +12,8 @@
  * Works for any Dk <= kDK and any Dv (edges masked), and for varlen packs.
  * S is the state's storage type (float, __half, __nv_bfloat16): loaded once into fp32 registers and
  * rounded once at the final store, so a 16-bit state moves half the bytes of an fp32 one.
+ * A decode step (T = 1) of a 16-bit state has its own kernel, gatedDeltaRuleDecode16Kernel (the
+ * tile staged in shared memory in its storage form), at the end of this file.
  */
 #pragma once
 
@@ -315,6 +317,305 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
                 if (col0 + c < dv)
                 {
                     dst[c] = fromFloat<S>(s[i][c]);
+                }
+            }
+        }
+    }
+}
+
+//! For the 16-bit decode kernel below (the recurrent kernel keeps these steps inline: as shared
+//! functions they cost it register spills, measured with ptxas -v). The per-token vectors of one (token, value head), in shared memory, from two warps: warp 0 loads
+//! q and k of key head kh, L2-normalises them (when asked) and stores q~ = scale q, k and the
+//! scalars exp(g), beta, q~ . k; warp 1 loads the block's kBV columns of v.
+template <typename T, int32_t kDK, int32_t kBV>
+__device__ __forceinline__ void loadToken(GatedDeltaRuleParams const& p, int64_t tok, int32_t h, int32_t kh,
+    int32_t warp, int32_t lane, float (&sQ)[kDK], float (&sK)[kDK], float (&sV)[kBV], float (&sScalar)[3])
+{
+    constexpr int32_t kLANE_ELEMS = (kDK + kWARP - 1) / kWARP;
+    int32_t const dk = p.keyDim;
+    int32_t const dv = p.valueDim;
+    int32_t const hv = p.numValueHeads;
+    int32_t const hk = p.numKeyHeads;
+    T const* q = static_cast<T const*>(p.q);
+    T const* k = static_cast<T const*>(p.k);
+    T const* v = static_cast<T const*>(p.v);
+    T const* beta = static_cast<T const*>(p.beta);
+    if (warp == 0)
+    {
+        float qa[kLANE_ELEMS];
+        float ka[kLANE_ELEMS];
+        float ssq = 0.F;
+        float ssk = 0.F;
+        float sqk = 0.F;
+        int64_t const qkBase = (tok * hk + kh) * dk;
+#pragma unroll
+        for (int32_t j = 0; j < kLANE_ELEMS; ++j)
+        {
+            int32_t const d = lane + j * kWARP;
+            qa[j] = d < dk ? toFloat(q[qkBase + d]) : 0.F;
+            ka[j] = d < dk ? toFloat(k[qkBase + d]) : 0.F;
+            ssq += qa[j] * qa[j];
+            ssk += ka[j] * ka[j];
+            sqk += qa[j] * ka[j];
+        }
+        float rq = 1.F;
+        float rk = 1.F;
+        if (p.useQkL2norm)
+        {
+            rq = rsqrtf(warpSum(ssq) + kL2NORM_EPS);
+            rk = rsqrtf(warpSum(ssk) + kL2NORM_EPS);
+        }
+        sqk = warpSum(sqk);
+#pragma unroll
+        for (int32_t j = 0; j < kLANE_ELEMS; ++j)
+        {
+            int32_t const d = lane + j * kWARP;
+            if (d < kDK)
+            {
+                sQ[d] = qa[j] * rq * p.scale;
+                sK[d] = ka[j] * rk;
+            }
+        }
+        if (lane == 0)
+        {
+            int64_t const gi = tok * hv + h;
+            sScalar[0] = __expf(p.g[gi]);
+            sScalar[1] = toFloat(beta[gi]);
+            sScalar[2] = sqk * rq * rk * p.scale;
+        }
+    }
+    else if (warp == 1)
+    {
+#pragma unroll
+        for (int32_t j = lane; j < kBV; j += kWARP)
+        {
+            int32_t const c = blockIdx.x * kBV + j;
+            sV[j] = c < dv ? toFloat(v[(tok * hv + h) * dv + c]) : 0.F;
+        }
+    }
+}
+
+//! A warp's partial S'^T k and S'^T q~ of its kCW columns: the four row groups of the warp (lanes
+//! differing in bits 3 and 4) summed by shuffles, then written by the first row group to dstK / dstQ.
+template <int32_t kCW>
+__device__ __forceinline__ void warpPartials(float (&pk)[kCW], float (&pq)[kCW], bool writer, float* dstK, float* dstQ)
+{
+#pragma unroll
+    for (int32_t c = 0; c < kCW; ++c)
+    {
+        pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], 8);
+        pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], 16);
+        pq[c] += __shfl_xor_sync(0xffffffffU, pq[c], 8);
+        pq[c] += __shfl_xor_sync(0xffffffffU, pq[c], 16);
+    }
+    if (writer)
+    {
+#pragma unroll
+        for (int32_t c = 0; c < kCW; ++c)
+        {
+            dstK[c] = pk[c];
+            dstQ[c] = pq[c];
+        }
+    }
+}
+
+//! Bits of a 16-bit state element, and two of them packed in a word (element 2j in the low half:
+//! the order of a vector load). Keeping the state as words keeps it in registers.
+template <typename S>
+__device__ __forceinline__ uint32_t bits16(S x)
+{
+    if constexpr (std::is_same_v<S, __half>)
+    {
+        return __half_as_ushort(x);
+    }
+    else
+    {
+        return __bfloat16_as_ushort(x);
+    }
+}
+
+template <typename S>
+__device__ __forceinline__ float widen16(uint32_t word, int32_t half)
+{
+    uint32_t const b = half == 0 ? (word & 0xFFFFU) : (word >> 16);
+    if constexpr (std::is_same_v<S, __half>)
+    {
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+    }
+    else
+    {
+        return __uint_as_float(b << 16); // bf16 -> fp32 is exact: the high half of the float
+    }
+}
+
+template <typename S>
+__device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
+{
+    return bits16(fromFloat<S>(lo)) | (bits16(fromFloat<S>(hi)) << 16);
+}
+
+//! The single-token tile of a 16-bit state: 128 threads x (kDK / 16 rows x 8 columns), BV = 64.
+//! The block's [kDK, 64] state tile is copied to shared memory with cp.async in its storage form
+//! and widened to fp32 where it is read, twice (for the reduction, then for the update; widening is
+//! exact), with the fp32 tile's row groups and order of operations. Registers no longer bound the
+//! bytes in flight (in registers, a 16-bit tile kept only ~64 KB per multiprocessor in flight and
+//! the step reached ~55% of the copy bandwidth): ~10 blocks of 16 KB (kDK = 128) fit per
+//! multiprocessor.
+template <int32_t kDK>
+struct DecodeTile16
+{
+    static constexpr int32_t kCW = 8;
+    static constexpr int32_t kNW = 4;
+    static constexpr int32_t kTHREADS = kNW * kWARP;
+    static constexpr int32_t kBV = 8 * kCW;
+    static constexpr int32_t kKGROUPS = 4 * kNW;
+};
+
+//! One decode step (every sequence has exactly one token: seqLen == 1, no cuSeqlens) of a 16-bit
+//! state S. Same arithmetic, in the same order, as gatedDeltaRuleRecurrentKernel with len == 1.
+template <typename T, typename S, int32_t kDK, typename Tile = DecodeTile16<kDK>>
+__global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(GatedDeltaRuleParams const p)
+{
+    static_assert(sizeof(S) == 2, "16-bit states only");
+    static_assert(Tile::kCW == 8, "one 16-byte vector of 8 columns per row");
+    constexpr int32_t kCW = Tile::kCW;
+    constexpr int32_t kNW = Tile::kNW;
+    constexpr int32_t kBV = Tile::kBV;
+    constexpr int32_t kKGROUPS = Tile::kKGROUPS;
+    constexpr int32_t kROWS = kDK / kKGROUPS;
+    static_assert(kDK % kKGROUPS == 0, "kDK must be a multiple of the row groups");
+
+    __shared__ alignas(16) S sS[kDK][kBV];
+    __shared__ float sQ[kDK];
+    __shared__ float sK[kDK];
+    __shared__ float sV[kBV];
+    __shared__ float sScalar[3];
+    __shared__ float sRed[kNW][2][kBV];
+
+    int32_t const dk = p.keyDim;
+    int32_t const dv = p.valueDim;
+    int32_t const hv = p.numValueHeads;
+    int32_t const h = blockIdx.y;
+    int32_t const n = blockIdx.z;
+    int32_t const kh = h / (hv / p.numKeyHeads);
+    int32_t const warp = threadIdx.x / kWARP;
+    int32_t const lane = threadIdx.x % kWARP;
+    int32_t const vl = lane % 8;
+    int32_t const kl = lane / 8;
+    int32_t const kg = warp * 4 + kl;
+    int32_t const c0 = vl * kCW; // first column of this thread inside the tile
+    int32_t const col0 = blockIdx.x * kBV + c0;
+    bool const vecCols = (dv % kCW == 0) && (col0 < dv);
+
+    size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
+    S const* init = static_cast<S const*>(p.initialState);
+#pragma unroll
+    for (int32_t i = 0; i < kROWS; ++i)
+    {
+        int32_t const r = kg + kKGROUPS * i;
+        S const* src = init + stateOffset + static_cast<size_t>(r) * dv + col0;
+        bool const inside = init != nullptr && r < dk;
+        if (vecCols || !inside)
+        {
+            // 0 source bytes zero-fill: rows past Dk and a missing initial state read as zeros.
+            cpAsync16(&sS[r][c0], inside ? src : static_cast<void const*>(sS), inside ? 16 : 0);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t c = 0; c < kCW; ++c)
+            {
+                sS[r][c0 + c] = col0 + c < dv ? src[c] : fromFloat<S>(0.F);
+            }
+        }
+    }
+    cpAsyncCommit();
+
+    loadToken<T, kDK, kBV>(p, n, h, kh, warp, lane, sQ, sK, sV, sScalar);
+    cpAsyncWaitAll();
+    __syncthreads();
+
+    float const a = sScalar[0];
+    float pk[kCW];
+    float pq[kCW];
+#pragma unroll
+    for (int32_t c = 0; c < kCW; ++c)
+    {
+        pk[c] = 0.F;
+        pq[c] = 0.F;
+    }
+#pragma unroll
+    for (int32_t i = 0; i < kROWS; ++i)
+    {
+        int32_t const r = kg + kKGROUPS * i;
+        float const kr = sK[r];
+        float const qr = sQ[r];
+        uint4 const w = *reinterpret_cast<uint4 const*>(&sS[r][c0]);
+        uint32_t const words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int32_t c = 0; c < kCW; ++c)
+        {
+            float const sd = widen16<S>(words[c / 2], c % 2) * a;
+            pk[c] += sd * kr;
+            pq[c] += sd * qr;
+        }
+    }
+    warpPartials<kCW>(pk, pq, kl == 0, sRed[warp][0] + c0, sRed[warp][1] + c0);
+    __syncthreads();
+
+    float const b = sScalar[1];
+    float const qk = sScalar[2];
+    float u[kCW];
+#pragma unroll
+    for (int32_t c = 0; c < kCW; ++c)
+    {
+        float sk = 0.F;
+        float sq = 0.F;
+#pragma unroll
+        for (int32_t w = 0; w < kNW; ++w)
+        {
+            sk += sRed[w][0][c0 + c];
+            sq += sRed[w][1][c0 + c];
+        }
+        u[c] = b * (sV[c0 + c] - sk);
+        if (warp == 0 && kl == 0 && col0 + c < dv)
+        {
+            static_cast<T*>(p.o)[(static_cast<int64_t>(n) * hv + h) * dv + col0 + c] = fromFloat<T>(sq + u[c] * qk);
+        }
+    }
+
+#pragma unroll
+    for (int32_t i = 0; i < kROWS; ++i)
+    {
+        int32_t const r = kg + kKGROUPS * i;
+        if (r >= dk)
+        {
+            continue;
+        }
+        float const kr = sK[r];
+        uint4 const w = *reinterpret_cast<uint4 const*>(&sS[r][c0]);
+        uint32_t const words[4] = {w.x, w.y, w.z, w.w};
+        uint32_t out[4];
+#pragma unroll
+        for (int32_t j = 0; j < 4; ++j)
+        {
+            out[j] = narrowPair16<S>(widen16<S>(words[j], 0) * a + kr * u[2 * j],
+                                     widen16<S>(words[j], 1) * a + kr * u[2 * j + 1]);
+        }
+        S* dst = static_cast<S*>(p.finalState) + stateOffset + static_cast<size_t>(r) * dv + col0;
+        if (vecCols)
+        {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+        }
+        else
+        {
+            unsigned short* d16 = reinterpret_cast<unsigned short*>(dst);
+#pragma unroll
+            for (int32_t c = 0; c < kCW; ++c)
+            {
+                if (col0 + c < dv)
+                {
+                    d16[c] = static_cast<unsigned short>(c % 2 == 0 ? out[c / 2] & 0xFFFFU : out[c / 2] >> 16);
                 }
             }
         }

@@ -22,14 +22,22 @@ STATE_DTYPES = [pytest.param(torch.bfloat16, id="bf16-state"), pytest.param(torc
 STATE_BOUND = {torch.bfloat16: 6e-3, torch.float16: 1e-3}
 
 
-def _check(x, dtype, state_dtype, cu_seqlens=None, path=0):
+def _check(x, dtype, state_dtype, cu_seqlens=None, path=0, in_place=False):
+    """in_place: final_state is the initial state's buffer. No initial state: the kernel gets None,
+    the reference zeros of the state dtype."""
     B, T, _, Dk = x["q"].shape
     Hv, Dv = x["v"].shape[2:]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    x = dict(x, initial_state=x["initial_state"].to(state_dtype))
+    given = x["initial_state"]
+    if given is None:
+        x = dict(x, initial_state=torch.zeros(N, Hv, Dk, Dv, dtype=state_dtype, device="cuda"))
+    else:
+        x = dict(x, initial_state=given.to(state_dtype))
     o = torch.full((B, T, Hv, Dv), float("nan"), dtype=dtype, device="cuda")
-    s = torch.full((N, Hv, Dk, Dv), float("nan"), dtype=state_dtype, device="cuda")
-    cuda_backend.gated_delta_rule_out(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"],
+    s = x["initial_state"].clone() if in_place else \
+        torch.full((N, Hv, Dk, Dv), float("nan"), dtype=state_dtype, device="cuda")
+    cuda_backend.gated_delta_rule_out(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                      None if given is None else (s if in_place else x["initial_state"]),
                                       Dk ** -0.5, True, cu_seqlens, o, s, path=path)
     fn = recurrent_gated_delta_rule if T <= 16 else chunked_gated_delta_rule
     ro, rs = fn(**x, use_qk_l2norm=True, cu_seqlens=cu_seqlens)
@@ -44,6 +52,18 @@ def _check(x, dtype, state_dtype, cu_seqlens=None, path=0):
 @pytest.mark.parametrize("Dk,Dv", [pytest.param(128, 128, id="D128"), pytest.param(64, 128, id="Dk64-Dv128")])
 def test_grid(Dk, Dv, T, dtype, state_dtype):
     _check(gdn_inputs(3, T, 2, 4, Dk, Dv, dtype=dtype, device="cuda"), dtype, state_dtype)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("start", ["state", "no-state", "in-place"])
+@pytest.mark.parametrize("Dk,Dv", [(16, 8), (48, 24), (100, 100), (128, 130), (64, 36), (256, 256), (128, 128)],
+                         ids=lambda d: str(d))
+def test_decode_step_head_sizes(Dk, Dv, start, dtype, state_dtype):
+    """T = 1: the 16-bit decode kernel (state tile staged in shared memory), every edge: Dk below its
+    tile's rows, Dv not a multiple of 8 (scalar columns), several column blocks, zero state."""
+    x = gdn_inputs(5, 1, 3, 6, Dk, Dv, dtype=dtype, device="cuda", state=start != "no-state", correlated=True)
+    _check(x, dtype, state_dtype, in_place=start == "in-place")
 
 
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)

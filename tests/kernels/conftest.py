@@ -10,3 +10,14 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+if torch.cuda.is_available():
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def _release_cached_gpu_memory():
+        """Give the caching allocator's blocks back after each test: several pytest-xdist workers
+        share one GPU, and each would otherwise keep the peak of every test it ran."""
+        yield
+        torch.cuda.empty_cache()

@@ -75,3 +75,48 @@ def test_reference_backend_runs_on_cpu_under_the_same_check(monkeypatch):
     assert o.shape == (1, 3, 4, 8) and state.shape == (1, 4, 16, 8) and state.dtype == torch.float32
     assert y.shape == (2, 5, 6) and conv_state.shape == (2, 6, 3)
     assert torch.isfinite(o).all() and torch.isfinite(y).all()
+
+
+def test_ops_call_the_backend_directly_only_when_eager():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 3)
+    assert backends.can_call_directly(x, None, x)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert not backends.can_call_directly(fake)  # a dispatch mode is active
+    assert not backends.can_call_directly(mode.from_tensor(x))  # a tensor subclass
+    seen = []
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def traced(t):
+        seen.append(backends.can_call_directly(t))
+        return t + 1
+
+    traced(x)
+    assert seen == [False]
+
+
+def test_eager_and_traced_calls_agree():
+    """The direct eager path and the torch.ops path (what torch.compile / export see) give the same
+    results, and tracing keeps the op as one node."""
+    x = gdn_inputs(2, 5, 1, 2, 8, 8)
+    eager = gated_delta_rule(**x, use_qk_l2norm=True)
+    graphs = []
+
+    def count_backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fn = torch.compile(lambda **kw: gated_delta_rule(**kw, use_qk_l2norm=True), backend=count_backend,
+                       fullgraph=True)
+    traced = fn(**x)
+    for a, b in zip(eager, traced):
+        torch.testing.assert_close(a, b)
+    assert any("gdn.gated_delta_rule" in str(n.target) for g in graphs for n in g.graph.nodes)
+    c = torch.randn(2, 7, 6)
+    w = torch.randn(6, 4)
+    y_eager = causal_conv1d(c, w, None, torch.zeros(2, 6, 3))
+    y_traced = torch.compile(causal_conv1d, backend="eager", fullgraph=True)(c, w, None, torch.zeros(2, 6, 3))
+    for a, b in zip(y_eager, y_traced):
+        torch.testing.assert_close(a, b)

@@ -75,10 +75,13 @@ def _causal_conv1d_op(
     silu: bool,
     seq_lens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(x, weight, bias, conv_state, silu, seq_lens)
+
+
+def _run(x, weight, bias, conv_state, silu, seq_lens):
     # Checked here, where tensors are real (torch.export traces the fake below).
     check_lengths(seq_lens, x.shape[1])
-    y, state = backends.for_device(x.device).causal_conv1d(x, weight, bias, conv_state, silu, seq_lens)
-    return y, state
+    return backends.for_device(x.device).causal_conv1d(x, weight, bias, conv_state, silu, seq_lens)
 
 
 @_causal_conv1d_op.register_fake
@@ -103,4 +106,6 @@ def causal_conv1d(
     check_inputs(x, weight, bias, conv_state, seq_lens)
     if seq_lens is not None:
         seq_lens = seq_lens.to(torch.int32)
+    if backends.can_call_directly(x, weight, bias, conv_state, seq_lens):
+        return _run(x, weight, bias, conv_state, bool(silu), seq_lens)  # eager: no dispatcher
     return torch.ops.gdn.causal_conv1d(x, weight, bias, conv_state, bool(silu), seq_lens)

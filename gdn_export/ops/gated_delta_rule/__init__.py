@@ -107,12 +107,15 @@ def _gated_delta_rule_op(
     use_qk_l2norm: bool,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Checked here, where tensors are real: torch.export traces the fake below, so exporting a CPU
-    # model with GDN_EXPORT_BACKEND=triton set still works.
-    o, state = backends.for_device(v.device).gated_delta_rule(
+    return _run(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
+
+
+def _run(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
+    # The device is checked here, where tensors are real: torch.export traces the fake below, so
+    # exporting a CPU model with GDN_EXPORT_BACKEND=triton set still works.
+    return backends.for_device(v.device).gated_delta_rule(
         q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens
     )
-    return o, state
 
 
 @_gated_delta_rule_op.register_fake
@@ -137,6 +140,10 @@ def _gated_delta_rule_inplace_op(
     scale: float,
     use_qk_l2norm: bool,
 ) -> torch.Tensor:
+    return _run_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm)
+
+
+def _run_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm):
     backend = backends.for_device(v.device)
     # The state keeps its storage dtype either way (the kernels read and round it themselves).
     if backend.gated_delta_rule_inplace is not None and state.dtype in STATE_DTYPES \
@@ -168,6 +175,8 @@ def gated_delta_rule_(
     an ONNX node: exported graphs use the functional op."""
     check_inputs(q, k, v, g, beta, state, None)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if backends.can_call_directly(q, k, v, g, beta, state):
+        return _run_inplace(q, k, v, g, beta, state, scale, bool(use_qk_l2norm))
     return torch.ops.gdn.gated_delta_rule_(q, k, v, g, beta, state, scale, bool(use_qk_l2norm))
 
 
@@ -200,6 +209,9 @@ def gated_delta_rule(
             N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
             initial_state = v.new_zeros(N, v.shape[2], q.shape[3], v.shape[3], dtype=state_dtype)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if backends.can_call_directly(q, k, v, g, beta, initial_state, cu_seqlens):
+        # Eager: straight to the backend (no dispatcher overhead); traced: the op's one node.
+        return _run(q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm), cu_seqlens)
     return torch.ops.gdn.gated_delta_rule(
         q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm), cu_seqlens
     )

@@ -103,6 +103,9 @@ def moe(
     hidden's dtype.
     """
     check_inputs(hidden, router_logits, gate_up, down, top_k)
+    if backends.can_call_directly(hidden, router_logits, gate_up, down):  # eager: no dispatcher
+        return backends.for_device(hidden.device).moe(hidden, router_logits, gate_up, down, int(top_k),
+                                                      bool(norm_topk_prob))
     return torch.ops.gdn.moe(hidden, router_logits, gate_up, down, int(top_k), bool(norm_topk_prob))
 
 
