@@ -9,7 +9,9 @@ siblings' weights are rows of one tensor and the call is one `F.linear` split in
 outputs; before, it is the separate calls, so nothing changes for export or the CPU runners.
 
 The fused weight is built once; each member's `weight` (and `bias`) becomes a view into it, so the
-parameters, `state_dict()` and memory stay as they were (no second copy of the weights).
+parameters, `state_dict()` and memory stay as they were (no second copy of the weights). The fused
+tensors are non-persistent buffers of the first member, so `model.to(...)` / `.half()` carry them
+along (the views then become copies: still the same values, twice the memory).
 """
 
 from __future__ import annotations
@@ -20,32 +22,36 @@ from torch import nn
 
 
 class _Group:
-    """The fused weight [sum(out), in] (+ bias) of `members`, and each member's output width."""
+    """`members` and each one's output width; the fused weight [sum(out), in] (+ bias) lives on the
+    first member as the buffers `_fused_weight` / `_fused_bias`."""
 
     def __init__(self, members: tuple[nn.Linear, ...]) -> None:
         self.members = members
         self.sizes = [m.out_features for m in members]
+        has_bias = [m.bias is not None for m in members]
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("fuse_linears: either every member has a bias or none")
         with torch.no_grad():
-            self.weight = torch.cat([m.weight for m in members])
-            has_bias = [m.bias is not None for m in members]
-            if any(has_bias) and not all(has_bias):
-                raise ValueError("fuse_linears: either every member has a bias or none")
-            self.bias = torch.cat([m.bias for m in members]) if all(has_bias) else None
+            weight = torch.cat([m.weight for m in members])
+            bias = torch.cat([m.bias for m in members]) if all(has_bias) else None
         start = 0
         for m, size in zip(members, self.sizes):
             # Views: the separate weights are freed, the module tree stays the same.
-            m.weight = nn.Parameter(self.weight[start:start + size], requires_grad=False)
-            if self.bias is not None:
-                m.bias = nn.Parameter(self.bias[start:start + size], requires_grad=False)
+            m.weight = nn.Parameter(weight[start:start + size], requires_grad=False)
+            if bias is not None:
+                m.bias = nn.Parameter(bias[start:start + size], requires_grad=False)
             m._fused_group = self
             start += size
+        members[0].register_buffer("_fused_weight", weight, persistent=False)
+        members[0].register_buffer("_fused_bias", bias, persistent=False)
 
 
 def project_together(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for linear in linears), as one GEMM when `fuse_linears` grouped exactly these."""
     group = getattr(linears[0], "_fused_group", None)
     if group is not None and group.members == linears:
-        return torch.split(F.linear(x, group.weight, group.bias), group.sizes, dim=-1)
+        first = linears[0]
+        return torch.split(F.linear(x, first._fused_weight, first._fused_bias), group.sizes, dim=-1)
     return tuple(linear(x) for linear in linears)
 
 

@@ -64,6 +64,9 @@ def test_fused_model_equals_unfused(family):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     assert fuse_linears(model) == groups  # a second call finds them fused and changes nothing
     torch.testing.assert_close(_run(model, ids, lens)[0], want[0], rtol=1e-5, atol=1e-5)
+    # a dtype / device move after fusing carries the fused weights along
+    model.double()
+    torch.testing.assert_close(_run(model, ids, lens)[0].double(), want[0].double(), rtol=1e-5, atol=1e-5)
 
 
 def test_project_together_splits_with_bias_and_falls_back_unfused():
@@ -76,6 +79,7 @@ def test_project_together_splits_with_bias_and_falls_back_unfused():
         torch.testing.assert_close(g, w)
     fuse(a, b, c)
     assert a.weight.untyped_storage().data_ptr() == c.weight.untyped_storage().data_ptr()
+    assert "_fused_weight" not in a.state_dict()  # a runtime buffer, not a checkpoint entry
     got = project_together(x, a, b, c)
     assert [t.shape[-1] for t in got] == [5, 3, 9]
     for g, w in zip(got, want):

@@ -93,6 +93,27 @@ def test_decode_greedy_checks_the_cache_room(ckpt):
         fast.decode_greedy([3], [10], states, 2)
 
 
+def test_default_prefill_chunk_bounds_tokens_per_call(ckpt, monkeypatch):
+    """Without a chunk, a batch is prefilled in calls of PREFILL_TOKENS tokens in all (activation
+    memory), and the result is the one-call prefill's."""
+    import gdn_export.runtime.cuda_graph as cg
+
+    eager, fast = _runners(ckpt, "cpu")
+    assert (fast.default_prefill_chunk(1), fast.default_prefill_chunk(32), fast.default_prefill_chunk(8192)) == \
+        (4096, 128, 1)
+    assert eager.default_prefill_chunk(32) is None  # the other runners: as many as the cache allows
+    monkeypatch.setattr(cg, "PREFILL_TOKENS", 6)  # 3 rows -> calls of 2 tokens
+    calls = []
+    real = fast._forward
+    monkeypatch.setattr(fast, "_forward", lambda ids, *a: calls.append(ids.shape[1]) or real(ids, *a))
+    prompts = _ragged_prompts(3, eager.vocab_size, (7, 3, 5))
+    want = generate(eager, prompts, 2)
+    got = generate(fast, prompts, 2)
+    assert max(calls) == 2 and len(calls) >= 4
+    np.testing.assert_array_equal(got.generated, want.generated)
+    np.testing.assert_allclose(got.step_logits[0], want.step_logits[0], rtol=0, atol=1e-4)
+
+
 def test_cuda_graph_needs_cuda(ckpt):
     model = load_checkpoint(ckpt)
     with pytest.raises(InputError, match="CUDA graphs need a CUDA device"):
