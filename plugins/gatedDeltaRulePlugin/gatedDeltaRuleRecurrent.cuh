@@ -457,10 +457,10 @@ __device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
 //! The single-token tile of a 16-bit state: 128 threads x (kDK / 16 rows x 8 columns), BV = 64.
 //! The block's [kDK, 64] state tile is copied to shared memory with cp.async in its storage form
 //! and widened to fp32 where it is read, twice (for the reduction, then for the update; widening is
-//! exact), with the fp32 tile's row groups and order of operations. Registers no longer bound the
-//! bytes in flight (in registers, a 16-bit tile kept only ~64 KB per multiprocessor in flight and
-//! the step reached ~55% of the copy bandwidth): ~10 blocks of 16 KB (kDK = 128) fit per
-//! multiprocessor.
+//! exact), with the fp32 tile's row groups and order of operations. The state no longer takes
+//! registers: at kDK = 128 a thread needs 56-64, so 8 blocks of 16 KB (128 KB of state loads) are
+//! in flight per multiprocessor, as with an fp32 state; held in fp32 registers, a 16-bit tile kept
+//! only 4 blocks (64 KB) in flight and reached ~55% of the copy bandwidth.
 template <int32_t kDK>
 struct DecodeTile16
 {
@@ -517,8 +517,9 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
         bool const inside = init != nullptr && r < dk;
         if (vecCols || !inside)
         {
-            // 0 source bytes zero-fill: rows past Dk and a missing initial state read as zeros.
-            cpAsync16(&sS[r][c0], inside ? src : static_cast<void const*>(sS), inside ? 16 : 0);
+            // 0 source bytes zero-fill: rows past Dk and a missing initial state read as zeros (the
+            // source is then any valid global address; nothing is read from it).
+            cpAsync16(&sS[r][c0], inside ? static_cast<void const*>(src) : p.q, inside ? 16 : 0);
         }
         else
         {
