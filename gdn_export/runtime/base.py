@@ -207,8 +207,9 @@ def pad_rows(rows: Sequence[np.ndarray], width: int | None = None) -> np.ndarray
 def prefill(runner: Runner, prompts: Sequence[np.ndarray], states, chunk: int | None = None):
     """Run the prompts (rows of any lengths) through `runner` from empty `states`, in calls of at
     most `chunk` tokens (default: the runner's `default_prefill_chunk`, else as many as the cache
-    allows at once; streaming caches are filled up to the ring's end per call). Returns (logits, states): logits [B, 1, V] at each row's last
-    prompt token, or [B, T, V] for every position when the runner's layout keeps all logits."""
+    allows at once; streaming caches are filled up to the ring's end per call). Returns (logits,
+    states): logits [B, 1, V] at each row's last prompt token, or [B, T, V] for every position when
+    the runner's layout keeps all logits."""
     lens = np.array([len(p) for p in prompts], np.int64)
     batch, longest = len(prompts), int(lens.max())
     chunk = runner.default_prefill_chunk(batch) if chunk is None else chunk
