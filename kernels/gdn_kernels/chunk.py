@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (as_kernel_input, chunk_indices, next_pow2, prepare_inputs, raw_operands,
-                               state_dtype, to_state_dtype)
+from gdn_kernels.utils import (as_kernel_input, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
+                               raw_operands, state_dtype, to_state_dtype)
 from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 
 
@@ -129,27 +129,19 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     BK = max(next_pow2(Dk), 16)
     split = raw_operands(q.dtype, Dk, Dv)
     key = (BK, BV, q.dtype, split, num_warps, num_stages)
-    stages = _STAGES_THAT_FIT.get(key, num_stages)
-    while True:
-        try:
-            chunk_state_output_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
-                q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T,
-                HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
-                USE_INITIAL_STATE=initial_state is not None,
-                IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,
-                NUM_STAGES=stages, num_warps=num_warps,
-            )
-            break
-        except Exception as exc:
-            # Prefetching six tiles per stage can outgrow shared memory (large Dk, fp32): fall
-            # back to fewer stages rather than fail; remembered per configuration.
-            if type(exc).__name__ != "OutOfResources":
-                raise
-            if stages <= 1:
-                raise ValueError(f"gated delta rule prefill: Dk={Dk}, Dv={Dv} in {str(q.dtype)[6:]} needs more "
-                                 f"shared memory than this GPU has ({str(exc).splitlines()[0][:120]}); use "
-                                 f"bf16 / fp16 inputs or the cuda backend") from None
-            stages -= 1
+
+    def launch(stages):
+        chunk_state_output_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
+            q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T,
+            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
+            USE_INITIAL_STATE=initial_state is not None,
+            IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,
+            NUM_STAGES=stages, num_warps=num_warps,
+        )
+
+    # Prefetching six tiles per stage can outgrow shared memory (large Dk, fp32): fewer stages
+    # rather than a failure; remembered per configuration.
+    stages = launch_fitting(launch, _STAGES_THAT_FIT.get(key, num_stages), 1, lambda s: s - 1, Dk, Dv, q.dtype)
     _STAGES_THAT_FIT[key] = stages
     return o, ht
 

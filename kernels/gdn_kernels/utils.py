@@ -1,4 +1,5 @@
-"""Host-side helpers shared by the gdn_kernels launchers: dtype policy, varlen chunk tables."""
+"""Host-side helpers shared by the gdn_kernels launchers: dtype policy, varlen chunk tables, the
+shared-memory fallback of the chunked prefill's launches."""
 
 from __future__ import annotations
 
@@ -15,6 +16,24 @@ STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
+
+
+def launch_fitting(launch, value: int, floor: int, smaller, Dk: int, Dv: int, dtype: torch.dtype) -> int:
+    """launch(value), retried with smaller(value) while Triton says the configuration outgrows the
+    GPU's shared memory (OutOfResources, matched by name); below `floor`, a one-line ValueError that
+    names the shapes. Returns the value that launched (callers remember it per configuration)."""
+    while True:
+        try:
+            launch(value)
+            return value
+        except Exception as exc:
+            if type(exc).__name__ != "OutOfResources":
+                raise
+            if value <= floor:
+                raise ValueError(f"gated delta rule prefill: Dk={Dk}, Dv={Dv} in {str(dtype)[6:]} needs more "
+                                 f"shared memory than this GPU has ({str(exc).splitlines()[0][:120]}); use "
+                                 f"bf16 / fp16 inputs or the cuda backend") from None
+            value = smaller(value)
 
 
 def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, next_pow2, raw_operands
+from gdn_kernels.utils import CHUNK, launch_fitting, next_pow2, raw_operands
 
 
 # Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
@@ -250,28 +250,21 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
     NT = chunk_idx.shape[0] if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     key = (Dk, Dv, v.dtype, block_v, num_warps)
+
+    def launch(BV):
+        chunk_wy_fwd_kernel[(NT, B * Hv)](
+            q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
+            w, u, Aqk, gcum, fq, fk,
+            cu_seqlens, chunk_idx, scale, T,
+            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=BV,
+            USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
+            IEEE=v.dtype == torch.float32, SPLIT=raw_operands(v.dtype, Dk, Dv), num_warps=num_warps,
+        )
+
+    # Large head dims in fp32 (Dk = 256) can outgrow shared memory: narrower value blocks (remembered
+    # per configuration), then a one-line error instead of Triton's.
     BV = max(min(next_pow2(Dv), _BLOCK_V_THAT_FITS.get(key, block_v)), 16)
-    while True:
-        try:
-            chunk_wy_fwd_kernel[(NT, B * Hv)](
-                q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-                w, u, Aqk, gcum, fq, fk,
-                cu_seqlens, chunk_idx, scale, T,
-                HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=BV,
-                USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
-                IEEE=v.dtype == torch.float32, SPLIT=raw_operands(v.dtype, Dk, Dv), num_warps=num_warps,
-            )
-            break
-        except Exception as exc:
-            # Large head dims in fp32 (Dk = 256) can outgrow shared memory: narrower value blocks
-            # first (remembered per configuration), then a one-line error instead of Triton's.
-            if type(exc).__name__ != "OutOfResources":
-                raise
-            if BV <= 16:
-                raise ValueError(f"gated delta rule prefill: Dk={Dk}, Dv={Dv} in {str(v.dtype)[6:]} needs more "
-                                 f"shared memory than this GPU has ({str(exc).splitlines()[0][:120]}); use "
-                                 f"bf16 / fp16 inputs or the cuda backend") from None
-            BV //= 2
+    BV = launch_fitting(launch, BV, 16, lambda bv: bv // 2, Dk, Dv, v.dtype)
     _BLOCK_V_THAT_FITS[key] = BV
     return w, u, Aqk, gcum, fq, fk
 
