@@ -40,6 +40,7 @@ SOURCES = (
 )
 # Headers the build depends on: a change to any of them must rebuild the extension.
 _HEADERS = (
+    PLUGINS_DIR / "common" / "floatConvert.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.h",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernelsDetail.h",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleCommon.cuh",

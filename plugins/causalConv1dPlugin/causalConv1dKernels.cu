@@ -10,8 +10,7 @@
  */
 #include "causalConv1dKernels.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "../common/floatConvert.cuh"
 
 namespace gdn
 {
@@ -24,38 +23,6 @@ constexpr int32_t kMAX_K = 8;  // longest supported kernel
 constexpr int32_t kBATCH = 8;  // tokens loaded together
 static_assert(kTILE % kBATCH == 0, "a tile is whole batches");
 static_assert(kTILE >= kMAX_K - 1, "tile 0 must be the only reader of the old state");
-
-template <typename T>
-__device__ __forceinline__ float load(T const* p)
-{
-    return static_cast<float>(*p);
-}
-template <>
-__device__ __forceinline__ float load<__nv_bfloat16>(__nv_bfloat16 const* p)
-{
-    return __bfloat162float(*p);
-}
-template <>
-__device__ __forceinline__ float load<__half>(__half const* p)
-{
-    return __half2float(*p);
-}
-
-template <typename T>
-__device__ __forceinline__ T store(float x)
-{
-    return static_cast<T>(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half store<__half>(float x)
-{
-    return __float2half_rn(x);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParams const p)
@@ -84,13 +51,13 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
 #pragma unroll
     for (int32_t m = 0; m < kMAX_K; ++m)
     {
-        wr[m] = m < K ? load(w + (K - 1 - m)) : 0.F;
+        wr[m] = m < K ? toFloat(w[K - 1 - m]) : 0.F;
     }
-    float const bias = p.bias == nullptr ? 0.F : load(static_cast<T const*>(p.bias) + c);
+    float const bias = p.bias == nullptr ? 0.F : toFloat(static_cast<T const*>(p.bias)[c]);
 #pragma unroll
     for (int32_t i = 0; i < kMAX_K - 1; ++i)
     {
-        oldState[i] = (tile == 0 && state != nullptr && i < K - 1) ? load(state + i) : 0.F;
+        oldState[i] = (tile == 0 && state != nullptr && i < K - 1) ? toFloat(state[i]) : 0.F;
     }
 
     int32_t const t0 = tile * kTILE;
@@ -104,7 +71,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
         {
             if (tau >= 0)
             {
-                val = load(x + static_cast<int64_t>(tau) * C);
+                val = toFloat(x[static_cast<int64_t>(tau) * C]);
             }
             else
             {
@@ -131,7 +98,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
         {
             acc = acc / (1.F + __expf(-acc));
         }
-        y[static_cast<int64_t>(t) * C] = store<T>(acc);
+        y[static_cast<int64_t>(t) * C] = fromFloat<T>(acc);
 #pragma unroll
         for (int32_t m = 0; m < kMAX_K - 1; ++m)
         {
@@ -147,7 +114,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
 #pragma unroll
         for (int32_t u = 0; u < kBATCH; ++u)
         {
-            xb[u] = load(x + static_cast<int64_t>(t + u) * C);
+            xb[u] = toFloat(x[static_cast<int64_t>(t + u) * C]);
         }
 #pragma unroll
         for (int32_t u = 0; u < kBATCH; ++u)
@@ -157,7 +124,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
     }
     for (; t < t1; ++t)
     {
-        step(load(x + static_cast<int64_t>(t) * C), t);
+        step(toFloat(x[static_cast<int64_t>(t) * C]), t);
     }
 
     if (tile == 0)
@@ -174,7 +141,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
                 float val = 0.F;
                 if (tau >= 0)
                 {
-                    val = load(x + static_cast<int64_t>(tau) * C);
+                    val = toFloat(x[static_cast<int64_t>(tau) * C]);
                 }
                 else
                 {
@@ -184,7 +151,7 @@ __global__ void __launch_bounds__(kTHREADS) causalConv1dKernel(CausalConv1dParam
                         val = (j == len + i) ? oldState[j] : val;
                     }
                 }
-                newState[i] = store<T>(val);
+                newState[i] = fromFloat<T>(val);
             }
         }
     }

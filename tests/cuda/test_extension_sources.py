@@ -1,0 +1,24 @@
+"""CPU-only: the cuda backend's build hash covers every file its sources include, so an edit to any
+of them rebuilds the cached extension instead of loading a stale one."""
+
+import re
+
+from gdn_export.cuda import backend
+
+INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"', re.M)
+
+
+def test_build_hash_covers_every_local_include():
+    seen, todo = set(), list(backend.SOURCES)
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in INCLUDE.findall(path.read_text()):
+            included = path.parent / name
+            if included.exists():  # local headers; TensorRT / CUDA headers are not ours
+                todo.append(included)
+    hashed = {p.resolve() for p in backend.SOURCES + backend._HEADERS}
+    missing = sorted(str(p.relative_to(backend.PLUGINS_DIR.parent)) for p in seen - hashed)
+    assert not missing, f"included but not in the build hash: {missing}"
