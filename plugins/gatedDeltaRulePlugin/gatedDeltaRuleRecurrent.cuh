@@ -395,18 +395,21 @@ __device__ __forceinline__ void loadToken(GatedDeltaRuleParams const& p, int64_t
     }
 }
 
-//! A warp's partial S'^T k and S'^T q~ of its kCW columns: the four row groups of the warp (lanes
-//! differing in bits 3 and 4) summed by shuffles, then written by the first row group to dstK / dstQ.
-template <int32_t kCW>
+//! A warp's partial S'^T k and S'^T q~ of its kCW columns: the row groups of the warp (lanes that
+//! differ in the bits from kLANES_PER_ROW up) summed by shuffles, then written by the first row
+//! group to dstK / dstQ.
+template <int32_t kCW, int32_t kLANES_PER_ROW>
 __device__ __forceinline__ void warpPartials(float (&pk)[kCW], float (&pq)[kCW], bool writer, float* dstK, float* dstQ)
 {
 #pragma unroll
     for (int32_t c = 0; c < kCW; ++c)
     {
-        pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], 8);
-        pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], 16);
-        pq[c] += __shfl_xor_sync(0xffffffffU, pq[c], 8);
-        pq[c] += __shfl_xor_sync(0xffffffffU, pq[c], 16);
+#pragma unroll
+        for (int32_t o = kLANES_PER_ROW; o < kWARP; o *= 2)
+        {
+            pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], o);
+            pq[c] += __shfl_xor_sync(0xffffffffU, pq[c], o);
+        }
     }
     if (writer)
     {
@@ -454,21 +457,28 @@ __device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
     return bits16(fromFloat<S>(lo)) | (bits16(fromFloat<S>(hi)) << 16);
 }
 
-//! The single-token tile of a 16-bit state: 128 threads x (kDK / 16 rows x 8 columns), BV = 64.
-//! The block's [kDK, 64] state tile is copied to shared memory with cp.async in its storage form
-//! and widened to fp32 where it is read, twice (for the reduction, then for the update; widening is
-//! exact), with the fp32 tile's row groups and order of operations. The state no longer takes
-//! registers: at kDK = 128 a thread needs 56-64, so 8 blocks of 16 KB (128 KB of state loads) are
-//! in flight per multiprocessor, as with an fp32 state; held in fp32 registers, a 16-bit tile kept
-//! only 4 blocks (64 KB) in flight and reached ~55% of the copy bandwidth.
-template <int32_t kDK>
+//! The single-token tile of a 16-bit state: 128 threads, each kDK / kKGROUPS rows x 8 columns of
+//! a [kDK, kBV] tile (kBV = 64, or 32 for grids too small to fill the GPU: kBV / 8 lanes share a
+//! row). The block's state tile is copied to shared memory with cp.async in its storage form and
+//! widened to fp32 where it is read, twice (for the reduction, then for the update; widening is
+//! exact), with the fp32 tile's order of operations. The state no longer takes registers: at
+//! kDK = 128 a thread needs 56-64, so 8 blocks of 16 KB (128 KB of state loads) are in flight per
+//! multiprocessor, as with an fp32 state; held in fp32 registers, a 16-bit tile kept only 4 blocks
+//! (64 KB) in flight and reached ~55% of the copy bandwidth. (Measured on the H200, run 8: a second,
+//! prefetched state buffer per block, or stages of rows waited for one by one, were slower or no
+//! faster: shared memory, not arithmetic, bounds the loads in flight.)
+template <int32_t kDK, int32_t kBV_ = 64>
 struct DecodeTile16
 {
     static constexpr int32_t kCW = 8;
     static constexpr int32_t kNW = 4;
     static constexpr int32_t kTHREADS = kNW * kWARP;
-    static constexpr int32_t kBV = 8 * kCW;
-    static constexpr int32_t kKGROUPS = 4 * kNW;
+    static constexpr int32_t kBV = kBV_;
+    static constexpr int32_t kLANES_PER_ROW = kBV / kCW;
+    static constexpr int32_t kKGROUPS = kNW * (kWARP / kLANES_PER_ROW);
+    //! The tile needs at least one row per row group.
+    static constexpr bool kFITS = kDK % kKGROUPS == 0;
+    static_assert(kBV == 16 || kBV == 32 || kBV == 64, "2, 4 or 8 lanes per row");
 };
 
 //! One decode step (every sequence has exactly one token: seqLen == 1, no cuSeqlens) of a 16-bit
@@ -478,12 +488,13 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
 {
     static_assert(sizeof(S) == 2, "16-bit states only");
     static_assert(Tile::kCW == 8, "one 16-byte vector of 8 columns per row");
+    static_assert(Tile::kFITS, "kDK must be a multiple of the row groups");
     constexpr int32_t kCW = Tile::kCW;
+    constexpr int32_t kLPR = Tile::kLANES_PER_ROW;
     constexpr int32_t kNW = Tile::kNW;
     constexpr int32_t kBV = Tile::kBV;
     constexpr int32_t kKGROUPS = Tile::kKGROUPS;
     constexpr int32_t kROWS = kDK / kKGROUPS;
-    static_assert(kDK % kKGROUPS == 0, "kDK must be a multiple of the row groups");
 
     __shared__ alignas(16) S sS[kDK][kBV];
     __shared__ float sQ[kDK];
@@ -500,9 +511,9 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
     int32_t const kh = h / (hv / p.numKeyHeads);
     int32_t const warp = threadIdx.x / kWARP;
     int32_t const lane = threadIdx.x % kWARP;
-    int32_t const vl = lane % 8;
-    int32_t const kl = lane / 8;
-    int32_t const kg = warp * 4 + kl;
+    int32_t const vl = lane % kLPR;
+    int32_t const kl = lane / kLPR;
+    int32_t const kg = warp * (kWARP / kLPR) + kl;
     int32_t const c0 = vl * kCW; // first column of this thread inside the tile
     int32_t const col0 = blockIdx.x * kBV + c0;
     bool const vecCols = (dv % kCW == 0) && (col0 < dv);
@@ -561,7 +572,7 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
             pq[c] += sd * qr;
         }
     }
-    warpPartials<kCW>(pk, pq, kl == 0, sRed[warp][0] + c0, sRed[warp][1] + c0);
+    warpPartials<kCW, kLPR>(pk, pq, kl == 0, sRed[warp][0] + c0, sRed[warp][1] + c0);
     __syncthreads();
 
     float const b = sScalar[1];

@@ -14,6 +14,8 @@ SOURCES = [
     PLUGINS / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu",
     PLUGINS / "causalConv1dPlugin" / "causalConv1dKernels.cu",
     PLUGINS / "moePlugin" / "moeKernels.cu",
+    # the decode16 tile study (a device-only benchmark): it instantiates tiles the launcher does not
+    PLUGINS.parent / "benchmarks" / "cuda" / "decode16_tiles.cu",
 ]
 ARCHS = ["80", "90"]
 

@@ -67,6 +67,18 @@ def test_decode_step_head_sizes(Dk, Dv, start, dtype, state_dtype):
 
 
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("Dk,Dv", [(128, 128), (64, 100), (256, 256), (32, 72)], ids=lambda d: str(d))
+@pytest.mark.parametrize("B", [pytest.param(2, id="B2-narrow-tiles"), pytest.param(61, id="B61-wide-tiles")])
+def test_decode_step_tile_widths(B, Dk, Dv, state_dtype):
+    """The launcher picks 32-column tiles when the grid is small (B = 2: at most two 64-column tiles
+    per multiprocessor) and 64-column tiles otherwise (B = 61, Hv = 6: hundreds of tiles on any GPU
+    up to 180 multiprocessors): both widths, with odd Dv and in place."""
+    x = gdn_inputs(B, 1, 3, 6, Dk, Dv, dtype=torch.bfloat16, device="cuda", correlated=True)
+    assert B == 2 or (Dv + 63) // 64 * 6 * B > 2 * 180, "the wide case must exceed the narrow-tile bound"
+    _check(x, torch.bfloat16, state_dtype, in_place=True)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
 @pytest.mark.parametrize("path", [1, 2], ids=["recurrent", "chunked"])
 def test_pinned_paths_correlated(path, state_dtype):
     x = gdn_inputs(2, 130, 2, 4, 128, 128, dtype=torch.bfloat16, device="cuda", correlated=True)
