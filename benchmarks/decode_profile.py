@@ -25,10 +25,12 @@ import numpy as np
 import torch
 
 GROUPS = [  # first match wins; patterns on lower-cased kernel names
+    # first: SDPA's fmha_cutlass* kernels would be GEMMs, and "gdn recurrent"'s `decode` would take
+    # the split-KV attn_decode_* kernels
+    ("attention", r"attention|attn|flash|fmha|sdpa|softmax"),
     ("gemm", r"gemm|cutlass|cublas|sm90_xmma|nvjet|matmul|gemv|splitk"),
     ("gdn recurrent", r"gated_delta|gdr|recurrent|fused_recurrent|decode"),
     ("conv", r"conv1d|causal_conv"),
-    ("attention", r"attention|flash|fmha|sdpa|softmax"),
     ("norm", r"norm|rsqrt"),
     ("reduce / argmax", r"reduce|argmax|max_|sum"),
     ("copy / cast", r"copy|cast|to_copy|fill|memcpy|memset"),

@@ -6,6 +6,7 @@
     gates.py            the same from the raw gate projections (a, b, A_log, dt_bias)
     causal_conv1d.py    depthwise causal conv1d with state, SiLU fused
     moe.py              routed experts: fused routing + grouped GEMM over each expert's tokens
+    attention_decode.py split-KV masked GQA attention of decode steps (gdn::attention on a GPU)
 
 On a machine without a GPU, set TRITON_INTERPRET=1 before importing this package to run the
 kernels on CPU tensors (slowly).

@@ -1,5 +1,6 @@
-"""The half-precision GPU path of gdn::attention (SDPA on the stored dtype, GQA folded into query
-rows) against the fp32 path on the same inputs: masks of a ragged prefill and of decode steps."""
+"""The half-precision GPU paths of gdn::attention against the fp32 path on the same inputs: decode
+steps (the split-KV Triton kernel, gdn_kernels.attention_decode) and ragged prefills (SDPA on the
+stored dtype, GQA folded into query rows)."""
 
 import pytest
 import torch

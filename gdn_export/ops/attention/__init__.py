@@ -16,6 +16,10 @@
         mask   [B, 1, S, L]    bool  True where query s may read slot l
         o      [B, H, S, D]    T     softmax(scale * q key^T, masked) value, softmax in fp32
         ONNX: Attention (opset 23, 4-D inputs: GQA from the head counts) -> TensorRT IAttention.
+        PyTorch, fp16 / bf16 on a GPU: the split-KV Triton kernel (gdn_kernels.attention_decode)
+        when the G * S query rows per kv head are few and the cache is long (decode steps), else
+        SDPA's fused kernel; elsewhere SDPA in fp32. A query row that may read no slot gets zeros
+        from the Triton kernel and the fp32 path (the model never makes one).
 
 These are not `gdn` domain nodes: TensorRT's parser and ONNX Runtime know them. They exist as torch
 ops so that the exporter emits exactly these two nodes (instead of decomposing scaled dot product
@@ -25,12 +29,17 @@ attention), and so that the eager model can update the same cache tensors in pla
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 KV_UPDATE_OP = "gdn::kv_cache_update"
 ATTENTION_OP = "gdn::attention"
 SEQ_AXIS = 2  # of cache and update: [B, Hkv, L, D]
+# Shortest cache for the split-KV decode kernel: below it SDPA's few blocks already finish quickly
+# and the kernel's second (combine) launch is not paid back.
+DECODE_MIN_SLOTS = 256
 
 
 def _slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
@@ -68,12 +77,33 @@ def _attention(q, key, value, mask, scale):
     return o.to(dtype)
 
 
+@functools.cache
+def _decode_kernel():
+    """gdn_kernels.attention_decode, or None where Triton is not installed (an optional extra)."""
+    try:
+        from gdn_kernels import attention_decode
+    except ImportError:
+        return None
+    return attention_decode
+
+
 def _attention_cuda(q, key, value, mask, scale):
-    """Half-precision inputs on a GPU: SDPA's fused kernel on the stored dtype (fp32 scores and
-    softmax inside the kernel, as TensorRT's fused attention), without fp32 copies of the whole
-    cache, which cost more than the attention itself at batch 32. The G = H / Hkv query heads of a
-    key/value head become G x S query rows of that head (the mask repeated), so no K/V repeat and
-    no enable_gqa (which the memory-efficient kernel lacks)."""
+    """Half-precision inputs on a GPU. Decode steps (few query rows per kv head, a long cache) take
+    the split-KV Triton kernel: SDPA would run only B * Hkv thread blocks over the whole cache
+    there (2 for one sequence of the 1.66B model). Its choice depends on shapes alone, so a CUDA
+    graph or torch.compile sees one path per shape."""
+    kernel = _decode_kernel()
+    if kernel is not None and key.shape[2] >= DECODE_MIN_SLOTS and kernel.supports(q, key, value, mask):
+        return kernel.attention_decode(q, key, value, mask, scale)
+    return _attention_sdpa(q, key, value, mask, scale)
+
+
+def _attention_sdpa(q, key, value, mask, scale):
+    """SDPA's fused kernel on the stored dtype (fp32 scores and softmax inside the kernel, as
+    TensorRT's fused attention), without fp32 copies of the whole cache, which cost more than the
+    attention itself at batch 32. The G = H / Hkv query heads of a key/value head become G x S
+    query rows of that head (the mask repeated), so no K/V repeat and no enable_gqa (which the
+    memory-efficient kernel lacks)."""
     B, H, S, D = q.shape
     Hkv, L = key.shape[1], key.shape[2]
     G = H // Hkv
