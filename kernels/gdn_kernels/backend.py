@@ -15,15 +15,20 @@ from gdn_kernels.gates import RECURRENT_MAX_T
 from gdn_kernels.moe import moe as _moe
 
 
-def _longest(v, cu_seqlens) -> int:
-    if cu_seqlens is None:
-        return v.shape[1]
-    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+def _short(v, cu_seqlens) -> bool:
+    """Whether every sequence has at most RECURRENT_MAX_T tokens. A pack is read on the host (a
+    synchronisation, which stalls the GPU behind the host's launches) only when its length alone
+    cannot tell: a total within the bound, or a mean over it, decides without reading lengths."""
+    total = v.shape[1]
+    if cu_seqlens is None or total <= RECURRENT_MAX_T:
+        return total <= RECURRENT_MAX_T
+    if total > RECURRENT_MAX_T * (cu_seqlens.numel() - 1):
+        return False  # the longest sequence is at least the mean
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) <= RECURRENT_MAX_T
 
 
 def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
-    short = _longest(v, cu_seqlens) <= RECURRENT_MAX_T
-    fn = fused_recurrent_gated_delta_rule if short else chunk_gated_delta_rule
+    fn = fused_recurrent_gated_delta_rule if _short(v, cu_seqlens) else chunk_gated_delta_rule
     try:
         o, state = fn(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
     except ValueError as exc:  # a shape this GPU cannot run (said in one line by the launcher)

@@ -179,8 +179,8 @@ def chunk_gated_delta_rule(
         o [B, T, Hv, Dv] in v's dtype (fp32 compute for float64), final_state [N, Hv, Dk, Dv] in
         the state's storage dtype, held in fp32 across all chunks and rounded once when stored.
     """
-    q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
+    q, k, v, g, beta, gates, scale, cu, offsets = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
-    idx = None if cu is None else chunk_indices(cu)
+    idx = None if cu is None else chunk_indices(cu, q.shape[1], offsets)
     w, u, Aqk, gcum, fq, fk = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
     return chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, h0, cu, out=out, final_state=final_state)

@@ -145,7 +145,7 @@ def fused_recurrent_gated_delta_rule(
         o [B, T, Hv, Dv] in v's dtype (fp32 for float64 inputs), final_state [N, Hv, Dk, Dv] in
         the state's storage dtype (initial_state's), rounded once at the end.
     """
-    q, k, v, g, beta, gates, scale, cu = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
+    q, k, v, g, beta, gates, scale, cu, _ = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
     if inplace:
         if initial_state is None or initial_state.dtype not in STATE_DTYPES or not initial_state.is_contiguous():
             got = None if initial_state is None else (initial_state.dtype, initial_state.is_contiguous())

@@ -87,34 +87,55 @@ def check_head_dims(Dk: int, Dv: int) -> None:
         raise ValueError(f"gdn_kernels supports head dims up to 256, got Dk={Dk}, Dv={Dv}")
 
 
-def chunk_indices(cu_seqlens: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
-    """[NT, 2] int32 (sequence, chunk within the sequence) for every chunk of a packed batch.
+def chunk_indices(cu_seqlens: torch.Tensor, total: int, offsets: list[int] | None = None,
+                  chunk: int = CHUNK) -> torch.Tensor:
+    """[NT, 2] int32 (sequence, chunk within the sequence) for every chunk of a packed batch of
+    `total` tokens, padded with (-1, 0) rows up to NT = total // chunk + N (no packing of N
+    sequences has more chunks), so that the grid never depends on the lengths.
 
-    One host sync (the number of chunks decides the grid)."""
+    offsets: cu_seqlens as already read on the host (check_cu_seqlens): the table is built there and
+    copied over without waiting, one transfer. Without them (during CUDA-graph capture) it is
+    computed on the device from cu_seqlens: a dozen small launches, no synchronisation either."""
+    n = cu_seqlens.numel() - 1
+    size = total // chunk + n
+    if offsets is not None:
+        rows = [(i, c) for i in range(n) for c in range(-(-(offsets[i + 1] - offsets[i]) // chunk))]
+        rows += [(-1, 0)] * (size - len(rows))
+        return torch.tensor(rows, dtype=torch.int32).to(cu_seqlens.device, non_blocking=True)
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     n_chunks = (lens + chunk - 1) // chunk
-    seq = torch.repeat_interleave(torch.arange(len(lens), device=cu_seqlens.device), n_chunks)
-    starts = torch.cumsum(n_chunks, 0) - n_chunks
-    local = torch.arange(seq.numel(), device=cu_seqlens.device) - starts[seq]
-    return torch.stack([seq, local], 1).to(torch.int32).contiguous()
+    ends = torch.cumsum(n_chunks, 0)
+    rows = torch.arange(size, device=cu_seqlens.device)
+    seq = torch.searchsorted(ends, rows, right=True)
+    valid = seq < n
+    seq = seq.clamp(max=n - 1)
+    local = rows - (ends - n_chunks)[seq]
+    return torch.stack([torch.where(valid, seq, -1), torch.where(valid, local, 0)], 1).to(torch.int32).contiguous()
 
 
-def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """cu_seqlens as int32 on its device, checked to start at 0 and end at the packed length."""
+def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, list[int] | None]:
+    """cu_seqlens as int32 on its device, and its values on the host, checked to rise from 0 to the
+    packed length: one read (a synchronisation on a GPU), which CUDA-graph capture forbids: there
+    the check is skipped and the offsets are None."""
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be [N + 1] with N >= 1, got {tuple(cu_seqlens.shape)}")
-    first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
-    if first != 0 or last != total:
-        raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {first}..{last}")
-    return cu_seqlens.to(torch.int32).contiguous()
+    offsets = None
+    if not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        offsets = cu_seqlens.tolist()
+        if offsets[0] != 0 or offsets[-1] != total:
+            raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {offsets[0]}..{offsets[-1]}")
+        if any(b < a for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"cu_seqlens must not decrease, got {offsets[:8]}{'...' if len(offsets) > 8 else ''}")
+    return cu_seqlens.to(torch.int32).contiguous(), offsets
 
 
 def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
     """The checks and casts every gated-delta-rule launcher starts with.
 
-    Returns (q, k, v, g, beta, gates, scale, cu): q, k, v contiguous in the compute dtype, g fp32 and
-    beta in the compute dtype (unless `gates` carries the raw (a, b, A_log, dt_bias) instead),
-    scale resolved to Dk ** -0.5 by default, and cu_seqlens checked as int32 (or None).
+    Returns (q, k, v, g, beta, gates, scale, cu, offsets): q, k, v contiguous in the compute dtype, g
+    fp32 and beta in the compute dtype (unless `gates` carries the raw (a, b, A_log, dt_bias)
+    instead), scale resolved to Dk ** -0.5 by default, cu_seqlens checked as int32 (or None) and
+    its values on the host (check_cu_seqlens; None without cu_seqlens or during graph capture).
     """
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
@@ -128,9 +149,9 @@ def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
         g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
     else:
         gates = tuple(x.contiguous() for x in gates)
-    cu = None
+    cu = offsets = None
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens needs B = 1, got B={B}")
-        cu = check_cu_seqlens(cu_seqlens, T)
-    return q, k, v, g, beta, gates, scale, cu
+        cu, offsets = check_cu_seqlens(cu_seqlens, T)
+    return q, k, v, g, beta, gates, scale, cu, offsets

@@ -170,6 +170,8 @@ def chunk_wy_fwd_kernel(
     i_hk = i_h // (HV // HK)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2)
+        if i_n < 0:  # a padding row of utils.chunk_indices
+            return
         i_t = tl.load(chunk_indices + i_t * 2 + 1)
         bos, eos = tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1)
     else:
@@ -235,7 +237,8 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
         q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (one dtype, contiguous); g [B, T, Hv] fp32 and
         beta [B, T, Hv], or gates = (a [B, T, Hv], b [B, T, Hv], A_log [Hv], dt_bias [Hv]) with
         g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) computed in the kernel.
-        cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices) when packed.
+        cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices: padding rows
+            (-1, 0) are skipped) when packed.
         block_v: width of the column blocks w and u are computed in.
     Returns:
         w [B, Hv, T, Dk] in v's dtype; u [B, Hv, T, Dv], Aqk [B, Hv, T, 64], gcum [B, Hv, T] and the

@@ -13,7 +13,7 @@ from tests.conftest import DTYPES, assert_close_rms, gdn_inputs
 from gdn_kernels.chunk import chunk_gated_delta_rule
 from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
 from gdn_kernels.gates import gated_delta_rule_from_gates
-from gdn_kernels.utils import raw_operands
+from gdn_kernels.utils import chunk_indices, raw_operands
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [
@@ -118,12 +118,38 @@ def test_without_l2norm_or_initial_state(kernel):
                                           pytest.param("recurrent", 16, 32, id="recurrent")])
 def test_varlen_pack_matches_per_sequence(kernel, Dk, Dv, dtype):
     # 130 spans three chunks after a sequence that ends mid-chunk: per-chunk states of
-    # different sequences must not mix (Dk64-Dv128: the 16-bit operand path of utils.raw_operands)
-    lens = [5, 65, 1, 130, 30] if kernel == "chunk" else [3, 1, 7]
+    # different sequences must not mix (Dk64-Dv128: the 16-bit operand path of utils.raw_operands);
+    # an empty sequence keeps its initial state
+    lens = [5, 65, 1, 0, 130, 30] if kernel == "chunk" else [3, 1, 0, 7]
     x = gdn_inputs(1, sum(lens), 1, 2, Dk, Dv, dtype=dtype, device=DEVICE, state=False)
     x["initial_state"] = torch.randn(len(lens), 2, Dk, Dv, device=DEVICE) * 0.1
     cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0)
     _check(kernel, x, dtype, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+@pytest.mark.parametrize("lens", [[1], [64], [65, 0, 3], [0, 200, 64, 1, 0, 129], [63] * 7],
+                         ids=lambda v: "-".join(map(str, v)))
+def test_chunk_indices_cover_every_chunk_once(lens, where):
+    """The padded (sequence, chunk) table, built from host offsets (eager) or on the device (graph
+    capture): every chunk of every sequence once, in order, then (-1, 0) padding up to
+    total // 64 + N rows (a grid that never depends on the lengths)."""
+    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)
+    offsets = cu.tolist() if where == "host" else None
+    got = chunk_indices(cu, sum(lens), offsets).tolist()
+    want = [[n, c] for n, t in enumerate(lens) for c in range(-(-t // 64))]
+    assert len(got) == sum(lens) // 64 + len(lens)
+    assert got[:len(want)] == want
+    assert all(row == [-1, 0] for row in got[len(want):])
+
+
+@pytest.mark.parametrize("cu,message", [([1, 5, 9], "run from 0"), ([0, 5, 8], "run from 0"),
+                                        ([0, 6, 4, 9], "must not decrease")],
+                         ids=["start", "end", "decreasing"])
+def test_bad_cu_seqlens_is_one_line_error(cu, message):
+    x = gdn_inputs(1, 9, 1, 1, 16, 16, device=DEVICE, state=False)
+    with pytest.raises(ValueError, match=message):
+        chunk_gated_delta_rule(**x, cu_seqlens=torch.tensor(cu, device=DEVICE))
 
 
 def test_inplace_decode_updates_the_state_it_was_given():
