@@ -3,12 +3,15 @@
 # compute-sanitizer, the GPU tests of the cuda and triton backends and of the whole tiny models,
 # then the kernel benchmark (ours triton / ours cuda / FLA / PyTorch side by side).
 #
-#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models runtime bench triton plugins moe state e2e
-#                                                   (default: all but e2e, in that order)
+#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models runtime bench triton plugins moe state
+#                                                   attn pack e2e (default: all but pack and e2e, in that order)
 #   runtime: the CUDA-graph runner, half-precision attention and in-place GDN state tests
 #   moe: the MoE GPU tests of both backends, then benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
 #   state: benchmarks/state_dtype_bench.py (decode / prefill per recurrent-state dtype; FlashInfer's
 #          bf16-state decode beside it when `import flashinfer` works)
+#   attn: benchmarks/attention_decode_bench.py (split-KV decode attention vs the SDPA route)
+#   pack: benchmarks/prefill_pack_bench.py (prefill batches vs cu_seqlens packs, FLA / FlashInfer beside;
+#         minutes of their autotuning / compilation per new shape)
 #   e2e: benchmarks/e2e_bench.sh (gdn-export bench on a 1.66B-class random model vs transformers)
 #
 # Expects FLA wheels in .whl/ and TensorRT headers in .carry/tensorrt/include (both git-ignored,
@@ -16,7 +19,7 @@
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
 shift
-steps=${*:-cuda models runtime bench triton plugins moe state}
+steps=${*:-cuda models runtime bench triton plugins moe state attn}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -42,6 +45,8 @@ for s in $steps; do
         runtime) run_step runtime 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
                      tests/ops/test_attention_cuda.py tests/kernels/test_gated_delta_rule_inplace.py ;;
         state) run_step state 240 python3 benchmarks/state_dtype_bench.py --out-dir "$out/state" ;;
+        attn) run_step attn 90 python3 benchmarks/attention_decode_bench.py --out-dir "$out/attn" ;;
+        pack) run_step pack 480 python3 benchmarks/prefill_pack_bench.py --out-dir "$out/pack" ;;
         e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
         # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially (run 7)
         triton) run_step triton 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -n 4 tests/kernels ;;

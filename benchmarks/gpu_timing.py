@@ -5,9 +5,13 @@ which puts this folder on sys.path).
     graph_ms(fn, steps)  GPU time per call, replayed from a CUDA graph of `steps` calls (launch gaps
                          out of the number); `fallback` times without the graph when capture fails
     copy_tbps()          device-to-device copy bandwidth of 2 GiB, TB/s counting read + write
+    save_table(...)      write a benchmark's markdown table and JSON to a folder, print the table
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
@@ -47,3 +51,13 @@ def copy_tbps() -> float:
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src), warmup=5, rep=100)
     return 2 * src.numel() / ms / 1e9
+
+
+def save_table(out_dir, stem: str, data, table: str) -> None:
+    """OUT_DIR/stem.json (data) and OUT_DIR/stem.md (table), then the table on stdout, last."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(table + "\n")
+    print()
+    print(table)

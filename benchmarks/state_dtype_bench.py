@@ -4,7 +4,9 @@
 
 Shapes: Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, L2-normalised q and k. Per state dtype:
   * decode step (T = 1) for B = 1 .. 512, each implementation captured in a CUDA graph of 20 steps
-    and the replay timed (median, triton.testing.do_bench): our CUDA kernel through the bare
+    (or more) and the replay timed (median, triton.testing.do_bench); the steps of a replay rotate
+    over copies of the state until they read 256 MB, so that no state is read from L2 (a model's
+    other layers evict it between two steps of one layer; B = 32 fits the H200's L2 otherwise): our CUDA kernel through the bare
     extension launcher (in place), the public op `gdn_export.ops.gated_delta_rule` with the cuda
     and the triton backend (fresh state tensors, as a graph would run them), and FlashInfer's
     decode (`gated_delta_rule_decode_pretranspose`, bf16 state only, when `import flashinfer`
@@ -18,16 +20,15 @@ failure. The markdown table is printed last and written with the JSON to $OUT (o
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from gdn_export.cuda import backend as cuda
-from gpu_timing import copy_tbps, graph_ms, median_ms
+from gpu_timing import copy_tbps, graph_ms, median_ms, save_table
 from gdn_export.ops import gated_delta_rule, use_backend
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
@@ -79,6 +80,16 @@ def _flashinfer_decode():
     return gated_delta_rule_decode_pretranspose
 
 
+ROTATE_BYTES = 256 * 2**20  # states read per graph replay: well past the H200's 50 MB L2
+
+
+def _rotating(make, count):
+    """A function that calls make(i) for i = 0, 1, ..., count - 1, 0, ... on successive calls: a
+    graph captured from it reads a different state set per step, as a model's layers do."""
+    calls = itertools.count()
+    return lambda: make(next(calls) % count)
+
+
 def bench_decode(batches, bw, rows):
     fi = _flashinfer_decode()
     ext = cuda.load()
@@ -86,21 +97,25 @@ def bench_decode(batches, bw, rows):
     for B in batches:
         for name, sd in STATES.items():
             q, k, v, g, beta, state = _inputs(B, 1, sd)
-            o = torch.empty_like(v)
             es = torch.tensor([], dtype=sd).element_size()
+            sets = max(1, min(256, -(-ROTATE_BYTES // state.nbytes)))
+            states = [state] + [state.clone() for _ in range(sets - 1)]
+            steps = max(20, sets)
+            o = torch.empty_like(v)
             moved = 2 * B * HV * D * D * es + 2 * (2 * B * HK * D + 2 * B * HV * D) + B * HV * 6
             t = {}
-            t["cuda kernel"] = graph_ms(
-                lambda: ext.gated_delta_rule(q, k, v, g, beta, state, scale, True, None, o, state, 1))
+            t["cuda kernel"] = graph_ms(_rotating(
+                lambda i: ext.gated_delta_rule(q, k, v, g, beta, states[i], scale, True, None, o, states[i], 1),
+                sets), steps)
 
             def op(backend):
-                def run():
+                def run(i):
                     with use_backend(backend):
-                        gated_delta_rule(q, k, v, g, beta, state, scale, True)
-                return run
+                        gated_delta_rule(q, k, v, g, beta, states[i], scale, True)
+                return _rotating(run, sets)
 
-            t["op cuda"] = graph_ms(op("cuda"))
-            t["op triton"] = graph_ms(op("triton"))
+            t["op cuda"] = graph_ms(op("cuda"), steps)
+            t["op triton"] = graph_ms(op("triton"), steps)
             t["flashinfer"] = NAN
             if fi is not None and sd == torch.bfloat16:
                 # FlashInfer takes the raw gates (a, b, A_log, dt_bias) and a V-major [B, HV, V, K] state.
@@ -108,19 +123,20 @@ def bench_decode(batches, bw, rows):
                 bb = torch.randn(B, 1, HV, device="cuda", dtype=torch.bfloat16)
                 A_log = torch.randn(HV, device="cuda") * 0.5
                 dt_bias = torch.randn(HV, device="cuda")
-                fstate = state.transpose(-1, -2).contiguous()
+                fstates = [s.transpose(-1, -2).contiguous() for s in states]
                 out = torch.empty_like(v)
                 try:
-                    t["flashinfer"] = graph_ms(lambda: fi(q, k, v, fstate, A_log, a, dt_bias, bb, scale=scale,
-                                                           output=out, use_qk_l2norm=True))
+                    t["flashinfer"] = graph_ms(_rotating(
+                        lambda i: fi(q, k, v, fstates[i], A_log, a, dt_bias, bb, scale=scale, output=out,
+                                     use_qk_l2norm=True), sets), steps)
                 except Exception as exc:  # noqa: BLE001
                     print(f"flashinfer decode failed at B={B}: {type(exc).__name__}: {exc}".splitlines()[0])
             for impl, ms in t.items():
                 pct = moved / (ms * 1e-3) / 1e12 / bw if ms == ms else NAN
                 rows.append(dict(kind="decode", B=B, T=1, state=name, impl=impl, us=ms * 1e3,
-                                 bytes=moved, pct_copy=pct))
-            print(f"decode B={B:3d} state {name}: " + ", ".join(f"{i} {m * 1e3:.2f} us" for i, m in t.items()),
-                  flush=True)
+                                 bytes=moved, pct_copy=pct, state_sets=sets))
+            print(f"decode B={B:3d} state {name} ({sets} state sets): "
+                  + ", ".join(f"{i} {m * 1e3:.2f} us" for i, m in t.items()), flush=True)
 
 
 def bench_prefill(lengths, rows):
@@ -140,7 +156,8 @@ def bench_prefill(lengths, rows):
 def markdown(rows, bw) -> str:
     impls = ["cuda kernel", "op cuda", "op triton", "flashinfer"]
     lines = [f"{torch.cuda.get_device_name()}, copy bandwidth {bw:.2f} TB/s (read + write); Hk {HK} Hv {HV} "
-             f"D {D}, bf16 activations. Decode: us per step (CUDA graph replay) and % of copy bandwidth.", "",
+             f"D {D}, bf16 activations. Decode: us per step (CUDA graph replay, states rotated past L2) and % of "
+             "copy bandwidth.", "",
              "| B | state | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
     dec = [r for r in rows if r["kind"] == "decode"]
     for B in sorted({r["B"] for r in dec}):
@@ -174,15 +191,10 @@ def main(argv=None) -> int:
         return 1
     bw = copy_tbps()
     rows: list[dict] = []
-    bench_decode((1, 64, 256) if args.quick else (1, 8, 32, 64, 128, 256, 512), bw, rows)
+    bench_decode((1, 64, 256) if args.quick else (1, 2, 4, 8, 32, 64, 128, 256, 512), bw, rows)
     bench_prefill((4096,) if args.quick else (4096, 16384), rows)
     table = markdown(rows, bw)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "state_dtype_bench.json").write_text(json.dumps(dict(copy_tbps=bw, rows=rows), indent=1))
-    (out / "state_dtype_bench.md").write_text(table + "\n")
-    print()
-    print(table)
+    save_table(args.out_dir, "state_dtype_bench", dict(copy_tbps=bw, rows=rows), table)
     return 0
 
 

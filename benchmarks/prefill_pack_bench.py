@@ -1,0 +1,149 @@
+"""Prefill of batches and packs through the public op: batched [B, T] vs the same tokens packed with
+cu_seqlens, ours (triton, cuda) beside FLA 0.6 and FlashInfer 0.7 (when importable), H200.
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/prefill_pack_bench.py [--out-dir DIR] [--quick]
+                                            [--backends triton,cuda] [--no-flashinfer]
+
+Shapes: bf16, Dk = Dv = 128, correlated SiLU keys, slow decay, fp32 initial state, L2 norm of q / k in
+the kernel. Classes (issue 13): one long sequence, equal-length batches with grouped value heads, many
+short sequences, a ragged pack (1 to 12000 tokens). Batched cases run twice, as [B, T] and as one
+cu_seqlens pack of the same tokens, so the table shows what packing costs each implementation. Times
+are do_bench medians (ms) of the public op `gdn_export.ops.gated_delta_rule` (ours), FLA's
+`chunk_gated_delta_rule` and FlashInfer's `gdn_prefill.chunk_gated_delta_rule` (packed only: it takes
+packed tokens); the last columns are FLA's time over ours. The markdown table is printed last and
+written with the JSON to --out-dir (default $OUT or .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from gpu_timing import median_ms, save_table
+from gdn_export.ops import gated_delta_rule, use_backend
+
+D = 128
+# name, Hk, Hv, sequence lengths, whether the lengths can also run as one [B, T] batch
+CASES = [
+    ("1 x 16K, Hv = 2Hk", 16, 32, [16384], True),
+    ("1 x 64K, Hv = 2Hk", 16, 32, [65536], True),
+    ("8 x 8K, Hv = 3Hk", 16, 48, [8192] * 8, True),
+    ("8 x 8K, Hv = Hk", 16, 16, [8192] * 8, True),
+    ("4 x 1000, Hv = 2Hk", 16, 32, [1000] * 4, True),
+    ("32 x 512, Hv = 4Hk", 8, 32, [512] * 32, True),
+    ("ragged 7 (1..12000), Hv = 2Hk", 16, 32, [1, 300, 12000, 64, 4097, 2500, 777], False),
+]
+QUICK = {"1 x 16K, Hv = 2Hk", "8 x 8K, Hv = 3Hk", "ragged 7 (1..12000), Hv = 2Hk"}
+
+
+def _tokens(total, hk, hv, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    q = rnd(1, total, hk, D).bfloat16()
+    k = F.silu(rnd(1, total, hk, D) + 2 * rnd(1, 1, hk, D)).bfloat16()
+    v = rnd(1, total, hv, D).bfloat16()
+    g = -F.softplus(rnd(1, total, hv) - 4)                  # slow decay
+    beta = torch.sigmoid(rnd(1, total, hv) + 1).bfloat16()
+    return q, k, v, g, beta
+
+
+def _fla():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001  (the column is skipped)
+        print(f"fla unavailable: {type(exc).__name__}: {exc}".splitlines()[0])
+        return None
+    return chunk_gated_delta_rule
+
+
+def _flashinfer():
+    try:
+        from flashinfer.gdn_prefill import chunk_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001
+        print(f"flashinfer unavailable: {type(exc).__name__}: {exc}".splitlines()[0])
+        return None
+    return chunk_gated_delta_rule
+
+
+def _time(fn):
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return median_ms(fn, warmup=10, rep=100)
+    except Exception as exc:  # noqa: BLE001  (one failing implementation leaves a gap, not a crash)
+        print(f"  failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        torch.cuda.synchronize()
+        return float("nan")
+
+
+def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")):
+    total = sum(lens)
+    q, k, v, g, beta = _tokens(total, hk, hv)
+    n = len(lens)
+    s0 = torch.randn(n, hv, D, D, device="cuda") * 0.1
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    row = dict(case=name, tokens=total)
+    layouts = [("packed", (q, k, v, g, beta), cu)]
+    if batchable:
+        B, T = n, lens[0]
+        layouts.append(("batched", tuple(x.reshape(B, T, *x.shape[2:]) for x in (q, k, v, g, beta)), None))
+    for layout, (qq, kk, vv, gg, bb), cus in layouts:
+        for backend in backends:
+            def ours(backend=backend, qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
+                with use_backend(backend):
+                    gated_delta_rule(qq, kk, vv, gg, bb, s0, None, True, cus)
+            row[f"{backend} {layout}"] = _time(ours)
+        if fla is not None:
+            row[f"fla {layout}"] = _time(lambda qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus: fla(
+                qq, kk, vv, gg, bb, initial_state=s0, output_final_state=True, cu_seqlens=cus,
+                use_qk_l2norm_in_kernel=True))
+    if fi is not None:
+        # FlashInfer: packed [T, H, D] tokens, alpha = exp(g) and beta in fp32, int64 cu_seqlens
+        alpha, beta32, cu64 = g[0].exp(), beta[0].float(), cu.to(torch.int64)
+        row["flashinfer packed"] = _time(lambda: fi(
+            q[0], k[0], v[0], alpha, beta32, None, s0, True, cu64, True))
+    for impl in ("triton", "cuda", "flashinfer"):
+        for layout in ("packed", "batched"):
+            ours, ref = row.get(f"{impl} {layout}"), row.get(f"fla {layout}")
+            if ours is not None and ref is not None and ours == ours and ref == ref:
+                row[f"fla/{impl} {layout}"] = ref / ours
+    print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if isinstance(v, float)), flush=True)
+    return row
+
+
+def markdown(rows) -> str:
+    cols = ["triton batched", "triton packed", "cuda batched", "cuda packed", "fla batched", "fla packed",
+            "flashinfer packed", "fla/triton batched", "fla/triton packed", "fla/cuda packed",
+            "fla/flashinfer packed"]
+    lines = [f"{torch.cuda.get_device_name()}, bf16, Dk = Dv = 128; ms (do_bench median) and FLA / ours "
+             "(> 1: ours faster)", "", "| case | tokens | " + " | ".join(cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            x = r.get(c)
+            cells.append("-" if x is None or x != x else (f"{x:.2f}x" if "/" in c else f"{x:.3f}"))
+        lines.append(f"| {r['case']} | {r['tokens']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true", help="three cases: 16K, 8 x 8K, the ragged pack")
+    ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--backends", default="triton,cuda", help="our op backends to time (comma-separated)")
+    args = ap.parse_args(argv)
+    fla, fi = _fla(), None if args.no_flashinfer else _flashinfer()
+    rows = [run_case(*c, fla, fi, args.backends.split(",")) for c in CASES if not args.quick or c[0] in QUICK]
+    table = markdown(rows)
+    save_table(args.out_dir, "prefill_pack_bench", rows, table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
