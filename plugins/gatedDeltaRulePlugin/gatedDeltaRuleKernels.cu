@@ -176,7 +176,7 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
             if constexpr (kernels::DecodeTile16<kDK, 32>::kFITS)
             {
                 // Up to two 64-column tiles per multiprocessor (B <= 4 at Hv = 32, Dv = 128), 32
-                // columns halve each block's critical path: 3.9 vs 4.0 us at B = 1, 4.3 vs 4.8 at
+                // columns halve each block's critical path: 3.7 vs 4.0 us at B = 1, 4.3 vs 4.8 at
                 // B = 2 (H200, run 8); at 8 and more, 64 columns keep more loads in flight.
                 static int32_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
                 int64_t const tiles64 = static_cast<int64_t>((p.valueDim + 63) / 64) * p.numValueHeads * numSequences(p);
