@@ -195,3 +195,19 @@ def test_triton_backend_through_the_op():
     assert_close_rms(o.cpu(), ro, torch.float32, "o")
     assert_close_rms(s.cpu(), rs, torch.float32, "final_state")
 
+
+
+@pytest.mark.parametrize("lens,short", [([16], True), ([17], False), ([3, 5, 8], True), ([1] * 40, True),
+                                        ([100, 1], False), ([1, 1, 1, 40], False), ([30, 1, 1], False)],
+                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, list) else str(v))
+def test_backend_picks_recurrent_only_for_short_sequences(lens, short):
+    """The triton backend runs the recurrent kernel when every sequence has at most RECURRENT_MAX_T
+    (16) tokens, the chunked one otherwise; a pack whose size alone decides (total <= 16, or a mean
+    over 16) is not read on the host."""
+    from gdn_kernels.backend import _short
+
+    v = torch.empty(1, sum(lens), 1, 8)
+    cu = torch.tensor([0] + lens).cumsum(0)
+    assert _short(v, cu) is short
+    if sum(lens) > 16 * len(lens):  # decided by the mean: the lengths must not be needed
+        assert _short(v, torch.zeros(len(lens) + 1, dtype=torch.int64)) is False
