@@ -1,6 +1,7 @@
 """The half-precision GPU paths of gdn::attention against the fp32 path on the same inputs: decode
 steps (the split-KV Triton kernel, gdn_kernels.attention_decode) and ragged prefills (SDPA on the
-stored dtype, GQA folded into query rows)."""
+stored dtype: GQA folded into query rows for small calls, one call per query head with a shared
+mask for large ones, B x G x S x L > attention.REPEATED_MASK_MAX)."""
 
 import pytest
 import torch
@@ -13,8 +14,8 @@ pytestmark = GPU_ONLY
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("B, H, Hkv, S, L, D", [(2, 16, 2, 1, 4099, 256), (3, 4, 4, 65, 130, 128),
-                                                 (1, 8, 2, 63, 63, 64)],
-                         ids=["decode-gqa8", "prefill-mha", "prefill-gqa4"])
+                                                 (1, 8, 2, 63, 63, 64), (1, 16, 2, 2100, 2200, 128)],
+                         ids=["decode-gqa8", "prefill-mha", "prefill-gqa4", "prefill-gqa8-per-head-calls"])
 def test_half_attention_matches_fp32(cuda_device, dtype, B, H, Hkv, S, L, D):
     gen = torch.Generator(device=cuda_device).manual_seed(0)
     q = torch.randn(B, H, S, D, device=cuda_device, generator=gen).to(dtype)

@@ -40,6 +40,8 @@ SEQ_AXIS = 2  # of cache and update: [B, Hkv, L, D]
 # Shortest cache for the split-KV decode kernel: below it SDPA's few blocks already finish quickly
 # and the kernel's second (combine) launch is not paid back.
 DECODE_MIN_SLOTS = 256
+# Largest mask (elements) the SDPA route repeats over a group's G query heads to make one call.
+REPEATED_MASK_MAX = 2**24
 
 
 def _slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
@@ -101,18 +103,25 @@ def _attention_cuda(q, key, value, mask, scale):
 def _attention_sdpa(q, key, value, mask, scale):
     """SDPA's fused kernel on the stored dtype (fp32 scores and softmax inside the kernel, as
     TensorRT's fused attention), without fp32 copies of the whole cache, which cost more than the
-    attention itself at batch 32. The G = H / Hkv query heads of a key/value head become G x S
-    query rows of that head (the mask repeated), so no K/V repeat and no enable_gqa (which the
-    memory-efficient kernel lacks)."""
+    attention itself at batch 32, and without K/V repeats or enable_gqa (which the memory-efficient
+    kernel lacks). Small calls (decode steps on short caches): the G = H / Hkv query heads of a kv
+    head become G x S query rows of that head, the mask repeated G times: one launch. Large ones
+    (prefill): one call per query head of each group (heads g, G + g, ... against kv heads 0, 1,
+    ...) with one additive [B, 1, S, L] mask shared by the calls, because the repeated mask, which
+    SDPA then converts to a bias, took ~400 MB for one 4096-token prefill of the 1.66B model (G = 8)."""
     B, H, S, D = q.shape
     Hkv, L = key.shape[1], key.shape[2]
     G = H // Hkv
-    qg = q.reshape(B, Hkv, G * S, D)
     m = mask.expand(B, 1, S, L)
-    if G > 1:
-        m = m[:, :, None].expand(B, 1, G, S, L).reshape(B, 1, G * S, L)
-    o = F.scaled_dot_product_attention(qg, key, value, attn_mask=m, scale=scale)
-    return o.reshape(B, H, S, D)
+    if G == 1 or B * G * S * L <= REPEATED_MASK_MAX:
+        if G > 1:
+            m = m[:, :, None].expand(B, 1, G, S, L).reshape(B, 1, G * S, L)
+        o = F.scaled_dot_product_attention(q.reshape(B, Hkv, G * S, D), key, value, attn_mask=m, scale=scale)
+        return o.reshape(B, H, S, D)
+    bias = torch.zeros((B, 1, S, L), dtype=q.dtype, device=q.device).masked_fill_(~m, float("-inf"))
+    o = [F.scaled_dot_product_attention(q[:, g::G].contiguous(), key, value, attn_mask=bias, scale=scale)
+         for g in range(G)]
+    return torch.stack(o, 2).reshape(B, H, S, D)  # [B, Hkv, G, S, D]: head h = kv head * G + g
 
 
 @torch.library.custom_op(ATTENTION_OP, mutates_args=())
