@@ -6,12 +6,12 @@ Shapes: Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, L2-normalised q and k. Pe
   * decode step (T = 1) for B = 1 .. 512, each implementation captured in a CUDA graph of 20 steps
     (or more) and the replay timed (median, triton.testing.do_bench); the steps of a replay rotate
     over copies of the state until they read 256 MB, so that no state is read from L2 (a model's
-    other layers evict it between two steps of one layer; B = 32 fits the H200's L2 otherwise): our CUDA kernel through the bare
-    extension launcher (in place), the public op `gdn_export.ops.gated_delta_rule` with the cuda
-    and the triton backend (fresh state tensors, as a graph would run them), and FlashInfer's
-    decode (`gated_delta_rule_decode_pretranspose`, bf16 state only, when `import flashinfer`
-    works); % of the device-to-device copy bandwidth measured in the same run, for the bytes the
-    step moves (state read + write, q, k, v, o, g, beta);
+    other layers evict it between two steps of one layer; B = 32 fits the H200's L2 otherwise): our
+    CUDA kernel through the bare extension launcher (in place), the public op
+    `gdn_export.ops.gated_delta_rule` with the cuda and the triton backend (fresh state tensors, as
+    a graph would run them), and FlashInfer's decode (`gated_delta_rule_decode_pretranspose`, bf16
+    state only, when `import flashinfer` works); % of the device-to-device copy bandwidth measured
+    in the same run, for the bytes the step moves (state read + write, q, k, v, o, g, beta);
   * prefill B = 1, T = 4096 and 16384 through the op (cuda, triton), do_bench median.
 A correctness check against the reference (same storage dtype) runs first and stops the run on a
 failure. The markdown table is printed last and written with the JSON to $OUT (or --out-dir).
