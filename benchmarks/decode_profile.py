@@ -14,15 +14,15 @@ times, plus the 25 costliest kernel names. Writes decode_profile.md / .json unde
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from gpu_timing import save_table
 
 GROUPS = [  # first match wins; patterns on lower-cased kernel names
     # first: SDPA's fmha_cutlass* kernels would be GEMMs, and "gdn recurrent"'s `decode` would take
@@ -140,11 +140,7 @@ def main() -> int:
     lines += ["", "| kernel | per step | us/step |", "|---|---|---|"]
     for row in result["top"]:
         lines.append(f"| `{row['name']}` | {row['per_step']:.0f} | {row['us_per_step']:.1f} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode_profile.md").write_text("\n".join(lines) + "\n")
-    (out / "decode_profile.json").write_text(json.dumps(result, indent=1))
-    print("\n".join(lines))
+    save_table(args.out, "decode_profile", result, "\n".join(lines))
     return 0
 
 

@@ -14,12 +14,12 @@ host overhead = eager - graph. Writes op_overhead.md / .json; the table is print
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
+
+from gpu_timing import save_table
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -120,11 +120,7 @@ def main() -> int:
         gr = r["graph_us"] if isinstance(r["graph_us"], str) else f"{r['graph_us']:.1f}"
         ov = "-" if r["host_overhead_us"] is None else f"{r['host_overhead_us']:.1f}"
         lines.append(f"| {r['call']} | {r['eager_us']:.1f} | {gr} | {ov} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "op_overhead.md").write_text("\n".join(lines) + "\n")
-    (out / "op_overhead.json").write_text(json.dumps(rows, indent=1))
-    print("\n".join(lines))
+    save_table(args.out, "op_overhead", rows, "\n".join(lines))
     return 0
 
 
