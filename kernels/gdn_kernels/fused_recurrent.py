@@ -100,7 +100,14 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
         # measured 3-5% slower than 32 at B = 64..512 (run 6, call 4), so 32 stays.
         block_v = 32
     BV = max(min(block_v, next_pow2(Dv)), 8)
-    if num_warps is None:
+    if num_warps is None and T == 1 and cu_seqlens is None:
+        # Decode: 128 fp32 state elements per thread, one warp at Dk = 128, BV = 32. Run 9 sweep
+        # (H200, B = 8 / 64 / 256, benchmarks/triton_decode_sweep.py): one warp beat two, the
+        # earlier choice, everywhere: fp32 state 70 / 86 / 93% of copy bandwidth (two: 65 / 83 /
+        # 87%), bf16 state 51 / 56 / 56% (two: 38 / 47 / 49%); other widths and warps were slower.
+        num_warps = max(1, BK * BV // 4096)
+    elif num_warps is None:
+        # several tokens: more threads share each step's reductions (not swept for T > 1)
         num_warps = 2 if BK * BV <= 4096 else 4
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     fused_recurrent_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
@@ -128,6 +135,7 @@ def fused_recurrent_gated_delta_rule(
     out: torch.Tensor | None = None,
     final_state: torch.Tensor | None = None,
     block_v: int | None = None,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-by-step gated delta rule in one kernel (decode and short T).
 
@@ -140,7 +148,8 @@ def fused_recurrent_gated_delta_rule(
         inplace: write the final state over initial_state (must be a contiguous fp32, fp16 or
             bf16 tensor); the returned final_state is then initial_state itself.
         gates: (a, b, A_log, dt_bias) instead of g / beta (see chunk.chunk_gated_delta_rule).
-        out, final_state: optional preallocated outputs. block_v: value columns per program.
+        out, final_state: optional preallocated outputs. block_v, num_warps: value columns and
+            warps per program (default: the measured best, see fused_recurrent_fwd).
     Returns:
         o [B, T, Hv, Dv] in v's dtype (fp32 for float64 inputs), final_state [N, Hv, Dk, Dv] in
         the state's storage dtype (initial_state's), rounded once at the end.
@@ -154,4 +163,4 @@ def fused_recurrent_gated_delta_rule(
     else:
         h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
     return fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu, gates=gates,
-                               out=out, final_state=final_state, block_v=block_v)
+                               out=out, final_state=final_state, block_v=block_v, num_warps=num_warps)
