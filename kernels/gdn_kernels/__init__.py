@@ -7,6 +7,8 @@
     causal_conv1d.py    depthwise causal conv1d with state, SiLU fused
     moe.py              routed experts: fused routing + grouped GEMM over each expert's tokens
     attention_decode.py split-KV masked GQA attention of decode steps (gdn::attention on a GPU)
+    attention_prefill.py flash attention of prefill calls, visiting only the cache tiles the mask lets
+                        each query block read (gdn::attention on a GPU)
 
 On a machine without a GPU, set TRITON_INTERPRET=1 before importing this package to run the
 kernels on CPU tensors (slowly).

@@ -1,6 +1,7 @@
-"""The SDPA route of gdn::attention (what half-precision prefill runs on a GPU: the mask repeated
-over a kv-head group's query heads for one call when small, else one call per query head against an
-additive mask shared by the calls) computes the same function as the op's fp32 path, on the CPU in fp32: grouped heads, ragged causal masks over a
+"""The SDPA route of gdn::attention (what half-precision calls run on a GPU that neither Triton
+kernel takes, or without Triton: the mask repeated over a kv-head group's query heads for one call
+when small, else one call per query head against an additive mask shared by the calls) computes the
+same function as the op's fp32 path, on the CPU in fp32: grouped heads, ragged causal masks over a
 longer cache, streaming-like masks with holes, one query row and many."""
 
 import pytest
