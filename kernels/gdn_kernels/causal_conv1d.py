@@ -20,11 +20,12 @@ from gdn_kernels.utils import next_pow2
 
 
 @triton.jit
-def _xs_rows(x, conv_state, i_b, o_src, o_c, m_c, T, C, K: tl.constexpr, HAS_STATE: tl.constexpr):
-    # Rows o_src of x (o_src < 0 reads state column K - 1 + o_src), [len(o_src), BC] fp32.
+def _xs_rows(x, conv_state, i_b, o_src, o_c, m_c, T, C, sxb, sxt, K: tl.constexpr, HAS_STATE: tl.constexpr):
+    # Rows o_src of x (o_src < 0 reads state column K - 1 + o_src), [len(o_src), BC] fp32. x's rows
+    # sit sxt elements apart, its batch rows sxb (a channel slice of a wider tensor is not copied).
     m_x = (o_src >= 0) & (o_src < T)
-    b_x = tl.load(x + (i_b * T + o_src[:, None]) * C + o_c[None, :], mask=m_x[:, None] & m_c[None, :],
-                  other=0).to(tl.float32)
+    b_x = tl.load(x + i_b.to(tl.int64) * sxb + o_src[:, None] * sxt + o_c[None, :],
+                  mask=m_x[:, None] & m_c[None, :], other=0).to(tl.float32)
     if HAS_STATE:
         o_s = o_src + K - 1
         m_s = (o_src < 0) & (o_s >= 0)
@@ -37,7 +38,7 @@ def _xs_rows(x, conv_state, i_b, o_src, o_c, m_c, T, C, K: tl.constexpr, HAS_STA
 @triton.jit(do_not_specialize=["T"])
 def causal_conv1d_fwd_kernel(
     x, weight, bias, conv_state, seq_lens, y, new_state,
-    T, C,
+    T, C, sxb, sxt,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_LENS: tl.constexpr, SILU: tl.constexpr,
 ):
@@ -53,11 +54,11 @@ def causal_conv1d_fwd_kernel(
         # only the first time block reaches back into the state
         for j in tl.static_range(K):
             b_w = tl.load(weight + o_c * K + j, mask=m_c, other=0).to(tl.float32)
-            b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, K, True) * b_w[None, :]
+            b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, sxb, sxt, K, True) * b_w[None, :]
     else:
         for j in tl.static_range(K):
             b_w = tl.load(weight + o_c * K + j, mask=m_c, other=0).to(tl.float32)
-            b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, K, False) * b_w[None, :]
+            b_y += _xs_rows(x, conv_state, i_b, o_t + j - (K - 1), o_c, m_c, T, C, sxb, sxt, K, False) * b_w[None, :]
     if SILU:
         b_y = b_y * tl.sigmoid(b_y)
     tl.store(y + (i_b * T + o_t[:, None]) * C + o_c[None, :], b_y.to(y.dtype.element_ty),
@@ -69,7 +70,7 @@ def causal_conv1d_fwd_kernel(
         else:
             L = T
         o_j = tl.arange(0, BS)
-        b_s = _xs_rows(x, conv_state, i_b, L - (K - 1) + o_j, o_c, m_c, T, C, K, HAS_STATE)
+        b_s = _xs_rows(x, conv_state, i_b, L - (K - 1) + o_j, o_c, m_c, T, C, sxb, sxt, K, HAS_STATE)
         tl.store(new_state + (i_b * C + o_c[None, :]) * (K - 1) + o_j[:, None],
                  b_s.to(new_state.dtype.element_ty), mask=(o_j[:, None] < K - 1) & m_c[None, :])
 
@@ -87,7 +88,8 @@ def causal_conv1d(
     """Causal depthwise conv1d over time (prefill, or decode at T = 1).
 
     Args:
-        x: [B, T, C] fp32/fp16/bf16. weight: [C, K]. bias: [C] or None.
+        x: [B, T, C] fp32/fp16/bf16, channels contiguous (any token / batch strides). weight: [C, K].
+            bias: [C] or None.
         conv_state: [B, C, K-1], the K-1 inputs before x, or None for zeros. Must not alias
             new_conv_state (other programs may still read it).
         silu: apply SiLU.
@@ -106,19 +108,20 @@ def causal_conv1d(
     if seq_lens is not None and tuple(seq_lens.shape) != (B,):
         raise ValueError(f"seq_lens must be [B={B}], got {tuple(seq_lens.shape)}")
     dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
-    x = x.to(dtype).contiguous()
+    if x.dtype != dtype or x.stride(2) != 1:
+        x = x.to(dtype).contiguous()  # rows and batch rows may keep any stride (channel slices)
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     conv_state = None if conv_state is None else conv_state.contiguous()
     seq_lens = None if seq_lens is None else seq_lens.to(device=x.device, dtype=torch.int32).contiguous()
-    y = out if out is not None else torch.empty_like(x)
+    y = out if out is not None else x.new_empty(B, T, C)
     s = new_conv_state if new_conv_state is not None else x.new_empty(B, C, K - 1)
     # decode: a couple of rows per program and wide channel blocks; prefill: 64 x 128 tiles
     BT = min(next_pow2(max(T, 2)), 64)
     BC = 128 if T > 1 else 256
     grid = (triton.cdiv(C, BC), triton.cdiv(T, BT), B)
     causal_conv1d_fwd_kernel[grid](
-        x, weight, bias, conv_state, seq_lens, y, s, T, C,
+        x, weight, bias, conv_state, seq_lens, y, s, T, C, x.stride(0), x.stride(1),
         K=K, BT=BT, BC=BC, BS=max(next_pow2(K - 1), 2),
         HAS_BIAS=bias is not None, HAS_STATE=conv_state is not None, HAS_LENS=seq_lens is not None,
         SILU=bool(silu),

@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (as_kernel_input, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
-                               raw_operands, state_dtype, to_state_dtype)
+from gdn_kernels.utils import (as_kernel_input, as_token_input, chunk_indices, launch_fitting, next_pow2,
+                               prepare_inputs, raw_operands, state_dtype, to_state_dtype, token_stride)
 from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 
 
@@ -37,12 +37,13 @@ from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 def chunk_state_output_fwd_kernel(
     q, k, w, u, Aqk, gcum, fq, fk, h0, o, ht,
     cu_seqlens,
-    T,
+    T, sq, sk,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
     IEEE: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
+    # sq, sk: elements between consecutive tokens of q, k (utils.token_stride)
     BT: tl.constexpr = 64
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
@@ -78,9 +79,10 @@ def chunk_state_output_fwd_kernel(
         b_fq = tl.load(fq + r0 + o_r, mask=m_r, other=0)
         b_fk = tl.load(fk + r0 + o_r, mask=m_r, other=0)
         b_Gl = tl.load(gcum + r0 + tl.minimum(i_t * BT + BT, Tn) - 1)
-        p_qk = ((bos + o_r[:, None]) * HK + i_hk) * DK + o_k[None, :]
-        b_q = tl.load(q + p_qk, mask=m_rk, other=0)
-        b_k = tl.load(k + p_qk, mask=m_rk, other=0)
+        # 64-bit chunk bases (strided q / k of a long sequence pass 2**31 elements), 32-bit tiles
+        t64 = (bos + i_t * BT).to(tl.int64)
+        b_q = tl.load(q + t64 * sq + i_hk * DK + o_t[:, None] * sq + o_k[None, :], mask=m_rk, other=0)
+        b_k = tl.load(k + t64 * sk + i_hk * DK + o_t[:, None] * sk + o_k[None, :], mask=m_rk, other=0)
 
         if SPLIT:
             # w h and q h read the state rounded to the input dtype (costs ~4e-4 on o)
@@ -104,7 +106,8 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     """Launch the sequential kernel on wy.py's outputs.
 
     Args:
-        q, k: [B, T, Hk, Dk] in the input dtype. w [B, Hv, T, Dk], u [B, Hv, T, Dv], Aqk
+        q, k: [B, T, Hk, Dk] in the input dtype (contiguous, or with a token stride:
+            utils.token_stride). w [B, Hv, T, Dk], u [B, Hv, T, Dv], Aqk
             [B, Hv, T, 64], gcum / fq / fk [B, Hv, T]: wy.chunk_wy_fwd's outputs.
         initial_state: [N, Hv, Dk, Dv] contiguous fp32, fp16 or bf16, or None. cu_seqlens: [N + 1]
             int32 or None.
@@ -115,6 +118,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = u.shape[1], u.shape[3]
+    q, k = (as_token_input(x, x.dtype) for x in (q, k))
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
@@ -132,7 +136,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
 
     def launch(stages):
         chunk_state_output_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
-            q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T,
+            q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T, token_stride(q), token_stride(k),
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
             USE_INITIAL_STATE=initial_state is not None,
             IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,

@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, next_pow2, prepare_inputs, state_dtype,
-                               to_state_dtype)
+from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, as_token_input, next_pow2, prepare_inputs,
+                               state_dtype, to_state_dtype, token_stride)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -28,12 +28,13 @@ from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, next_pow2, prepare
 def fused_recurrent_fwd_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias, h0, o, ht,
     cu_seqlens,
-    scale, T,
+    scale, T, sq, sk, sv,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
+    # sq, sk, sv: elements between consecutive tokens of q, k, v (utils.token_stride)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     i_hk = i_h // (HV // HK)
@@ -54,10 +55,15 @@ def fused_recurrent_fwd_kernel(
         b_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
         b_dt = tl.load(dt_bias + i_h).to(tl.float32)
 
+    # 64-bit token bases, advanced by the token strides (a large strided batch passes 2**31)
+    p_q = q + bos.to(tl.int64) * sq + i_hk * DK + o_k
+    p_k = k + bos.to(tl.int64) * sk + i_hk * DK + o_k
+    p_v = v + bos.to(tl.int64) * sv + i_h * DV + o_v
     for t in range(bos, eos):
-        b_q = tl.load(q + (t * HK + i_hk) * DK + o_k, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(k + (t * HK + i_hk) * DK + o_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(v + (t * HV + i_h) * DV + o_v, mask=m_v, other=0).to(tl.float32)
+        b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
+        p_q, p_k, p_v = p_q + sq, p_k + sk, p_v + sv
         if USE_GATE:
             b_x = tl.load(a + t * HV + i_h).to(tl.float32) + b_dt
             b_g = b_A * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(tl.minimum(b_x, 20.0))))
@@ -84,10 +90,12 @@ def fused_recurrent_fwd_kernel(
 
 def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=None, gates=None,
                         out=None, final_state=None, block_v=None, num_warps=None):
-    """Launch the recurrent kernel on prepared (contiguous, one-dtype) inputs; h0 [N, Hv, Dk, Dv]
-    contiguous in the state dtype (or None); a new final_state takes h0's dtype (fp32 for None)."""
+    """Launch the recurrent kernel on prepared inputs (one dtype; contiguous, or with a token stride:
+    utils.token_stride); h0 [N, Hv, Dk, Dv] contiguous in the state dtype (or None); a new
+    final_state takes h0's dtype (fp32 for None)."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
+    q, k, v = (as_token_input(x, x.dtype) for x in (q, k, v))
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else v.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
@@ -112,7 +120,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     fused_recurrent_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-        h0, o, ht, cu_seqlens, scale, T,
+        h0, o, ht, cu_seqlens, scale, T, token_stride(q), token_stride(k), token_stride(v),
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, USE_INITIAL_STATE=h0 is not None,
         IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,

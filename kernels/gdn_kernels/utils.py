@@ -82,6 +82,39 @@ def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).contiguous()
 
 
+def token_stride(x: torch.Tensor) -> int | None:
+    """Elements between consecutive tokens of x [B, T, ...] (the batch axis flattened into the
+    token axis: token b * T + t) when its inner dims are packed, else None.
+
+    q / k / v of a GatedDeltaNet layer are channel slices of the conv's output [B, T, C] (and the
+    conv's input one of the fused projection's): packed within a token, a stride of C between
+    tokens. The kernels take that stride instead of a contiguous copy (four copies a layer)."""
+    B, T = x.shape[:2]
+    inner = x.shape[2:].numel()
+    expected = 1
+    for size, stride in zip(reversed(x.shape[2:]), reversed(x.stride()[2:])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    if B * T == 1:
+        return inner
+    if T == 1:
+        stride = x.stride(0)
+    else:
+        stride = x.stride(1)
+        if B > 1 and x.stride(0) != T * stride:
+            return None
+    return stride if stride >= inner else None
+
+
+def as_token_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype` with a token stride (`token_stride`): x itself when it has one, else a
+    contiguous copy."""
+    if x.dtype == dtype and token_stride(x) is not None:
+        return x
+    return x.to(dtype).contiguous()
+
+
 def check_head_dims(Dk: int, Dv: int) -> None:
     if Dk > 256 or Dv > 256:
         raise ValueError(f"gdn_kernels supports head dims up to 256, got Dk={Dk}, Dv={Dv}")
@@ -132,7 +165,8 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor
 def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
     """The checks and casts every gated-delta-rule launcher starts with.
 
-    Returns (q, k, v, g, beta, gates, scale, cu, offsets): q, k, v contiguous in the compute dtype, g
+    Returns (q, k, v, g, beta, gates, scale, cu, offsets): q, k, v in the compute dtype with a token
+    stride (`as_token_input`: channel slices of a wider tensor are not copied), g
     fp32 and beta in the compute dtype (unless `gates` carries the raw (a, b, A_log, dt_bias)
     instead), scale resolved to Dk ** -0.5 by default, cu_seqlens checked as int32 (or None) and
     its values on the host (check_cu_seqlens; None without cu_seqlens or during graph capture).
@@ -144,7 +178,7 @@ def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
         raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
     scale = Dk ** -0.5 if scale is None else float(scale)
     dtype = compute_dtype(v)
-    q, k, v = (as_kernel_input(x, dtype) for x in (q, k, v))
+    q, k, v = (as_token_input(x, dtype) for x in (q, k, v))
     if gates is None:
         g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
     else:

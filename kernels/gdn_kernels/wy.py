@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, launch_fitting, next_pow2, raw_operands
+from gdn_kernels.utils import CHUNK, as_token_input, launch_fitting, next_pow2, raw_operands, token_stride
 
 
 # Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
@@ -158,12 +158,13 @@ def chunk_wy_fwd_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,
     w, u, Aqk, gcum, fq, fk,
     cu_seqlens, chunk_indices,
-    scale, T,
+    scale, T, sq, sk, sv,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
+    # sq, sk, sv: elements between consecutive tokens of q, k, v (utils.token_stride)
     BT: tl.constexpr = 64
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HV, i_bh % HV
@@ -180,9 +181,10 @@ def chunk_wy_fwd_kernel(
     n_rows = tl.minimum(eos - t0, BT)
     r0 = i_bh * T + t0 - i_b * T   # its row in the head-major intermediates
 
-    p_q = q + (t0 * HK + i_hk) * DK
-    p_k = k + (t0 * HK + i_hk) * DK
-    p_v = v + (t0 * HV + i_h) * DV
+    t64 = t0.to(tl.int64)  # strided q / k / v of a large batch pass 2**31 elements
+    p_q = q + t64 * sq + i_hk * DK
+    p_k = k + t64 * sk + i_hk * DK
+    p_v = v + t64 * sv + i_h * DV
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     b_g, b_beta = _gates(g + t0 * HV + i_h, beta + t0 * HV + i_h, a + t0 * HV + i_h, b + t0 * HV + i_h,
@@ -196,8 +198,8 @@ def chunk_wy_fwd_kernel(
 
     # q and k stay in the input dtype (exact tensor-core operands); their L2 norms, the decays,
     # beta and scale are row / column factors applied to the fp32 products.
-    b_k = _load_raw(p_k, o_t, n_rows, HK * DK, DK, BK, SPLIT)
-    b_q = _load_raw(p_q, o_t, n_rows, HK * DK, DK, BK, SPLIT)
+    b_k = _load_raw(p_k, o_t, n_rows, sk, DK, BK, SPLIT)
+    b_q = _load_raw(p_q, o_t, n_rows, sq, DK, BK, SPLIT)
     b_rk = _inv_norm(b_k, USE_L2NORM)
     b_rq = _inv_norm(b_q, USE_L2NORM)
     tl.store(fq + r0 + o_t, scale * b_rq * tl.exp(b_G), mask=m_t)
@@ -216,14 +218,14 @@ def chunk_wy_fwd_kernel(
     hi, lo = _halves(b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], dt, SPLIT)
     for i_k in tl.static_range(0, DK, BV):
         o_k = i_k + tl.arange(0, BV)
-        b_kc = _load_raw(p_k + i_k, o_t, n_rows, HK * DK, DK - i_k, BV, SPLIT)
+        b_kc = _load_raw(p_k + i_k, o_t, n_rows, sk, DK - i_k, BV, SPLIT)
         b_w = _dot_halves(hi, lo, b_kc, IEEE, SPLIT)
         tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(dt),
                  mask=m_t[:, None] & (o_k[None, :] < DK))
     hi, lo = _halves(b_X * b_beta[None, :], dt, SPLIT)
     for i_v in tl.static_range(0, DV, BV):
         o_v = i_v + tl.arange(0, BV)
-        b_vc = _load_raw(p_v + i_v, o_t, n_rows, HV * DV, DV - i_v, BV, SPLIT)
+        b_vc = _load_raw(p_v + i_v, o_t, n_rows, sv, DV - i_v, BV, SPLIT)
         b_u = _dot_halves(hi, lo, b_vc, IEEE, SPLIT)
         tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u,
                  mask=m_t[:, None] & (o_v[None, :] < DV))
@@ -234,7 +236,8 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
     """Launch the chunk-local kernel.
 
     Args:
-        q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (one dtype, contiguous); g [B, T, Hv] fp32 and
+        q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (one dtype; contiguous, or with a token stride:
+        utils.token_stride); g [B, T, Hv] fp32 and
         beta [B, T, Hv], or gates = (a [B, T, Hv], b [B, T, Hv], A_log [Hv], dt_bias [Hv]) with
         g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) computed in the kernel.
         cu_seqlens [N + 1] int32 and chunk_idx [NT, 2] int32 (utils.chunk_indices: padding rows
@@ -246,6 +249,7 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
+    q, k, v = (as_token_input(x, x.dtype) for x in (q, k, v))
     w = v.new_empty(B, Hv, T, Dk)
     u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
     Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
@@ -258,7 +262,7 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
         chunk_wy_fwd_kernel[(NT, B * Hv)](
             q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
             w, u, Aqk, gcum, fq, fk,
-            cu_seqlens, chunk_idx, scale, T,
+            cu_seqlens, chunk_idx, scale, T, token_stride(q), token_stride(k), token_stride(v),
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=BV,
             USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
             IEEE=v.dtype == torch.float32, SPLIT=raw_operands(v.dtype, Dk, Dv), num_warps=num_warps,
