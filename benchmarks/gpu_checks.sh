@@ -9,7 +9,8 @@
 #   moe: the MoE GPU tests of both backends, then benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
 #   state: benchmarks/state_dtype_bench.py (decode / prefill per recurrent-state dtype; FlashInfer's
 #          bf16-state decode beside it when `import flashinfer` works)
-#   attn: benchmarks/attention_decode_bench.py (split-KV decode attention vs the SDPA route)
+#   attn: benchmarks/attention_decode_bench.py (split-KV decode attention vs the SDPA route) and
+#         benchmarks/attention_prefill_bench.py --graph (the Triton prefill kernel vs the SDPA route)
 #   pack: benchmarks/prefill_pack_bench.py (prefill batches vs cu_seqlens packs, FLA / FlashInfer beside;
 #         minutes of their autotuning / compilation per new shape)
 #   e2e: benchmarks/e2e_bench.sh (gdn-export bench on a 1.66B-class random model vs transformers)
@@ -45,7 +46,8 @@ for s in $steps; do
         runtime) run_step runtime 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
                      tests/ops/test_attention_cuda.py tests/kernels/test_gated_delta_rule_inplace.py ;;
         state) run_step state 240 python3 benchmarks/state_dtype_bench.py --out-dir "$out/state" ;;
-        attn) run_step attn 90 python3 benchmarks/attention_decode_bench.py --out-dir "$out/attn" ;;
+        attn) run_step attn 90 python3 benchmarks/attention_decode_bench.py --out-dir "$out/attn"
+              run_step attn_pf 90 python3 benchmarks/attention_prefill_bench.py --graph --out-dir "$out/attn" ;;
         pack) run_step pack 480 python3 benchmarks/prefill_pack_bench.py --out-dir "$out/pack" ;;
         e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
         # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially (run 7)

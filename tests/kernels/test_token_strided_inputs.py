@@ -28,6 +28,11 @@ CASES = [
     pytest.param(2, 67, 2, 2, 32, 16, None, id="T67-B2-DkneDv"),
     pytest.param(1, 75, 1, 3, 16, 16, (0, 11, 11, 75), id="varlen-3seqs-empty-Hv3Hk"),
 ]
+if torch.cuda.is_available():  # the models' head sizes, compiled (`-m gpu` selects these)
+    CASES += [pytest.param(*c, id=i, marks=pytest.mark.gpu) for c, i in (
+        ((4, 1, 16, 32, 128, 128, None), "gpu-decode-B4-Hk16-Hv32-D128"),
+        ((2, 300, 16, 32, 128, 128, None), "gpu-T300-B2-Hk16-Hv32-D128"),
+        ((1, 1000, 2, 6, 128, 128, (0, 1, 64, 700, 1000)), "gpu-varlen-4seqs-Hv3Hk-D128"))]
 
 
 def _sliced_qkv(B, T, Hk, Hv, Dk, Dv, dtype, gen):
