@@ -51,6 +51,23 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc):
+    """One K / V tile of a masked flash-attention row block (shared with attention_prefill):
+    scores q k^T * qk_scale (base 2), masked by b_m, folded into the running max m_i, sum l_i and
+    fp32 accumulator acc; P is rounded to V's dtype for P V. Returns (m_i, l_i, acc)."""
+    b_s = _dot(b_q, tl.trans(b_k), False) * qk_scale
+    b_s = tl.where(b_m, b_s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    # rows with nothing readable yet keep m = -inf; subtracting 0 instead keeps exp2 at 0, not NaN
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(b_s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(b_v.dtype), b_v, False)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def attn_decode_split_kernel(
     q, k, v, mask, part_o, part_lse,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -90,16 +107,7 @@ def attn_decode_split_kernel(
         read = (tl.max(b_m.to(tl.int32), 0) > 0)[:, None]
         b_k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kl, mask=read, other=0)
         b_v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vl, mask=read, other=0)
-        b_s = _dot(b_q, tl.trans(b_k), False) * qk_scale
-        b_s = tl.where(b_m, b_s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        # rows with nothing readable yet keep m = -inf; subtracting 0 instead keeps exp2 at 0, not NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(b_s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(b_v.dtype), b_v, False)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc)
 
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]

@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 
 from gdn_kernels.utils import next_pow2, to_state_dtype
-# 16-bit operands straight to the tensor cores; widened under the CPU interpreter (bf16 dot bug there)
-from gdn_kernels.wy import _dot
+# the online-softmax update of one K / V tile, as the split-KV decode kernel does it
+from gdn_kernels.attention_decode import online_softmax_step
 
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_D = 256
@@ -123,16 +123,7 @@ def attn_prefill_kernel(
         b_k = tl.load(k_ptr + cols[:, None] * stride_kl + d[None, :] * stride_kd, mask=kv_ok, other=0)
         b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=kv_ok, other=0)
         b_m = tl.load(m_ptr + rows[:, None] * stride_ms + cols[None, :] * stride_ml, mask=row_ok[:, None] & in_range[None, :], other=0) != 0
-        b_s = _dot(b_q, tl.trans(b_k), False) * qk_scale
-        b_s = tl.where(b_m, b_s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        # rows with nothing readable yet keep m = -inf; subtracting 0 instead keeps exp2 at 0, not NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(b_s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(b_v.dtype), b_v, False)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that may read nothing: zeros
     p_o = o + i_b64 * stride_ob + i_h64 * stride_oh + rows[:, None] * stride_os + d[None, :] * stride_od

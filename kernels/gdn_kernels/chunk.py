@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (as_kernel_input, as_token_input, chunk_indices, launch_fitting, next_pow2,
-                               prepare_inputs, raw_operands, state_dtype, to_state_dtype, token_stride)
+from gdn_kernels.utils import (as_kernel_input, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
+                               raw_operands, state_dtype, to_state_dtype, token_strides)
 from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 
 
@@ -118,7 +118,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = u.shape[1], u.shape[3]
-    q, k = (as_token_input(x, x.dtype) for x in (q, k))
+    sq, sk = token_strides(q, k)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
@@ -136,7 +136,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
 
     def launch(stages):
         chunk_state_output_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
-            q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T, token_stride(q), token_stride(k),
+            q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T, sq, sk,
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
             USE_INITIAL_STATE=initial_state is not None,
             IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,

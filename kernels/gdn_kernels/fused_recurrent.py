@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, as_token_input, next_pow2, prepare_inputs,
-                               state_dtype, to_state_dtype, token_stride)
+from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, next_pow2, prepare_inputs, state_dtype,
+                               to_state_dtype, token_strides)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -95,7 +95,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
     final_state takes h0's dtype (fp32 for None)."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
-    q, k, v = (as_token_input(x, x.dtype) for x in (q, k, v))
+    sq, sk, sv = token_strides(q, k, v)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = out if out is not None else v.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
@@ -120,7 +120,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     fused_recurrent_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-        h0, o, ht, cu_seqlens, scale, T, token_stride(q), token_stride(k), token_stride(v),
+        h0, o, ht, cu_seqlens, scale, T, sq, sk, sv,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, USE_INITIAL_STATE=h0 is not None,
         IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,

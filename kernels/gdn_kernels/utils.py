@@ -107,6 +107,17 @@ def token_stride(x: torch.Tensor) -> int | None:
     return stride if stride >= inner else None
 
 
+def token_strides(*xs: torch.Tensor) -> tuple[int, ...]:
+    """`token_stride` of each launcher input (prepared by `prepare_inputs`); a one-line error for
+    one without (the kernels would read the wrong elements)."""
+    strides = tuple(token_stride(x) for x in xs)
+    if None in strides:
+        bad = xs[strides.index(None)]
+        raise ValueError(f"gdn_kernels: a [B, T, H, D] input needs heads packed within a token and a fixed "
+                         f"token stride (prepare_inputs makes one), got shape {tuple(bad.shape)} strides {bad.stride()}")
+    return strides
+
+
 def as_token_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x in `dtype` with a token stride (`token_stride`): x itself when it has one, else a
     contiguous copy."""

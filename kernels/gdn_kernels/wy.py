@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, as_token_input, launch_fitting, next_pow2, raw_operands, token_stride
+from gdn_kernels.utils import CHUNK, launch_fitting, next_pow2, raw_operands, token_strides
 
 
 # Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
@@ -249,7 +249,7 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
     """
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
-    q, k, v = (as_token_input(x, x.dtype) for x in (q, k, v))
+    sq, sk, sv = token_strides(q, k, v)
     w = v.new_empty(B, Hv, T, Dk)
     u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
     Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
@@ -262,7 +262,7 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
         chunk_wy_fwd_kernel[(NT, B * Hv)](
             q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
             w, u, Aqk, gcum, fq, fk,
-            cu_seqlens, chunk_idx, scale, T, token_stride(q), token_stride(k), token_stride(v),
+            cu_seqlens, chunk_idx, scale, T, sq, sk, sv,
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=BV,
             USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
             IEEE=v.dtype == torch.float32, SPLIT=raw_operands(v.dtype, Dk, Dv), num_warps=num_warps,
