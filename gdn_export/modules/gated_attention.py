@@ -25,6 +25,7 @@ from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
 from gdn_export.ops.attention import attention, kv_cache_update, write_cache_
+from gdn_export.ops.backends import exporting
 
 
 def causal_mask(t: int, past: int | torch.SymInt, device: torch.device) -> torch.Tensor:
@@ -124,6 +125,6 @@ def _write(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch
         slots = step.write_index[:, None] + torch.arange(update.shape[2], device=update.device)
         index = slots[:, None, :, None].expand_as(update)
         update = torch.where(step.token_mask[:, None, :, None], update, torch.gather(cache, 2, index))
-    if torch.compiler.is_exporting():
+    if exporting():
         return kv_cache_update(cache, update, step.write_index)
     return write_cache_(cache, update, step.write_index)

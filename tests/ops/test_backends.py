@@ -120,3 +120,18 @@ def test_eager_and_traced_calls_agree():
     y_traced = torch.compile(causal_conv1d, backend="eager", fullgraph=True)(c, w, None, torch.zeros(2, 6, 3))
     for a, b in zip(y_eager, y_traced):
         torch.testing.assert_close(a, b)
+
+
+def test_exporting_is_true_only_under_torch_export():
+    """gdn_export.ops.backends.exporting picks the export-only paths (the functional K/V cache
+    update): never in eager mode or inside torch.compile, always under torch.export."""
+    from gdn_export.ops.backends import exporting
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + (1.0 if exporting() else 0.0)
+
+    x = torch.zeros(1)
+    assert Probe()(x).item() == 0.0
+    assert torch.compile(Probe(), backend="eager")(x).item() == 0.0
+    assert torch.export.export(Probe(), (x,)).module()(x).item() == 1.0

@@ -118,3 +118,24 @@ def test_cuda_graph_needs_cuda(ckpt):
     model = load_checkpoint(ckpt)
     with pytest.raises(InputError, match="CUDA graphs need a CUDA device"):
         GraphRunner(model, device="cpu", cuda_graph=True)
+
+
+def test_compiled_runner_matches_eager_and_writes_caches_in_place(ckpt, monkeypatch):
+    """compile=True (torch.compile before the capture; here on the CPU, inductor's C++ backend):
+    the same tokens as the eager runner, with the K/V caches written in place: the functional update
+    of export (a copy of every cache per call) is never taken. Custom ops' outputs must have their
+    fakes' strides under compile."""
+    import gdn_export.modules.gated_attention as gated_attention
+
+    layout = DeployLayout.make(cache_len=32)
+    eager_model, fast_model = (load_checkpoint(ckpt, dtype=torch.float32) for _ in range(2))
+    eager_model.layout = fast_model.layout = layout
+    eager, fast = TorchRunner(eager_model), GraphRunner(fast_model, device="cpu", compile=True)
+    functional = []
+    original = gated_attention.kv_cache_update
+    monkeypatch.setattr(gated_attention, "kv_cache_update", lambda *a: functional.append(1) or original(*a))
+    prompts = _ragged_prompts(3, eager.vocab_size, (7, 7))
+    got = generate(fast, prompts, 4)
+    want = generate(eager, prompts, 4)
+    np.testing.assert_array_equal(got.generated, want.generated)
+    assert not functional

@@ -81,7 +81,10 @@ def _causal_conv1d_op(
 def _run(x, weight, bias, conv_state, silu, seq_lens):
     # Checked here, where tensors are real (torch.export traces the fake below).
     check_lengths(seq_lens, x.shape[1])
-    return backends.for_device(x.device).causal_conv1d(x, weight, bias, conv_state, silu, seq_lens)
+    y, state = backends.for_device(x.device).causal_conv1d(x, weight, bias, conv_state, silu, seq_lens)
+    # The fake's (contiguous) strides: torch.compile checks them (the reference computes y as
+    # [B, C, T] and returns a transposed view).
+    return y.contiguous(), state.contiguous()
 
 
 @_causal_conv1d_op.register_fake
