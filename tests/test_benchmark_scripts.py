@@ -26,3 +26,23 @@ def test_state_dtype_drift_tiny(tmp_path):
         # less than bf16 activations do
         assert 0 < drift[P, "fp16"] < drift[P, "bf16"] < drift[P, floor] < 0.1, drift
     assert "| prompt | state |" in (tmp_path / "state_dtype_drift_tiny.md").read_text()
+
+
+def test_peak_memory_probe_replays_the_allocator_trace():
+    """peak_memory_probe.live_at_peak on a synthetic allocator history: the blocks live at the peak,
+    grouped by their innermost gdn_export frame (the probe itself needs a GPU)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from peak_memory_probe import frame_of, live_at_peak
+    finally:
+        sys.path.pop(0)
+    ours = [{"filename": "/x/torch/nn/functional.py", "line": 3, "name": "linear"},
+            {"filename": "/x/gdn_export/modules/mlp.py", "line": 41, "name": "forward"}]
+    ev = [("alloc", 1, 100, ours), ("alloc", 2, 50, []), ("free_completed", 1, 100, []),
+          ("alloc", 3, 120, ours), ("alloc", 4, 10, ours), ("free_completed", 4, 10, []),
+          ("alloc", 5, 5, [])]
+    snap = {"device_traces": [[{"action": a, "addr": addr, "size": s, "frames": f} for a, addr, s, f in ev]]}
+    peak, blocks, total = live_at_peak(snap)
+    assert peak == 180 and total == 180 and set(blocks) == {2, 3, 4}
+    assert frame_of(ours) == "modules/mlp.py:41 forward"
+    assert frame_of([]) == "?:0 ?"

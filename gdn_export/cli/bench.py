@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
                    help="capture the decode step as a CUDA graph (default: on CUDA); --no-cuda-graph")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model before capturing (fuses the small ops)")
+    p.add_argument("--compile-mode", choices=("default", "max-autotune"), default=None,
+                   help="torch.compile mode (implies --compile); max-autotune times inductor's Triton "
+                   "GEMMs against cuBLAS per shape (minutes of compiling)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (default 3)")
     p.add_argument("--compare-hf", action="store_true",
@@ -78,27 +81,32 @@ def run(args) -> int:
     cuda_graph = device.type == "cuda" if args.cuda_graph is None else args.cuda_graph
     progress = Progress("bench", args.quiet)
     dtype = torch_dtype(args.dtype)
+    args.compile = args.compile or args.compile_mode is not None
     layout = DeployLayout.make(cache_len=args.prompt_len + max(args.decode_steps, ACCURACY_STEPS) + 1)
     result: dict = {"checkpoint": str(args.checkpoint), "device": str(device),
                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "dtype": args.dtype, "op_backend": op_backend, "batch": args.batch,
                     "prompt_len": args.prompt_len, "decode_steps": args.decode_steps,
                     "prefill_chunk": args.prefill_chunk, "cuda_graph": cuda_graph,
-                    "compile": args.compile, "warmup": args.warmup, "repeats": args.repeats}
+                    "compile": args.compile, "compile_mode": args.compile_mode or "default",
+                    "warmup": args.warmup, "repeats": args.repeats}
     rng = np.random.default_rng(args.seed)
 
     B.reset_peak_memory(device)
     progress(f"loading {args.checkpoint} ({args.dtype}, {device})")
     model = load_checkpoint(args.checkpoint, dtype=dtype, device=device)
     model.layout = layout
+    phases = {"load": B.peak_memory(device)[0]}
+    B.reset_peak_memory(device)
     prompts = rng.integers(0, model.config.vocab_size, (args.batch, args.prompt_len))
     ids = torch.from_numpy(prompts).to(device)
     runner = GraphRunner(model, device=device, op_backend=op_backend, cuda_graph=cuda_graph,
-                         compile=args.compile)
+                         compile=args.compile, compile_mode=args.compile_mode or "default")
     result["prefill_chunk"] = args.prefill_chunk or runner.default_prefill_chunk(args.batch)
     result["parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     result["weights_bytes"] = B.tensor_bytes(model.parameters())
     result["states_bytes"] = B.tensor_bytes(runner.empty_states(args.batch))
+    phases["setup"] = B.peak_memory(device)[0]  # fused projections, states, decode graph capture
     progress(f"ours: {result['parameters'] / 1e9:.3f}B parameters, batch {args.batch}, prompt "
              f"{args.prompt_len}, {args.decode_steps} decode steps, {op_backend} ops, "
              f"CUDA graph {'on' if cuda_graph else 'off'}{', compiled' if args.compile else ''}")
@@ -106,6 +114,12 @@ def run(args) -> int:
                              args.prefill_chunk, progress)
     result.update(timings.as_dict())
     result["peak_memory_bytes"], result["peak_memory_source"] = B.peak_memory(device)
+    if device.type == "cuda":  # the peak of each phase: where the memory above weights + states goes
+        phases.update(prefill=result.pop("prefill_peak_bytes"), decode=result.pop("decode_peak_bytes"))
+        result["peak_memory_phases"] = phases
+        result["peak_memory_bytes"] = max(phases.values())
+    else:
+        result.pop("prefill_peak_bytes"), result.pop("decode_peak_bytes")
     rows = [("gdn-export", result)]
 
     if args.accuracy:
@@ -191,10 +205,17 @@ def _fmt(value, spec) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _compiled(result: dict) -> str:
+    if not result["compile"]:
+        return ""
+    mode = result.get("compile_mode", "default")
+    return ", compiled" if mode == "default" else f", compiled ({mode})"
+
+
 def _table(result: dict, rows) -> str:
     lines = [f"batch {result['batch']}, prompt {result['prompt_len']}, {result['decode_steps']} decode "
              f"steps, {result['dtype']}, {result['device_name']}, ops {result['op_backend']}, CUDA graph "
-             f"{'on' if result['cuda_graph'] else 'off'}{', compiled' if result['compile'] else ''} "
+             f"{'on' if result['cuda_graph'] else 'off'}{_compiled(result)} "
              f"(medians of {result['repeats']})", "",
              "| | prefill ms | decode ms/step | decode tokens/s | peak memory MiB |",
              "|---|---|---|---|---|"]
@@ -203,6 +224,9 @@ def _table(result: dict, rows) -> str:
                      f"| {_fmt(r.get('decode_tokens_per_s'), '.1f')} | {r['peak_memory_bytes'] / 2**20:.1f} |")
     lines.append(f"\nweights {result['weights_bytes'] / 2**20:.1f} MiB + states {result['states_bytes'] / 2**20:.1f} "
                  f"MiB; peak memory from {result['peak_memory_source']}")
+    phases = result.get("peak_memory_phases")
+    if phases:
+        lines.append("ours' peak by phase, MiB: " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in phases.items()))
     hf = result.get("transformers", {})
     if "skipped" in hf:
         lines.append(f"transformers: skipped ({hf['skipped']})")

@@ -41,6 +41,9 @@ class Timings:
     decode_steps: int
     prefill_runs_ms: list[float] = field(default_factory=list)
     decode_runs_ms: list[float] = field(default_factory=list)
+    # CUDA allocator peaks over every prefill and every decode of the runs (None on the CPU)
+    prefill_peak_bytes: int | None = None
+    decode_peak_bytes: int | None = None
 
     @property
     def prefill_ms(self) -> float:
@@ -58,24 +61,35 @@ class Timings:
         return {"prefill_ms": self.prefill_ms, "decode_ms_per_step": self.decode_ms_per_step,
                 "decode_tokens_per_s": self.decode_tokens_per_s,
                 "prefill_runs_ms": self.prefill_runs_ms,
-                "decode_runs_ms_per_step": [t / self.decode_steps for t in self.decode_runs_ms]}
+                "decode_runs_ms_per_step": [t / self.decode_steps for t in self.decode_runs_ms],
+                "prefill_peak_bytes": self.prefill_peak_bytes, "decode_peak_bytes": self.decode_peak_bytes}
 
 
 def time_runs(prefill: Callable[[], object], decode: Callable[[object], None], device: torch.device,
               batch: int, decode_steps: int, warmup: int, repeats: int,
               progress: Callable[[str], None] | None = None, label: str = "") -> Timings:
-    """Run prefill() then decode(prefill's result) warmup + repeats times, timing both."""
+    """Run prefill() then decode(prefill's result) warmup + repeats times, timing both; on CUDA also
+    the allocator's peak of each phase (the peak counter is reset before each, outside the timing)."""
     out = Timings(batch, decode_steps)
+    cuda = device.type == "cuda"
     for i in range(warmup + repeats):
         sync(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         state = prefill()
         sync(device)
         t1 = time.perf_counter()
+        if cuda:
+            out.prefill_peak_bytes = max(out.prefill_peak_bytes or 0, torch.cuda.max_memory_allocated(device))
+            torch.cuda.reset_peak_memory_stats(device)
+            t1 = time.perf_counter()
         if decode_steps:
             decode(state)
         sync(device)
         t2 = time.perf_counter()
+        if cuda:
+            out.decode_peak_bytes = max(out.decode_peak_bytes or 0, torch.cuda.max_memory_allocated(device))
         if i >= warmup:
             out.prefill_runs_ms.append((t1 - t0) * 1e3)
             out.decode_runs_ms.append((t2 - t1) * 1e3)

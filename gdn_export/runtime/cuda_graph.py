@@ -46,6 +46,8 @@ from gdn_export.runtime.torch_runner import TorchRunner
 # still goes in one call.
 PREFILL_TOKENS = 4096
 WARMUP_CALLS = 3  # before a capture: lazy init (cuBLAS handles, Triton / inductor compiles)
+# GraphRunner's compile modes -> torch.compile's (the runner captures its own CUDA graphs)
+COMPILE_MODES = {"default": None, "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 @dataclass
@@ -70,11 +72,16 @@ class GraphRunner(TorchRunner):
 
     model: gdn_export.models.hybrid.HybridForCausalLM; device: a CUDA device (CPU works, without
     graphs); op_backend: "reference" / "triton" / "cuda" (default: the active one);
-    cuda_graph: capture the decode step (default: on CUDA); compile: torch.compile the model first.
+    cuda_graph: capture the decode step (default: on CUDA); compile: torch.compile the model first;
+    compile_mode: "default", or "max-autotune" (inductor times its Triton GEMM templates against
+    cuBLAS per shape and keeps the faster: minutes of compiling; its own CUDA graphs stay off, this
+    runner captures).
     """
 
     def __init__(self, model, device: str | torch.device = "cuda", op_backend: str | None = None,
-                 cuda_graph: bool | None = None, compile: bool = False):
+                 cuda_graph: bool | None = None, compile: bool = False, compile_mode: str = "default"):
+        if compile_mode not in COMPILE_MODES:
+            raise InputError(f"compile mode must be one of {sorted(COMPILE_MODES)}, got {compile_mode!r}")
         super().__init__(model, device=device, op_backend=op_backend)
         self.model.check_inputs = False  # Runner.forward checks on the host (no device reads)
         # The GDN layers update the static buffers in place (in-place kernels of the triton / cuda
@@ -92,7 +99,8 @@ class GraphRunner(TorchRunner):
         if self.cuda_graph and self.device.type != "cuda":
             raise InputError(f"CUDA graphs need a CUDA device, got {self.device}")
         self.compiled = bool(compile)
-        self._step_model = torch.compile(self.model, dynamic=False) if compile else self.model
+        self._step_model = (torch.compile(self.model, dynamic=False, mode=COMPILE_MODES[compile_mode])
+                            if compile else self.model)
         self._static: dict[int, _Static] = {}
 
     def default_prefill_chunk(self, batch: int) -> int:

@@ -58,3 +58,23 @@ def test_bench_user_errors(cli, tiny_ckpt, argv, message):
 def test_bench_missing_checkpoint(cli, tmp_path):
     r = cli("bench", tmp_path / "nope")
     assert "checkpoint folder not found" in r.error_line("bench")
+
+
+def test_bench_compile_mode_implies_compile(cli, tiny_ckpt, tmp_path):
+    """--compile-mode alone compiles (inductor's C++ backend on the CPU); the JSON and the table
+    say how."""
+    out = tmp_path / "bench.json"
+    r = cli("bench", tiny_ckpt, *SMALL, "--dtype", "fp32", "--compile-mode", "default", "--json", out)
+    assert r.code == 0, r.err
+    data = json.loads(out.read_text())
+    assert (data["compile"], data["compile_mode"]) == (True, "default")
+    assert ", compiled (medians" in r.out
+
+
+def test_graph_runner_rejects_an_unknown_compile_mode(tiny_ckpt):
+    from gdn_export.errors import InputError
+    from gdn_export.runtime.cuda_graph import GraphRunner
+    from gdn_export.weights import load_checkpoint
+
+    with pytest.raises(InputError, match="compile mode must be one of"):
+        GraphRunner(load_checkpoint(tiny_ckpt), device="cpu", compile=True, compile_mode="fastest")
