@@ -1,7 +1,9 @@
 """q / k / v and the conv's input as channel slices of a wider [B, T, C] tensor (what a GatedDeltaNet
 layer passes: the conv's output split into q | k | v, the fused projection's output split into
 qkv | z | b | a): the Triton kernels read them in place through their token stride and give the
-same outputs, bit for bit, as on contiguous copies, and match the fp32 reference.
+same outputs as on contiguous copies (bit for bit under the interpreter; compiled, Triton specialises
+a kernel on its strides' divisibility by 16, which may order the fp32 arithmetic differently: there
+within a tenth of the dtype's bound), and match the fp32 reference.
 
 Under TRITON_INTERPRET=1 on a CPU-only machine (conftest.py); with a GPU, on it.
 """
@@ -11,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
-from tests.conftest import assert_close_rms
+from tests.conftest import RMS_BOUND, assert_close_rms, rel_rms
 
 from gdn_kernels.causal_conv1d import causal_conv1d
 from gdn_kernels.chunk import chunk_gated_delta_rule
@@ -33,6 +35,15 @@ if torch.cuda.is_available():  # the models' head sizes, compiled (`-m gpu` sele
         ((4, 1, 16, 32, 128, 128, None), "gpu-decode-B4-Hk16-Hv32-D128"),
         ((2, 300, 16, 32, 128, 128, None), "gpu-T300-B2-Hk16-Hv32-D128"),
         ((1, 1000, 2, 6, 128, 128, (0, 1, 64, 700, 1000)), "gpu-varlen-4seqs-Hv3Hk-D128"))]
+
+
+def _assert_same(x, contiguous, dtype, name):
+    """The same arithmetic, only the addresses differ (see the module docstring for the GPU)."""
+    if DEVICE == "cpu":
+        assert torch.equal(x, contiguous), f"{name}: strided input changed the result"
+    else:
+        err = rel_rms(x, contiguous)
+        assert err <= RMS_BOUND[dtype] / 10, f"{name}: strided vs contiguous relative RMS {err:.3g}"
 
 
 def _sliced_qkv(B, T, Hk, Hv, Dk, Dv, dtype, gen):
@@ -66,7 +77,8 @@ def test_gated_delta_rule_reads_slices_in_place(kernel, B, T, Hk, Hv, Dk, Dv, cu
         KERNELS[kernel](*args, g, beta, h0, use_qk_l2norm=True, cu_seqlens=cu_seqlens, out=o, final_state=s)
         outs.append((o, s))
     (o, s), (oc, sc) = outs
-    assert torch.equal(o, oc) and torch.equal(s, sc)  # the same arithmetic, only the addresses differ
+    _assert_same(o, oc, dtype, "o")
+    _assert_same(s, sc, dtype, "final_state")
     ref = [t.cpu() for t in (q, k, v, g, beta, h0)]
     ro, rs = recurrent_gated_delta_rule(*ref, use_qk_l2norm=True, cu_seqlens=None if cu is None else cu_seqlens.cpu())
     assert_close_rms(o.cpu(), ro, dtype, "o")
@@ -104,7 +116,8 @@ def test_conv_reads_slice_in_place(B, T, state, dtype):
     lens = torch.tensor([T] + [max(T - 3, 0)] * (B - 1), dtype=torch.int32, device=DEVICE)
     y, s = causal_conv1d(x, weight, None, conv_state, silu=True, seq_lens=lens)
     yc, sc = causal_conv1d(x.contiguous(), weight, None, conv_state, silu=True, seq_lens=lens)
-    assert torch.equal(y, yc) and torch.equal(s, sc)
+    _assert_same(y, yc, dtype, "y")
+    _assert_same(s, sc, dtype, "conv_state")
     xs = torch.cat([conv_state.float().cpu() if state else torch.zeros(B, C, K - 1), x.float().cpu().transpose(1, 2)], 2)
     want = F.silu(F.conv1d(xs, weight.float().cpu()[:, None], groups=C)).transpose(1, 2)
     assert_close_rms(y.float().cpu(), want, dtype, "y")
