@@ -6,7 +6,7 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I plugins -o decode16_tiles benchmarks/cuda/decode16_tiles.cu \
 //        plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu
-//   ./decode16_tiles [--no-rotate]
+//   ./decode16_tiles [--no-rotate] [--only launcher,bv64,bv64w2]
 //
 // Each configuration is captured in a CUDA graph of `steps` launches and the replay timed (median of
 // 30 replays, cudaEvent); the launches rotate over enough state sets that the states read in one
@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -39,10 +40,10 @@ using gdn::GatedDeltaRuleParams;
 
 constexpr int kHK = 16, kHV = 32, kD = 128;
 
-template <int kBV>
+template <int kBV, int kNW = 4>
 void launchTile(GatedDeltaRuleParams const& p, cudaStream_t s)
 {
-    using Tile = gdn::kernels::DecodeTile16<kD, kBV>;
+    using Tile = gdn::kernels::DecodeTile16<kD, kBV, kNW>;
     auto kernel = gdn::kernels::gatedDeltaRuleDecode16Kernel<bf16, bf16, kD, Tile>;
     static bool once = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared) == cudaSuccess;
@@ -66,6 +67,8 @@ Variant const kVariants[] = {
     {"bv64", launchTile<64>},
     {"bv32", launchTile<32>},
     {"bv16", launchTile<16>},
+    {"bv64w2", launchTile<64, 2>}, // 2 warps a tile: 12 blocks of 16 KB per multiprocessor instead of 8
+    {"bv32w2", launchTile<32, 2>},
 };
 
 static float bf(bf16 x) { return __bfloat162float(x); }
@@ -251,10 +254,23 @@ static float copyTbps()
 
 int main(int argc, char** argv)
 {
-    bool const rotate = !(argc > 1 && std::strcmp(argv[1], "--no-rotate") == 0);
+    bool rotate = true;
+    std::vector<Variant> vars; // --only a,b,c: those variants, in that order; default: all
+    for (int i = 1; i < argc; ++i)
+    {
+        if (std::strcmp(argv[i], "--no-rotate") == 0)
+            rotate = false;
+        else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            for (char* name = std::strtok(argv[++i], ","); name != nullptr; name = std::strtok(nullptr, ","))
+                for (auto const& var : vars)
+                    if (std::strcmp(var.name, name) == 0)
+                        vars.push_back(var);
+    }
+    if (vars.empty())
+        vars.assign(std::begin(kVariants), std::end(kVariants));
     std::mt19937 rng(1234);
     bool ok = true;
-    for (auto const& var : kVariants)
+    for (auto const& var : vars)
         ok = check(var, rng) && ok;
     if (!ok)
     {
@@ -263,7 +279,7 @@ int main(int argc, char** argv)
     }
     float const bw = copyTbps();
     int const batches[] = {1, 2, 4, 8, 16, 32, 64, 96, 128, 256, 512};
-    int const nVar = sizeof(kVariants) / sizeof(kVariants[0]);
+    int const nVar = int(vars.size());
     std::vector<std::vector<float>> us(sizeof(batches) / sizeof(int), std::vector<float>(nVar));
     cudaStream_t stream;
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -291,13 +307,13 @@ int main(int argc, char** argv)
         for (int vi = 0; vi < nVar; ++vi)
         {
             for (int w = 0; w < 3; ++w)
-                kVariants[vi].launch(params(B, q, k, v, g, beta, states[0], o), stream);
+                vars[vi].launch(params(B, q, k, v, g, beta, states[0], o), stream);
             CK(cudaStreamSynchronize(stream));
             cudaGraph_t graph;
             cudaGraphExec_t exec;
             CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
             for (int i = 0; i < steps; ++i)
-                kVariants[vi].launch(params(B, q, k, v, g, beta, states[i % sets], o), stream);
+                vars[vi].launch(params(B, q, k, v, g, beta, states[i % sets], o), stream);
             CK(cudaStreamEndCapture(stream, &graph));
             CK(cudaGraphInstantiate(&exec, graph, 0));
             std::vector<float> ms;
@@ -326,7 +342,7 @@ int main(int argc, char** argv)
     std::printf("\n%s, copy bandwidth %.2f TB/s; us per decode step (%% of copy bandwidth), states %s\n\n",
         "decode16 tiles", bw, rotate ? "rotated past L2" : "not rotated");
     std::printf("| B |");
-    for (auto const& var : kVariants)
+    for (auto const& var : vars)
         std::printf(" %s |", var.name);
     std::printf("\n|---|");
     for (int vi = 0; vi < nVar; ++vi)

@@ -467,11 +467,13 @@ __device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
 //! (64 KB) in flight and reached ~55% of the copy bandwidth. (Measured on the H200, run 8: a second,
 //! prefetched state buffer per block, or stages of rows waited for one by one, were slower or no
 //! faster: shared memory, not arithmetic, bounds the loads in flight.)
-template <int32_t kDK, int32_t kBV_ = 64>
+template <int32_t kDK, int32_t kBV_ = 64, int32_t kNW_ = 4>
 struct DecodeTile16
 {
     static constexpr int32_t kCW = 8;
-    static constexpr int32_t kNW = 4;
+    //! Warps per block (>= 2: warp 0 loads q / k, warp 1 v). Fewer warps per 16 KB tile leave
+    //! registers for more resident blocks, so shared memory alone bounds the bytes in flight.
+    static constexpr int32_t kNW = kNW_;
     static constexpr int32_t kTHREADS = kNW * kWARP;
     static constexpr int32_t kBV = kBV_;
     static constexpr int32_t kLANES_PER_ROW = kBV / kCW;
@@ -479,6 +481,7 @@ struct DecodeTile16
     //! The tile needs at least one row per row group.
     static constexpr bool kFITS = kDK % kKGROUPS == 0;
     static_assert(kBV == 16 || kBV == 32 || kBV == 64, "2, 4 or 8 lanes per row");
+    static_assert(kNW >= 2, "warp 0 loads q / k, warp 1 v");
 };
 
 //! One decode step (every sequence has exactly one token: seqLen == 1, no cuSeqlens) of a 16-bit
