@@ -16,7 +16,8 @@
 #   e2e: benchmarks/e2e_bench.sh (gdn-export bench on a 1.66B-class random model vs transformers)
 #
 # Expects FLA wheels in .whl/ and TensorRT headers in .carry/tensorrt/include (both git-ignored,
-# carried by the device tool). Logs go to OUT_DIR; a summary table is printed last.
+# carried by the device tool). Logs go to OUT_DIR; a summary table is printed last (with the failed
+# tests' ids, also of a step its time limit cut).
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
 shift
@@ -33,17 +34,20 @@ run_step() { # name, timeout seconds, command...
     local t0=$SECONDS
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     local rc=$?
-    local tail_line
+    local tail_line failed
     tail_line=$(grep -E "passed|failed|error|PASS|FAIL" "$out/$name.log" | tail -1 | cut -c1-90)
-    summary+=("$(printf '%-8s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$tail_line")")
+    # pytest runs -v: each test's outcome is its own line as it finishes, so a step cut by its time
+    # limit still names its failures (the summary line comes only at the end)
+    failed=$(grep -E "(FAILED|ERROR) tests/|tests/.*(FAILED|ERROR)" "$out/$name.log" | sed -E 's/.*(tests\/[^ ]*).*/\1/' | sort -u | head -5 | tr '\n' ' ')
+    summary+=("$(printf '%-8s rc=%-3s %4ss  %s%s' "$name" "$rc" "$((SECONDS - t0))" "$tail_line" "${failed:+  failed: $failed}")")
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt"
 for s in $steps; do
     case $s in
         plugins) run_step plugins 330 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
-        cuda) run_step cuda 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda ;;
-        models) run_step models 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
-        runtime) run_step runtime 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
+        cuda) run_step cuda 240 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda ;;
+        models) run_step models 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
+        runtime) run_step runtime 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
                      tests/ops/test_attention_cuda.py tests/kernels/test_gated_delta_rule_inplace.py ;;
         state) run_step state 240 python3 benchmarks/state_dtype_bench.py --out-dir "$out/state" ;;
         attn) run_step attn 90 python3 benchmarks/attention_decode_bench.py --out-dir "$out/attn"
@@ -51,9 +55,9 @@ for s in $steps; do
         pack) run_step pack 480 python3 benchmarks/prefill_pack_bench.py --out-dir "$out/pack" ;;
         e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
         # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially (run 7)
-        triton) run_step triton 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -n 4 tests/kernels ;;
+        triton) run_step triton 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rf -n 4 tests/kernels ;;
         bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;
-        moe) run_step moe_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda/test_moe_cuda.py \
+        moe) run_step moe_tests 300 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda/test_moe_cuda.py \
                  tests/kernels/test_gpu_moe_kernels.py
              run_step moe_bench 240 python3 benchmarks/moe_bench.py --out "$out/moe" ;;
     esac
