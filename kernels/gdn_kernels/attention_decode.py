@@ -163,28 +163,39 @@ def max_rows(D: int) -> int:
     return min(MAX_ROWS, MAX_TILE // D)
 
 
-def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
-    """Whether `attention_decode` takes these shapes and dtypes (on a GPU: sm_80 or newer)."""
+def inputs_fit(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
+    """What both attention kernels (this one and attention_prefill) ask of their inputs: q [B, H, S,
+    D] and key / value [B, Hkv, L, D] with H a multiple of Hkv, in one 16-bit dtype, a bool mask
+    broadcastable to [B, 1, S, L] with one head; on a GPU, sm_80 or newer."""
     if q.dim() != 4 or key.dim() != 4 or value.shape != key.shape or mask.dim() != 4:
         return False
     B, H, S, D = q.shape
     Bk, Hkv, L, Dk = key.shape
-    if Bk != B or Dk != D or Hkv == 0 or H % Hkv or B * S * L == 0:
+    if Bk != B or Dk != D or Hkv == 0 or H % Hkv:
         return False
     if q.dtype not in DTYPES or key.dtype != q.dtype or value.dtype != q.dtype or mask.dtype != torch.bool:
-        return False
-    if D < 16 or D > 256 or D & (D - 1):
         return False
     try:
         torch.broadcast_shapes(mask.shape, (B, 1, S, L))
     except RuntimeError:
         return False
-    return mask.shape[1] == 1 and (H // Hkv) * S <= max_rows(D) and _sm80(q.device)
+    return mask.shape[1] == 1 and _sm80(q.device)
+
+
+def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether `attention_decode` takes these shapes and dtypes (`inputs_fit`, and few query rows
+    per kv head: G * S <= max_rows(D), D a power of two in 16..256)."""
+    if not inputs_fit(q, key, value, mask):
+        return False
+    B, H, S, D = q.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    return B * S * L != 0 and 16 <= D <= 256 and not D & (D - 1) and (H // Hkv) * S <= max_rows(D)
 
 
 @functools.cache
 def _sm80(device: torch.device) -> bool:
-    # 16-bit tensor cores and the 99 KB of shared memory `_config` plans for (CPU: the interpreter)
+    # 16-bit tensor cores and the 99 KB of shared memory both kernels' configs plan for (CPU: the
+    # interpreter)
     return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
 

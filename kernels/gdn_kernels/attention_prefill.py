@@ -42,9 +42,8 @@ import triton.language as tl
 
 from gdn_kernels.utils import next_pow2, to_state_dtype
 # the online-softmax update of one K / V tile, as the split-KV decode kernel does it
-from gdn_kernels.attention_decode import online_softmax_step
+from gdn_kernels.attention_decode import inputs_fit, online_softmax_step
 
-DTYPES = (torch.float16, torch.bfloat16)
 MAX_D = 256
 LOG2E = 1.4426950408889634
 # kv_range_kernel: mask bytes per program and warps. 21 us for a 4096 x 4128 mask on the H200 (CUDA
@@ -153,20 +152,13 @@ def config(D: int, sm90: bool) -> tuple[int, int, int, int]:
 
 
 def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
-    """Whether `attention_prefill` takes these shapes and dtypes (on a GPU: sm_80 or newer)."""
-    if q.dim() != 4 or key.dim() != 4 or value.shape != key.shape or mask.dim() != 4:
+    """Whether `attention_prefill` takes these shapes and dtypes (attention_decode.inputs_fit, D <=
+    MAX_D, offsets inside one (batch, head) slice within int32)."""
+    if not inputs_fit(q, key, value, mask):
         return False
     B, H, S, D = q.shape
-    Bk, Hkv, L, Dk = key.shape
-    if Bk != B or Dk != D or Hkv == 0 or H % Hkv or B * H * S * L == 0 or not 1 <= D <= MAX_D:
-        return False
-    if q.dtype not in DTYPES or key.dtype != q.dtype or value.dtype != q.dtype or mask.dtype != torch.bool:
-        return False
-    try:
-        torch.broadcast_shapes(mask.shape, (B, 1, S, L))
-    except RuntimeError:
-        return False
-    return mask.shape[1] == 1 and _offsets_fit(q, key, value, mask) and _sm80(q.device)
+    L = key.shape[2]
+    return B * H * S * L != 0 and 1 <= D <= MAX_D and _offsets_fit(q, key, value, mask)
 
 
 def _offsets_fit(q, key, value, mask) -> bool:
@@ -176,12 +168,6 @@ def _offsets_fit(q, key, value, mask) -> bool:
     span = max(max((x.shape[2] - 1) * x.stride(2) + (x.shape[3] - 1) * x.stride(3) for x in (q, key, value)),
                (S - 1) * m.stride(2) + (L - 1) * m.stride(3), q.shape[1] * S * q.shape[3])
     return span < 2**31
-
-
-@functools.cache
-def _sm80(device: torch.device) -> bool:
-    # 16-bit tensor cores and the 99 KB of shared memory `config` plans for (CPU: the interpreter)
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 @functools.cache
