@@ -113,13 +113,11 @@ def run(args) -> int:
     timings = B.bench_runner(runner, ids, args.decode_steps, args.warmup, args.repeats,
                              args.prefill_chunk, progress)
     result.update(timings.as_dict())
-    result["peak_memory_bytes"], result["peak_memory_source"] = B.peak_memory(device)
+    result["peak_memory_bytes"], result["peak_memory_source"] = B.peak_memory_through(timings, device)
     if device.type == "cuda":  # the peak of each phase: where the memory above weights + states goes
-        phases.update(prefill=result.pop("prefill_peak_bytes"), decode=result.pop("decode_peak_bytes"))
+        phases.update(prefill=timings.prefill_peak_bytes, decode=timings.decode_peak_bytes)
         result["peak_memory_phases"] = phases
-        result["peak_memory_bytes"] = max(phases.values())
-    else:
-        result.pop("prefill_peak_bytes"), result.pop("decode_peak_bytes")
+        result["peak_memory_bytes"] = max(result["peak_memory_bytes"], phases["load"])
     rows = [("gdn-export", result)]
 
     if args.accuracy:
@@ -184,8 +182,9 @@ def _bench_hf(args, ids, prompts, device, dtype, progress, accuracy) -> dict:
         progress(f"transformers skipped: {exc}")
         return {"skipped": str(exc)}
     out = {"class": type(model).__name__}
-    out.update(B.bench_hf(model, ids, args.decode_steps, args.warmup, args.repeats, progress).as_dict())
-    out["peak_memory_bytes"], out["peak_memory_source"] = B.peak_memory(device)
+    timings = B.bench_hf(model, ids, args.decode_steps, args.warmup, args.repeats, progress)
+    out.update(timings.as_dict())
+    out["peak_memory_bytes"], out["peak_memory_source"] = B.peak_memory_through(timings, device)
     if accuracy is not None:
         truth, forced = accuracy["_truth"], accuracy["_forced"]
         logits = B.forced_logits_hf(model, prompts, forced, device)

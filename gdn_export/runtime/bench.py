@@ -41,7 +41,9 @@ class Timings:
     decode_steps: int
     prefill_runs_ms: list[float] = field(default_factory=list)
     decode_runs_ms: list[float] = field(default_factory=list)
-    # CUDA allocator peaks over every prefill and every decode of the runs (None on the CPU)
+    # CUDA allocator peaks (None on the CPU): from the caller's last reset to the first run, then
+    # over every prefill and every decode of the runs (time_runs resets the counter between them)
+    earlier_peak_bytes: int | None = None
     prefill_peak_bytes: int | None = None
     decode_peak_bytes: int | None = None
 
@@ -61,8 +63,7 @@ class Timings:
         return {"prefill_ms": self.prefill_ms, "decode_ms_per_step": self.decode_ms_per_step,
                 "decode_tokens_per_s": self.decode_tokens_per_s,
                 "prefill_runs_ms": self.prefill_runs_ms,
-                "decode_runs_ms_per_step": [t / self.decode_steps for t in self.decode_runs_ms],
-                "prefill_peak_bytes": self.prefill_peak_bytes, "decode_peak_bytes": self.decode_peak_bytes}
+                "decode_runs_ms_per_step": [t / self.decode_steps for t in self.decode_runs_ms]}
 
 
 def time_runs(prefill: Callable[[], object], decode: Callable[[object], None], device: torch.device,
@@ -72,6 +73,8 @@ def time_runs(prefill: Callable[[], object], decode: Callable[[object], None], d
     the allocator's peak of each phase (the peak counter is reset before each, outside the timing)."""
     out = Timings(batch, decode_steps)
     cuda = device.type == "cuda"
+    if cuda:
+        out.earlier_peak_bytes = torch.cuda.max_memory_allocated(device)
     for i in range(warmup + repeats):
         sync(device)
         if cuda:
@@ -208,6 +211,15 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process peak RSS"
+
+
+def peak_memory_through(timings: Timings, device: torch.device) -> tuple[int, str]:
+    """peak_memory(device) since the caller's last reset, through `timings`' runs: time_runs resets
+    the CUDA counter between its phases and keeps each phase's peak in `timings`."""
+    peak, source = peak_memory(device)
+    if device.type == "cuda":
+        peak = max(peak, timings.earlier_peak_bytes, timings.prefill_peak_bytes, timings.decode_peak_bytes)
+    return peak, source
 
 
 def reset_peak_memory(device: torch.device) -> None:

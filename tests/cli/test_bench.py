@@ -78,3 +78,19 @@ def test_graph_runner_rejects_an_unknown_compile_mode(tiny_ckpt):
 
     with pytest.raises(InputError, match="compile mode must be one of"):
         GraphRunner(load_checkpoint(tiny_ckpt), device="cpu", compile=True, compile_mode="fastest")
+
+
+def test_peak_through_the_runs_keeps_every_phase(monkeypatch):
+    """time_runs resets the CUDA peak counter between its phases, so the reported peak (ours and
+    transformers') is the largest of: what the counter holds now, the peak before the runs (the
+    model's load) and each phase's peak; on the CPU, the process's peak RSS alone."""
+    import torch
+
+    from gdn_export.runtime import bench as B
+
+    monkeypatch.setattr(B, "peak_memory", lambda device: (7, "counter"))
+    t = B.Timings(batch=1, decode_steps=1, earlier_peak_bytes=30, prefill_peak_bytes=20, decode_peak_bytes=5)
+    assert B.peak_memory_through(t, torch.device("cuda")) == (30, "counter")
+    t.prefill_peak_bytes = 40
+    assert B.peak_memory_through(t, torch.device("cuda")) == (40, "counter")
+    assert B.peak_memory_through(B.Timings(1, 1), torch.device("cpu")) == (7, "counter")
