@@ -1,6 +1,7 @@
 """Where a decode step's (or a prefill's) time goes: its kernels, grouped (issue 9).
 
     python benchmarks/decode_profile.py CHECKPOINT [--batch 1] [--op-backend triton] [--compile]
+                                        [--compile-mode default|max-autotune]
                                         [--steps 20] [--prompt-len 64] [--prefill] [--out DIR]
 
 Loads the checkpoint as `gdn-export bench` does (bf16, GraphRunner), prefills a short prompt, then
@@ -54,6 +55,8 @@ def main() -> int:
     p.add_argument("--op-backend", default="triton")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", choices=("default", "max-autotune"), default="default",
+                   help="torch.compile mode (max-autotune implies --compile)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--prefill", action="store_true", help="profile prefills of the prompt instead")
@@ -70,7 +73,9 @@ def main() -> int:
     device = torch.device("cuda")
     model = load_checkpoint(args.checkpoint, dtype=dtype, device=device)
     model.layout = DeployLayout.make(cache_len=args.prompt_len + 2 * args.steps + 8)
-    runner = GraphRunner(model, device=device, op_backend=args.op_backend, compile=args.compile)
+    args.compile = args.compile or args.compile_mode != "default"
+    runner = GraphRunner(model, device=device, op_backend=args.op_backend, compile=args.compile,
+                         compile_mode=args.compile_mode)
     B, T = args.batch, args.prompt_len
     ids = torch.randint(0, model.config.vocab_size, (B, T), device=device)
 
@@ -120,7 +125,7 @@ def main() -> int:
         n[1] += e.device_time
     s = args.steps
     result = {"checkpoint": args.checkpoint, "batch": B, "op_backend": args.op_backend,
-              "compile": args.compile, "dtype": args.dtype, "steps": s,
+              "compile": args.compile, "compile_mode": args.compile_mode, "dtype": args.dtype, "steps": s,
               "prefill": args.prefill, "prompt_len": T, "wall_ms_per_step": wall, "kernels_per_step": len(kernels) / s,
               "kernel_busy_ms_per_step": busy_us / s / 1e3,
               "profiled_span_ms_per_step": span_us / s / 1e3,
@@ -130,7 +135,7 @@ def main() -> int:
                       for k, v in sorted(per_name.items(), key=lambda kv: -kv[1][1])[:25]]}
     what = f"Prefill ({T} tokens per row) profile" if args.prefill else "Decode step profile"
     lines = [f"# {what}: batch {B}, {args.op_backend} ops, {args.dtype}"
-             f"{', torch.compile' if args.compile else ''}", "",
+             f"{', torch.compile' if args.compile else ''}{' (max-autotune)' if args.compile_mode != 'default' else ''}", "",
              f"wall {wall:.3f} ms/step (unprofiled median of 5 x {s} steps); {len(kernels) / s:.0f} "
              f"kernels/step, busy {busy_us / s / 1e3:.3f} ms/step, span {span_us / s / 1e3:.3f} ms/step "
              f"(span - busy = gaps between kernels)", "",

@@ -24,7 +24,7 @@ from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
-from gdn_export.ops.attention import attention, kv_cache_update, write_cache_
+from gdn_export.ops.attention import attention, kv_cache_update, write_kv_cache_
 from gdn_export.ops.backends import exporting
 
 
@@ -89,8 +89,7 @@ class GatedAttention(nn.Module):
         if step.write_index is None:
             o, key, value = self._attend_concat(q, k, v, past_key, past_value)
         else:
-            key = _write(past_key, k, step)
-            value = _write(past_value, v, step)
+            key, value = _write(past_key, past_value, k, v, step)
             o = attention(q, key, value, step.attn_mask, self.scaling)
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         if gate is not None:
@@ -115,16 +114,25 @@ class GatedAttention(nn.Module):
         return o.reshape(B, H, T, D), key, value
 
 
-def _write(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch.Tensor:
-    """Write a layer's new K or V [B, Hkv, T, D] into its cache at the rows' slots: in place when
-    eager, as the functional op (ONNX TensorScatter) when exporting."""
+def _write(key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write a layer's new K and V [B, Hkv, T, D] into its caches at the rows' slots: in place
+    (one gdn::write_kv_cache_ call, which torch.compile keeps in place) unless exporting, where
+    they are the functional op (ONNX TensorScatter). Returns the caches to attend over."""
+    k, v = _kept(key_cache, k, step), _kept(value_cache, v, step)
+    if exporting():
+        return (kv_cache_update(key_cache, k, step.write_index),
+                kv_cache_update(value_cache, v, step.write_index))
+    write_kv_cache_(key_cache, value_cache, k, v, step.write_index)
+    return key_cache, value_cache
+
+
+def _kept(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch.Tensor:
+    """update in the cache's dtype; streaming (step.keep_old): padded tokens write back what their
+    slot holds, so ring entries that a later window still needs survive (gdn_export.modules.kv_cache)."""
     update = update.to(cache.dtype)
     if step.keep_old:
-        # Streaming: padded tokens write back what their slot holds, so ring entries that a later
-        # window still needs survive (gdn_export.modules.kv_cache).
         slots = step.write_index[:, None] + torch.arange(update.shape[2], device=update.device)
         index = slots[:, None, :, None].expand_as(update)
         update = torch.where(step.token_mask[:, None, :, None], update, torch.gather(cache, 2, index))
-    if exporting():
-        return kv_cache_update(cache, update, step.write_index)
-    return write_cache_(cache, update, step.write_index)
+    return update

@@ -149,13 +149,13 @@ int32_t maxDynamicSmem()
 
 // ---------------------------------------------------------------- recurrent
 
-//! A decode step of a 16-bit state with the [kDK, kBV] tile: the state tile staged in shared memory
-//! (see the kernel), so the shared-memory carveout bounds the blocks per multiprocessor: ask for all
-//! of it.
-template <typename T, typename S, int32_t kDK, int32_t kBV>
+//! A decode step of a 16-bit state with the [kDK, kBV] tile on kNW warps: the state tile staged in
+//! shared memory (see the kernel), so the shared-memory carveout bounds the blocks per
+//! multiprocessor: ask for all of it.
+template <typename T, typename S, int32_t kDK, int32_t kBV, int32_t kNW>
 void launchDecode16(GatedDeltaRuleParams const& p, cudaStream_t stream)
 {
-    using Tile = kernels::DecodeTile16<kDK, kBV>;
+    using Tile = kernels::DecodeTile16<kDK, kBV, kNW>;
     auto const kernel = kernels::gatedDeltaRuleDecode16Kernel<T, S, kDK, Tile>;
     static bool const carveout = cudaFuncSetAttribute(
         kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
@@ -173,20 +173,29 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
     {
         if (p.seqLen == 1 && p.cuSeqlens == nullptr)
         {
-            if constexpr (kernels::DecodeTile16<kDK, 32>::kFITS)
+            // Tile by grid size (H200, run 11, benchmarks/cuda/decode16_tiles.cu; 64-column tiles per
+            // multiprocessor at Hv = 32, Dv = 128: B = 1 is 0.5, B = 8 is 3.9): a grid of half a
+            // tile per multiprocessor finishes soonest with 4 warps on 32 columns (3.3 us at B = 1,
+            // 2 warps 3.9); up to 4 tiles each, 2 warps on 32 columns (5.2 vs 5.7 us at B = 4, 7.7
+            // vs 8.4 at 8); beyond, 2 warps on 64 columns, whose 91 registers a thread let 11 tiles
+            // reside per multiprocessor instead of 8 at 4 warps (42.7 vs 44.7 us at B = 64, 280 vs
+            // 286 at 512).
+            static int64_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
+            int64_t const tiles64 = static_cast<int64_t>((p.valueDim + 63) / 64) * p.numValueHeads * numSequences(p);
+            if constexpr (kernels::DecodeTile16<kDK, 32, 4>::kFITS)
             {
-                // Up to two 64-column tiles per multiprocessor (B <= 4 at Hv = 32, Dv = 128), 32
-                // columns halve each block's critical path: 3.7 vs 4.0 us at B = 1, 4.3 vs 4.8 at
-                // B = 2 (H200, run 8); at 8 and more, 64 columns keep more loads in flight.
-                static int32_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
-                int64_t const tiles64 = static_cast<int64_t>((p.valueDim + 63) / 64) * p.numValueHeads * numSequences(p);
-                if (tiles64 <= 2 * static_cast<int64_t>(sms))
+                if (2 * tiles64 <= sms)
                 {
-                    launchDecode16<T, S, kDK, 32>(p, stream);
+                    launchDecode16<T, S, kDK, 32, 4>(p, stream);
                     return;
                 }
             }
-            launchDecode16<T, S, kDK, 64>(p, stream);
+            if (tiles64 <= 4 * sms)
+            {
+                launchDecode16<T, S, kDK, 32, 2>(p, stream);
+                return;
+            }
+            launchDecode16<T, S, kDK, 64, 2>(p, stream);
             return;
         }
     }

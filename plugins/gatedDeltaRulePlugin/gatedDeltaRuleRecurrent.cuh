@@ -473,7 +473,7 @@ struct DecodeTile16
     static constexpr int32_t kCW = 8;
     //! Warps per block (>= 2: warp 0 loads q / k, warp 1 v). Four use 64 registers a thread, so
     //! registers allow 8 resident 16 KB tiles per multiprocessor where shared memory holds 11: two
-    //! warps (91 registers) allow 11. The launcher takes 4; benchmarks/cuda/decode16_tiles.cu times 2.
+    //! warps (91 registers) allow 11. The launcher picks by grid size (launchRecurrentTile).
     static constexpr int32_t kNW = kNW_;
     static constexpr int32_t kTHREADS = kNW * kWARP;
     static constexpr int32_t kBV = kBV_;

@@ -9,6 +9,12 @@
         ONNX: TensorScatter (opset 24, axis 2, mode "linear") -> TensorRT KV_CACHE_UPDATE, whose output
         is its input buffer updated in place.
 
+    gdn::write_kv_cache_(key_cache, value_cache, key, value, write_indices) -> ()
+        kv_cache_update of both caches, in place: the eager / compiled runner's form (never
+        exported). On a GPU with Triton one launch writes both (gdn_kernels.kv_cache_write); as a
+        mutating custom op, torch.compile keeps it in place where a functionalised scatter_ copied
+        each whole cache twice per call. Elsewhere `write_cache_` (scatter_) on each.
+
     gdn::attention(q, key, value, mask, scale) -> o
         q      [B, H, S, D]    T     H = m * Hkv: query head h reads key/value head h // m
         key    [B, Hkv, L, D]  T
@@ -36,7 +42,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from gdn_export.ops import backends
+
 KV_UPDATE_OP = "gdn::kv_cache_update"
+KV_WRITE_OP = "gdn::write_kv_cache_"
 ATTENTION_OP = "gdn::attention"
 SEQ_AXIS = 2  # of cache and update: [B, Hkv, L, D]
 # Shortest cache for the split-KV decode kernel: below it SDPA's few blocks already finish quickly
@@ -69,6 +78,36 @@ def _(cache, update, write_indices):
     return torch.empty_like(cache)
 
 
+def write_kv_cache_(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    write_indices: torch.Tensor) -> None:
+    """kv_cache_update of key_cache and value_cache [B, Hkv, L, D] with key / value [B, Hkv, S, D]
+    at slots write_indices [B] + s, in place (gdn::write_kv_cache_; eager calls skip the dispatcher)."""
+    if backends.can_call_directly(key_cache, value_cache, key, value, write_indices):
+        _write_kv_cache(key_cache, value_cache, key, value, write_indices)
+    else:
+        _write_kv_cache_op(key_cache, value_cache, key, value, write_indices)
+
+
+def _write_kv_cache(key_cache, value_cache, key, value, write_indices):
+    kernel = _write_kernel() if key_cache.is_cuda else None
+    if kernel is not None and kernel.supports(key_cache, value_cache, key, value, write_indices):
+        kernel.kv_cache_write_(key_cache, value_cache, key, value, write_indices)
+        return
+    write_cache_(key_cache, key, write_indices)
+    write_cache_(value_cache, value, write_indices)
+
+
+@torch.library.custom_op(KV_WRITE_OP, mutates_args=("key_cache", "value_cache"))
+def _write_kv_cache_op(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, write_indices: torch.Tensor) -> None:
+    _write_kv_cache(key_cache, value_cache, key, value, write_indices)
+
+
+@_write_kv_cache_op.register_fake
+def _(key_cache, value_cache, key, value, write_indices):
+    return None
+
+
 def _attention(q, key, value, mask, scale):
     H, Hkv = q.shape[1], key.shape[1]
     dtype = q.dtype
@@ -79,6 +118,16 @@ def _attention(q, key, value, mask, scale):
     o = F.scaled_dot_product_attention(q.float(), key.float(), value.float(), attn_mask=mask,
                                        scale=scale, enable_gqa=H != Hkv)
     return o.to(dtype)
+
+
+@functools.cache
+def _write_kernel():
+    """gdn_kernels.kv_cache_write, or None where Triton is not installed (an optional extra)."""
+    try:
+        from gdn_kernels import kv_cache_write
+    except ImportError:
+        return None
+    return kv_cache_write
 
 
 @functools.cache
