@@ -26,7 +26,7 @@ import sys
 import torch
 
 from gpu_timing import copy_tbps, graph_ms, save_table
-from gdn_export.ops.attention import DECODE_MIN_SLOTS, _attention_sdpa, _decode_kernel, attention
+from gdn_export.ops.attention import DECODE_MIN_SLOTS, _attention_sdpa, _triton_kernel, attention
 
 H, D = 16, 256
 HEADS_KV = (2, 4)
@@ -68,7 +68,7 @@ def check_correctness() -> list[str]:
 
 
 def bench(batches, lengths, visible_frac, bw, rows):
-    kernel = _decode_kernel()
+    kernel = _triton_kernel("attention_decode")
     scale = D ** -0.5
     for Hkv in HEADS_KV:
         for L in lengths:

@@ -24,7 +24,7 @@ from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
-from gdn_export.ops.attention import attention, kv_cache_update, write_kv_cache_
+from gdn_export.ops.attention import attention, kv_cache_update, slot_index, write_kv_cache_
 from gdn_export.ops.backends import exporting
 
 
@@ -132,7 +132,6 @@ def _kept(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch.
     slot holds, so ring entries that a later window still needs survive (gdn_export.modules.kv_cache)."""
     update = update.to(cache.dtype)
     if step.keep_old:
-        slots = step.write_index[:, None] + torch.arange(update.shape[2], device=update.device)
-        index = slots[:, None, :, None].expand_as(update)
+        index = slot_index(cache, update, step.write_index)
         update = torch.where(step.token_mask[:, None, :, None], update, torch.gather(cache, 2, index))
     return update

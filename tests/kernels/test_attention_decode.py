@@ -190,12 +190,12 @@ def test_supports():
 def test_public_op_matches_sdpa_path(dtype, B, H, Hkv, S, lengths):
     """gdn::attention on CUDA takes the kernel at decode shapes, agrees with its SDPA route, and
     replays from a CUDA graph."""
-    from gdn_export.ops.attention import _attention_sdpa, _decode_kernel, attention
+    from gdn_export.ops.attention import _attention_sdpa, _triton_kernel, attention
 
     L, D = 4128, 256
     (q, key, value, mask), want = make_inputs(B, H // Hkv, Hkv, S, L, D, dtype, lengths, 5, poison=False)
     got = attention(q, key, value, mask, D ** -0.5)
-    assert torch.equal(got, _decode_kernel().attention_decode(q, key, value, mask, D ** -0.5))  # the kernel ran
+    assert torch.equal(got, _triton_kernel("attention_decode").attention_decode(q, key, value, mask, D ** -0.5))  # the kernel ran
     sdpa = _attention_sdpa(q, key, value, mask, D ** -0.5)
     assert rel_rms(got.float(), sdpa.float()) <= 2 * TOL[dtype]
     assert rel_rms(got.cpu(), want) <= TOL[dtype]

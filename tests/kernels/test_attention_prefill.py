@@ -209,7 +209,7 @@ def test_public_op_matches_fp32_path(B, S, past):
     """gdn::attention in bf16 at the 1.66B model's prefill (H 16, Hkv 2, D 256, L 4128, causal)
     takes the prefill kernel, agrees with the op's fp32 SDPA path, replays from a CUDA graph and
     stays opaque to torch.compile."""
-    from gdn_export.ops.attention import _prefill_kernel, attention
+    from gdn_export.ops.attention import _triton_kernel, attention
 
     H, Hkv, L, D = 16, 2, 4128, 256
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -220,7 +220,7 @@ def test_public_op_matches_fp32_path(B, S, past):
     mask = (torch.arange(L, device="cuda")[None, None, :] <= pos[:, :, None])[:, None]
     scale = D ** -0.5
     got = attention(q, key, value, mask, scale)
-    assert torch.equal(got, _prefill_kernel().attention_prefill(q, key, value, mask, scale))  # the kernel ran
+    assert torch.equal(got, _triton_kernel("attention_prefill").attention_prefill(q, key, value, mask, scale))  # the kernel ran
     want = torch.nn.functional.scaled_dot_product_attention(
         q.float(), key.float(), value.float(), attn_mask=mask, scale=scale, enable_gqa=True)
     assert rel_rms(got.float(), want) <= TOL[BF16]

@@ -38,6 +38,7 @@ attention), and so that the eager model can update the same cache tensors in pla
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ DECODE_MIN_SLOTS = 256
 REPEATED_MASK_MAX = 2**24
 
 
-def _slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
+def slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
     """[B, Hkv, S, D] int64 slot of every update element along the sequence axis."""
     B, Hkv, S, D = update.shape
     slots = write_indices.to(torch.int64)[:, None] + torch.arange(S, device=update.device)
@@ -64,7 +65,7 @@ def _slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.
 
 def write_cache_(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
     """The eager in-place form of kv_cache_update: writes `update` into `cache` and returns it."""
-    return cache.scatter_(SEQ_AXIS, _slot_index(cache, update, write_indices), update.to(cache.dtype))
+    return cache.scatter_(SEQ_AXIS, slot_index(cache, update, write_indices), update.to(cache.dtype))
 
 
 @torch.library.custom_op(KV_UPDATE_OP, mutates_args=())
@@ -89,7 +90,7 @@ def write_kv_cache_(key_cache: torch.Tensor, value_cache: torch.Tensor, key: tor
 
 
 def _write_kv_cache(key_cache, value_cache, key, value, write_indices):
-    kernel = _write_kernel() if key_cache.is_cuda else None
+    kernel = _triton_kernel("kv_cache_write") if key_cache.is_cuda else None
     if kernel is not None and kernel.supports(key_cache, value_cache, key, value, write_indices):
         kernel.kv_cache_write_(key_cache, value_cache, key, value, write_indices)
         return
@@ -121,33 +122,13 @@ def _attention(q, key, value, mask, scale):
 
 
 @functools.cache
-def _write_kernel():
-    """gdn_kernels.kv_cache_write, or None where Triton is not installed (an optional extra)."""
+def _triton_kernel(name: str):
+    """gdn_kernels.<name> (kv_cache_write, attention_decode, attention_prefill), or None where
+    Triton is not installed (an optional extra)."""
     try:
-        from gdn_kernels import kv_cache_write
+        return importlib.import_module(f"gdn_kernels.{name}")
     except ImportError:
         return None
-    return kv_cache_write
-
-
-@functools.cache
-def _decode_kernel():
-    """gdn_kernels.attention_decode, or None where Triton is not installed (an optional extra)."""
-    try:
-        from gdn_kernels import attention_decode
-    except ImportError:
-        return None
-    return attention_decode
-
-
-@functools.cache
-def _prefill_kernel():
-    """gdn_kernels.attention_prefill, or None where Triton is not installed (an optional extra)."""
-    try:
-        from gdn_kernels import attention_prefill
-    except ImportError:
-        return None
-    return attention_prefill
 
 
 def _attention_cuda(q, key, value, mask, scale):
@@ -159,10 +140,10 @@ def _attention_cuda(q, key, value, mask, scale):
     memory-efficient kernel computes the whole S x L rectangle under a dense mask (9.4 ms of a
     4096-token prefill of the 1.66B model on an H200). SDPA remains for the rest. The choice
     depends on shapes alone, so a CUDA graph or torch.compile sees one path per shape."""
-    kernel = _decode_kernel()
+    kernel = _triton_kernel("attention_decode")
     if kernel is not None and key.shape[2] >= DECODE_MIN_SLOTS and kernel.supports(q, key, value, mask):
         return kernel.attention_decode(q, key, value, mask, scale)
-    kernel = _prefill_kernel()
+    kernel = _triton_kernel("attention_prefill")
     if kernel is not None and kernel.supports(q, key, value, mask):
         return kernel.attention_prefill(q, key, value, mask, scale)
     return _attention_sdpa(q, key, value, mask, scale)
