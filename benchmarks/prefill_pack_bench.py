@@ -2,7 +2,8 @@
 cu_seqlens, ours (triton, cuda) beside FLA 0.6 and FlashInfer 0.7 (when importable), H200.
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/prefill_pack_bench.py [--out-dir DIR] [--quick]
-                                            [--backends triton,cuda] [--no-flashinfer]
+                                            [--backends triton,cuda] [--no-flashinfer] [--no-fla]
+                                            [--cases NAME,...]
 
 Shapes: bf16, Dk = Dv = 128, correlated SiLU keys, slow decay, fp32 initial state, L2 norm of q / k in
 the kernel. Classes (issue 13): one long sequence, equal-length batches with grouped value heads, many
@@ -12,6 +13,10 @@ are do_bench medians (ms) of the public op `gdn_export.ops.gated_delta_rule` (ou
 `chunk_gated_delta_rule` and FlashInfer's `gdn_prefill.chunk_gated_delta_rule` (packed only: it takes
 packed tokens); the last columns are FLA's time over ours. The markdown table is printed last and
 written with the JSON to --out-dir (default $OUT or .).
+
+Besides the op backends, --backends takes `cuda-wmma`, `cuda-walk1`, `cuda-walk2`, `cuda-walk4`: the
+cuda backend called directly with the chunked path's sequential pass pinned (the wmma walk, or the
+mma.sync walk on 1 / 2 / 4 warps a block), to compare them in one run.
 """
 
 from __future__ import annotations
@@ -80,6 +85,17 @@ def _time(fn):
         return float("nan")
 
 
+def _pinned_cuda(backend):
+    """The cuda backend with the chunked path's sequential pass pinned (`cuda-wmma`, `cuda-walkN`)."""
+    from gdn_export.cuda import backend as cuda_backend
+    walk = backend.removeprefix("cuda-")
+    path = cuda_backend.PATH_CHUNKED_WMMA if walk == "wmma" else cuda_backend.PATH_CHUNKED_WALK[int(walk[4:])]
+
+    def run(q, k, v, g, beta, s0, cu):
+        return cuda_backend.gated_delta_rule(q, k, v, g, beta, s0, q.shape[-1] ** -0.5, True, cu, path=path)
+    return run
+
+
 def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")):
     total = sum(lens)
     q, k, v, g, beta = _tokens(total, hk, hv)
@@ -93,9 +109,13 @@ def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")
         layouts.append(("batched", tuple(x.reshape(B, T, *x.shape[2:]) for x in (q, k, v, g, beta)), None))
     for layout, (qq, kk, vv, gg, bb), cus in layouts:
         for backend in backends:
-            def ours(backend=backend, qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
-                with use_backend(backend):
-                    gated_delta_rule(qq, kk, vv, gg, bb, s0, None, True, cus)
+            if backend.startswith("cuda-"):
+                def ours(run=_pinned_cuda(backend), qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
+                    run(qq, kk, vv, gg, bb, s0, cus)
+            else:
+                def ours(backend=backend, qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
+                    with use_backend(backend):
+                        gated_delta_rule(qq, kk, vv, gg, bb, s0, None, True, cus)
             row[f"{backend} {layout}"] = _time(ours)
         if fla is not None:
             row[f"fla {layout}"] = _time(lambda qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus: fla(
@@ -106,7 +126,7 @@ def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")
         alpha, beta32, cu64 = g[0].exp(), beta[0].float(), cu.to(torch.int64)
         row["flashinfer packed"] = _time(lambda: fi(
             q[0], k[0], v[0], alpha, beta32, None, s0, True, cu64, True))
-    for impl in ("triton", "cuda", "flashinfer"):
+    for impl in (*backends, "flashinfer"):
         for layout in ("packed", "batched"):
             ours, ref = row.get(f"{impl} {layout}"), row.get(f"fla {layout}")
             if ours is not None and ref is not None and ours == ours and ref == ref:
@@ -115,10 +135,11 @@ def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")
     return row
 
 
-def markdown(rows) -> str:
-    cols = ["triton batched", "triton packed", "cuda batched", "cuda packed", "fla batched", "fla packed",
-            "flashinfer packed", "fla/triton batched", "fla/triton packed", "fla/cuda packed",
-            "fla/flashinfer packed"]
+def markdown(rows, backends=("triton", "cuda")) -> str:
+    impls = (*backends, "fla", "flashinfer")
+    times = [f"{i} {layout}" for i in impls for layout in ("batched", "packed")]
+    ratios = [f"fla/{i} {layout}" for i in (*backends, "flashinfer") for layout in ("batched", "packed")]
+    cols = [c for c in times + ratios if any(c in r for r in rows)]
     lines = [f"{torch.cuda.get_device_name()}, bf16, Dk = Dv = 128; ms (do_bench median) and FLA / ours "
              "(> 1: ours faster)", "", "| case | tokens | " + " | ".join(cols) + " |",
              "|---|---|" + "---|" * len(cols)]
@@ -136,11 +157,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="three cases: 16K, 8 x 8K, the ragged pack")
     ap.add_argument("--no-flashinfer", action="store_true")
-    ap.add_argument("--backends", default="triton,cuda", help="our op backends to time (comma-separated)")
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--backends", default="triton,cuda",
+                    help="our op backends to time (comma-separated; also cuda-wmma, cuda-walk1/2/4)")
+    ap.add_argument("--cases", default=None, help="comma-separated case numbers (1-based) to run")
     args = ap.parse_args(argv)
-    fla, fi = _fla(), None if args.no_flashinfer else _flashinfer()
-    rows = [run_case(*c, fla, fi, args.backends.split(",")) for c in CASES if not args.quick or c[0] in QUICK]
-    table = markdown(rows)
+    fla = None if args.no_fla else _fla()
+    fi = None if args.no_flashinfer else _flashinfer()
+    backends = args.backends.split(",")
+    picked = None if args.cases is None else {int(c) for c in args.cases.split(",")}
+    cases = [c for i, c in enumerate(CASES, 1)
+             if (picked is None or i in picked) and (not args.quick or c[0] in QUICK)]
+    rows = [run_case(*c, fla, fi, backends) for c in cases]
+    table = markdown(rows, backends)
     save_table(args.out_dir, "prefill_pack_bench", rows, table)
     return 0
 

@@ -41,11 +41,13 @@ SOURCES = (
 # Headers the build depends on: a change to any of them must rebuild the extension.
 _HEADERS = (
     PLUGINS_DIR / "common" / "floatConvert.cuh",
+    PLUGINS_DIR / "common" / "mmaSync.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.h",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernelsDetail.h",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleCommon.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleRecurrent.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkWalk.cuh",
     PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
     PLUGINS_DIR / "moePlugin" / "moeKernels.h",
     PLUGINS_DIR / "moePlugin" / "moeCommon.cuh",
@@ -58,6 +60,9 @@ MAX_CONV_KERNEL = 8  # kMAX_K in causalConv1dKernels.cu
 MAX_EXPERTS, MAX_TOP_K = 1024, 32  # kMAX_EXPERTS / kMAX_TOP_K in moeKernels.h
 # Kernel path selector of the extension (tests and benchmarks pin one).
 PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED = 0, 1, 2
+# The chunked path with its sequential pass pinned: the wmma walk, or the mma.sync walk (fp16 / bf16
+# inputs) on 1, 2 or 4 warps a block (gdn::GatedDeltaRulePath).
+PATH_CHUNKED_WMMA, PATH_CHUNKED_WALK = 3, {1: 4, 2: 5, 4: 6}
 
 _lock = threading.Lock()
 _module = None
@@ -149,11 +154,24 @@ def _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens):
     return q, k, v, g, beta, cu_seqlens
 
 
+def _check_path(path, q, v):
+    """A pinned path the kernels would refuse, as a one-line error before the extension (whose failing
+    checks have crashed the process on the H200 image; see tests/cuda/test_gated_delta_rule_cuda.py)."""
+    if path not in (PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED, PATH_CHUNKED_WMMA, *PATH_CHUNKED_WALK.values()):
+        raise GdnExportError(f"cuda backend: unknown kernel path {path}")
+    Dk, Dv = q.shape[-1], v.shape[-1]
+    if path >= PATH_CHUNKED and not (Dk % 8 == 0 and Dv % 8 == 0 and Dk <= 128 and Dv <= 128):
+        raise GdnExportError(f"cuda backend: the chunked path needs Dk, Dv multiples of 8 and <= 128, got {Dk}, {Dv}")
+    if path in PATH_CHUNKED_WALK.values() and v.dtype not in (torch.float16, torch.bfloat16):
+        raise GdnExportError(f"cuda backend: the mma.sync walk takes fp16 / bf16 inputs, got {v.dtype}")
+
+
 def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, path=PATH_AUTO):
     """Returns fresh o [B, T, Hv, Dv] (v's dtype) and final_state [N, Hv, Dk, Dv] in the state's
     storage dtype (initial_state's; fp32 for None), rounded once at the end."""
     out_dtype = v.dtype
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
+    _check_path(path, q, v)
     if initial_state is not None:
         initial_state = initial_state.to(state_storage_dtype(initial_state)).contiguous()
     o, state = load().gated_delta_rule(
@@ -167,6 +185,7 @@ def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, 
     """Writes into the given o and final_state (final_state may be initial_state: in place); the
     state's storage dtype is final_state's (fp32, fp16 or bf16), initial_state must share it."""
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
+    _check_path(path, q, v)
     B, T, _, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1

@@ -46,7 +46,8 @@ void checkInt32(int64_t x, char const* what)
 }
 
 // (o, final_state). o_out / final_state_out, when given, receive the results (final_state_out may
-// be initial_state itself: in-place decode). path: 0 auto, 1 recurrent, 2 chunked.
+// be initial_state itself: in-place decode). path: 0 auto, 1 recurrent, 2 chunked, 3-6 chunked with
+// its sequential pass pinned (gdn::GatedDeltaRulePath: 3 wmma walk, 4 / 5 / 6 mma.sync walk on 1 / 2 / 4 warps).
 std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
     at::Tensor const& g, at::Tensor const& beta, std::optional<at::Tensor> const& initialState, double scale,
     bool useQkL2norm, std::optional<at::Tensor> const& cuSeqlens, std::optional<at::Tensor> const& oOut,
@@ -115,7 +116,8 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     {
         finalState = at::empty({N, Hv, Dk, Dv}, v.options().dtype(stateDtype));
     }
-    TORCH_CHECK(path >= 0 && path <= 2, "path must be 0 (auto), 1 (recurrent) or 2 (chunked), got ", path);
+    TORCH_CHECK(path >= 0 && path <= 6,
+        "path must be 0 (auto), 1 (recurrent), 2 (chunked) or 3-6 (chunked, walk pinned), got ", path);
 
     gdn::GatedDeltaRuleParams p;
     p.dtype = dt;
@@ -140,9 +142,9 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     p.stateType = st;
 
     auto const which = static_cast<gdn::GatedDeltaRulePath>(path);
-    size_t const bytes = which == gdn::GatedDeltaRulePath::kCHUNKED ? gdn::gatedDeltaRuleChunkedWorkspaceSize(p)
-        : which == gdn::GatedDeltaRulePath::kAUTO                  ? gdn::gatedDeltaRuleWorkspaceSize(p)
-                                                                   : 0;
+    size_t const bytes = which == gdn::GatedDeltaRulePath::kAUTO ? gdn::gatedDeltaRuleWorkspaceSize(p)
+        : which == gdn::GatedDeltaRulePath::kRECURRENT          ? 0
+                                                                : gdn::gatedDeltaRuleChunkedWorkspaceSize(p);
     c10::cuda::CUDAGuard const guard(device);
     at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, v.options().dtype(at::kByte));
     cudaError_t const err = gdn::launchGatedDeltaRuleWithPath(

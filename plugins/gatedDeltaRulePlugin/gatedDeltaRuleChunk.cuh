@@ -1,5 +1,8 @@
 /*
- * Chunked (WY) gated delta rule prefill: two kernels and a small varlen helper.
+ * Chunked (WY) gated delta rule prefill: two kernels and a small varlen helper. For fp16 / bf16
+ * inputs the sequential pass below is replaced by the register-resident mma.sync walk of
+ * gatedDeltaRuleChunkWalk.cuh where its shared memory fits (the launcher decides); this one stays
+ * for fp32 inputs and smaller GPUs.
  *
  *   gatedDeltaRuleChunkOffsetsKernel   varlen only: chunkOffsets[n] = sum_{m<n} ceil(L_m / 64)
  *   gatedDeltaRulePrepareKernel        one block per (chunk, value head), all chunks in parallel;

@@ -1,6 +1,7 @@
 /*
  * Host side of the gated delta rule kernels: parameter checks, workspace layout, path choice and
- * template dispatch. The kernels live in gatedDeltaRuleRecurrent.cuh and gatedDeltaRuleChunk.cuh.
+ * template dispatch. The kernels live in gatedDeltaRuleRecurrent.cuh, gatedDeltaRuleChunk.cuh and
+ * gatedDeltaRuleChunkWalk.cuh.
  *
  * Paths:
  *   recurrent  T <= 16 (per sequence when packed, or pure varlen decode), any Dk <= 256, any Dv;
@@ -11,8 +12,12 @@
  *              [P: ... x {1, 2} x 64 x 64, activation dtype: hi and lo tiles for fp16 / bf16]
  *              [scalars: Hv x maxChunks x 192] fp32; maxChunks = B ceil(T / 64), or T / 64 + N for
  *              packed sequences (about 2 Dk + 4 Dv + 256 + 12 bytes per token and value head in bf16).
+ *              Its sequential pass: for fp16 / bf16 the mma.sync walk with the state in registers
+ *              (gatedDeltaRuleChunkWalk.cuh) where its shared memory fits, else (and for fp32) the
+ *              wmma walk with the state in shared memory (gatedDeltaRuleChunkStateKernel).
  */
 #include "gatedDeltaRuleChunk.cuh"
+#include "gatedDeltaRuleChunkWalk.cuh"
 #include "gatedDeltaRuleKernels.h"
 #include "gatedDeltaRuleKernelsDetail.h"
 #include "gatedDeltaRuleRecurrent.cuh"
@@ -235,14 +240,14 @@ cudaError_t launchRecurrent(GatedDeltaRuleParams const& p, cudaStream_t stream)
 
 template <typename Kernel>
 cudaError_t launchWithSmem(Kernel kernel, dim3 grid, size_t smemBytes, cudaStream_t stream,
-    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws)
+    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t threads = kernels::kCHUNK_THREADS)
 {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int32_t>(smemBytes));
     if (err != cudaSuccess)
     {
         return err;
     }
-    kernel<<<grid, kernels::kCHUNK_THREADS, smemBytes, stream>>>(p, ws);
+    kernel<<<grid, threads, smemBytes, stream>>>(p, ws);
     return cudaGetLastError();
 }
 
@@ -286,13 +291,73 @@ int32_t chunkStages(int32_t smemLimit)
     return chunkSmemBytes<T, kDK, 1>() <= static_cast<size_t>(smemLimit) ? 1 : 0;
 }
 
+constexpr int32_t kWALK_STAGES = 2;
+
+template <typename T, int32_t kDK, int32_t kNW>
+cudaError_t launchWalk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
+{
+    using L = kernels::WalkSmem<T, kDK, kNW, kWALK_STAGES>;
+    dim3 const grid((p.valueDim + L::kBV - 1) / L::kBV, p.numValueHeads, numSequences(p));
+    return launchWithSmem(kernels::gatedDeltaRuleChunkWalkKernel<T, kDK, kNW, kWALK_STAGES>, grid, L::kBYTES,
+        stream, p, ws, L::kTHREADS);
+}
+
+template <typename T, int32_t kDK, int32_t kNW>
+bool walkFits(int32_t smemLimit)
+{
+    return kernels::WalkSmem<T, kDK, kNW, kWALK_STAGES>::kBYTES <= static_cast<size_t>(smemLimit);
+}
+
+//! The mma.sync walk (16-bit inputs), or cudaErrorNotSupported where it does not fit (the caller
+//! then runs the wmma walk). Unpinned: the widest block whose shared memory fits, 4 warps on the
+//! H200 (run 12: fastest on every shape class, even where the grid then covers only half the
+//! multiprocessors, 1 x 16K tokens at Hv 32: 0.98 ms against 1.05 on 2 warps and 2.56 on 1: the
+//! block's warps share the chunk's loads); 1 or 2 on GPUs with less shared memory (A100: 1).
 template <typename T, int32_t kDK>
-cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t stages, cudaStream_t stream)
+cudaError_t launchWalkFitting(
+    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, GatedDeltaRulePath path, cudaStream_t stream)
+{
+    int32_t const smem = maxDynamicSmem();
+    bool const any = path != GatedDeltaRulePath::kCHUNKED_WALK1 && path != GatedDeltaRulePath::kCHUNKED_WALK2
+        && path != GatedDeltaRulePath::kCHUNKED_WALK4;
+    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK4) && walkFits<T, kDK, 4>(smem))
+    {
+        return launchWalk<T, kDK, 4>(p, ws, stream);
+    }
+    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK2) && walkFits<T, kDK, 2>(smem))
+    {
+        return launchWalk<T, kDK, 2>(p, ws, stream);
+    }
+    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK1) && walkFits<T, kDK, 1>(smem))
+    {
+        return launchWalk<T, kDK, 1>(p, ws, stream);
+    }
+    return cudaErrorNotSupported;
+}
+
+template <typename T, int32_t kDK>
+cudaError_t launchChunkedDk(
+    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t stages, GatedDeltaRulePath path, cudaStream_t stream)
 {
     cudaError_t err = launchPrepareDv<T, kDK>(p, ws, stream);
     if (err != cudaSuccess)
     {
         return err;
+    }
+    if constexpr (kernels::kSPLIT<T>)
+    {
+        if (path != GatedDeltaRulePath::kCHUNKED_WMMA)
+        {
+            err = launchWalkFitting<T, kDK>(p, ws, path, stream);
+            if (err != cudaErrorNotSupported)
+            {
+                return err;
+            }
+        }
+    }
+    if (path >= GatedDeltaRulePath::kCHUNKED_WALK1)
+    {
+        return cudaErrorInvalidValue; // a pinned walk that does not serve these inputs
     }
     dim3 const grid((p.valueDim + kernels::kSTATE_BV - 1) / kernels::kSTATE_BV, p.numValueHeads, numSequences(p));
     if (stages == 2)
@@ -318,7 +383,8 @@ int32_t chunkStagesFor(GatedDeltaRuleParams const& p, int32_t smemLimit)
 }
 
 template <typename T>
-cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_t stages, cudaStream_t stream)
+cudaError_t launchChunked(
+    GatedDeltaRuleParams const& p, void* workspace, int32_t stages, GatedDeltaRulePath path, cudaStream_t stream)
 {
     WorkspaceLayout const l = workspaceLayout(p);
     auto* base = static_cast<unsigned char*>(workspace);
@@ -347,9 +413,9 @@ cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_
     }
     switch (roundDim(p.keyDim, 32))
     {
-    case 32: return launchChunkedDk<T, 32>(p, ws, stages, stream);
-    case 64: return launchChunkedDk<T, 64>(p, ws, stages, stream);
-    case 128: return launchChunkedDk<T, 128>(p, ws, stages, stream);
+    case 32: return launchChunkedDk<T, 32>(p, ws, stages, path, stream);
+    case 64: return launchChunkedDk<T, 64>(p, ws, stages, path, stream);
+    case 128: return launchChunkedDk<T, 128>(p, ws, stages, path, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -359,14 +425,15 @@ cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_
 template <typename T>
 cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDeltaRulePath path, cudaStream_t stream)
 {
-    bool chunked = path == GatedDeltaRulePath::kCHUNKED || (path == GatedDeltaRulePath::kAUTO && prefersChunked(p));
+    bool const pinned = path != GatedDeltaRulePath::kAUTO && path != GatedDeltaRulePath::kRECURRENT;
+    bool chunked = pinned || (path == GatedDeltaRulePath::kAUTO && prefersChunked(p));
     int32_t stages = 0;
     if (chunked)
     {
         stages = chunkShapeOk(p) ? chunkStagesFor<T>(p, maxDynamicSmem()) : 0;
         if (stages == 0 || workspace == nullptr)
         {
-            if (path == GatedDeltaRulePath::kCHUNKED || workspace == nullptr)
+            if (pinned || workspace == nullptr)
             {
                 return cudaErrorInvalidValue;
             }
@@ -375,7 +442,7 @@ cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDel
     }
     if (chunked)
     {
-        return launchChunked<T>(p, workspace, stages, stream);
+        return launchChunked<T>(p, workspace, stages, path, stream);
     }
     if (roundDim(p.keyDim, 16) == 0)
     {

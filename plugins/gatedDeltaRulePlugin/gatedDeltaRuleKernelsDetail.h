@@ -15,6 +15,13 @@ enum class GatedDeltaRulePath : int32_t
     kAUTO = 0,      //!< what launchGatedDeltaRule does
     kRECURRENT = 1, //!< token-by-token kernel, any T (slow for long T), no workspace
     kCHUNKED = 2,   //!< chunked WY kernels; cudaErrorInvalidValue where unsupported
+    // The chunked path with its sequential pass pinned (cudaErrorInvalidValue where that pass does
+    // not serve the inputs): the wmma walk (the fallback for fp32 and small shared memory), or the
+    // mma.sync walk (fp16 / bf16) on 1, 2 or 4 warps a block.
+    kCHUNKED_WMMA = 3,
+    kCHUNKED_WALK1 = 4,
+    kCHUNKED_WALK2 = 5,
+    kCHUNKED_WALK4 = 6,
 };
 
 //! Workspace bytes of the chunked path for these shapes, whatever the path heuristic would pick.

@@ -1,0 +1,71 @@
+"""Where the CUDA (plugin) prefill's time goes: per-kernel GPU time of the cuda backend's chunked path,
+with its sequential pass pinned to each implementation (wmma walk, mma.sync walk on 1 / 2 / 4 warps).
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/cuda_prefill_profile.py [--out-dir DIR] [--calls 5]
+
+bf16, Dk = Dv = 128, correlated SiLU keys and slow decay (prefill_pack_bench's inputs), fp32 initial
+state. Kernel times are torch.profiler means over `calls` calls after a warm-up; one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gpu_timing import save_table
+from prefill_pack_bench import _tokens
+
+CASES = [("1 x 16K, Hv = 2Hk", 16, 32, 1, 16384), ("8 x 8K, Hv = 3Hk", 16, 48, 8, 8192),
+         ("1 x 16K, Hv = Hk", 16, 16, 1, 16384)]
+PATHS = ["auto", "wmma", "walk1", "walk2", "walk4"]
+
+
+def kernel_ms(fn, calls):
+    """{kernel name: mean GPU ms per call} over `calls` calls of fn."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.device_time_total > 0:
+            name = e.key.split("<")[0].split("(")[0].removeprefix("void ").removeprefix("gdn::kernels::")
+            out[name] = out.get(name, 0.0) + e.device_time_total / 1000.0 / calls
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args(argv)
+    from gdn_export.cuda import backend as cb
+    pins = {"auto": cb.PATH_AUTO, "wmma": cb.PATH_CHUNKED_WMMA,
+            **{f"walk{w}": p for w, p in cb.PATH_CHUNKED_WALK.items()}}
+    rows = []
+    for name, hk, hv, B, T in CASES:
+        q, k, v, g, beta = (x.reshape(B, T, *x.shape[2:]) for x in _tokens(B * T, hk, hv))
+        s0 = torch.randn(B, hv, 128, 128, device="cuda") * 0.1
+        for path in PATHS:
+            ms = kernel_ms(lambda: cb.gated_delta_rule(q, k, v, g, beta, s0, 128 ** -0.5, True, None,
+                                                       path=pins[path]), args.calls)
+            gdn = {n: t for n, t in ms.items() if "gatedDeltaRule" in n}
+            row = dict(case=name, path=path, total=sum(gdn.values()),
+                       kernels=", ".join(f"{n.removeprefix('gatedDeltaRule')} {t:.3f}" for n, t in gdn.items()))
+            print(row, flush=True)
+            rows.append(row)
+    lines = [f"{torch.cuda.get_device_name()}, bf16, Dk = Dv = 128; GPU ms per call (torch.profiler mean)", "",
+             "| case | sequential pass | gdn kernels total | per kernel |", "|---|---|---|---|"]
+    lines += [f"| {r['case']} | {r['path']} | {r['total']:.3f} | {r['kernels']} |" for r in rows]
+    save_table(args.out_dir, "cuda_prefill_profile", rows, "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

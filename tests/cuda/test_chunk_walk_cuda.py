@@ -1,0 +1,119 @@
+"""The chunked prefill's two sequential passes (gatedDeltaRuleChunkWalk.cuh: mma.sync, state in
+registers, 1 / 2 / 4 warps a block; gatedDeltaRuleChunkStateKernel: wmma, the fallback) pinned one
+at a time, fp16 / bf16, against the fp32 reference on a GPU.
+
+Classes: odd lengths (partial last chunks), Dk != Dv and head dims that are not multiples of 16,
+grouped value heads, batches, ragged packs with one-token sequences, 16-bit states,
+in-place states, model-like (correlated SiLU) keys. Each warp of the mma.sync walk computes the
+same sums whatever the block width, so the three widths must agree bit for bit; on model-like keys
+the walk must stay as close to the reference as the wmma walk (the precision it replaces).
+Outputs are NaN-poisoned first (tests/cuda/test_gated_delta_rule_cuda._run).
+"""
+
+import pytest
+import torch
+
+from gdn_export.errors import GdnExportError
+from tests.conftest import GPU_ONLY, assert_close_rms, gdn_inputs, rel_rms
+from tests.cuda.test_gated_delta_rule_cuda import _reference, _run
+
+pytestmark = GPU_ONLY
+
+if torch.cuda.is_available():
+    from gdn_export.cuda import backend as cuda_backend
+
+DTYPES16 = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+WIDTHS = [1, 2, 4]
+SHAPES = [  # B, T, Hk, Hv, Dk, Dv
+    pytest.param(1, 4097, 2, 6, 128, 128, id="B1-T4097-Hv3Hk-D128"),
+    pytest.param(3, 1000, 1, 2, 64, 128, id="B3-T1000-Hv2Hk-Dk64-Dv128"),
+    pytest.param(2, 130, 2, 4, 128, 64, id="B2-T130-Dk128-Dv64"),
+    pytest.param(2, 300, 1, 3, 40, 24, id="B2-T300-Dk40-Dv24"),
+    pytest.param(1, 65, 1, 1, 72, 96, id="B1-T65-Dk72-Dv96"),
+    pytest.param(2, 191, 2, 2, 32, 32, id="B2-T191-D32"),
+    pytest.param(1, 17, 1, 4, 24, 120, id="B1-T17-Dk24-Dv120"),
+]
+
+
+def _walk_path(width):
+    return cuda_backend.PATH_CHUNKED_WALK[width]
+
+
+@pytest.mark.parametrize("dtype", DTYPES16)
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", SHAPES)
+def test_walk_widths_match_reference_and_each_other(B, T, Hk, Hv, Dk, Dv, dtype):
+    x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device="cuda")
+    ro, rs = _reference(x)
+    outs = {w: _run(x, path=_walk_path(w)) for w in WIDTHS}
+    for w, (o, s) in outs.items():
+        assert_close_rms(o, ro, dtype, f"o (walk on {w} warps)")
+        assert_close_rms(s, rs, dtype, f"final_state (walk on {w} warps)")
+    o1, s1 = outs[1]
+    for w in WIDTHS[1:]:
+        assert torch.equal(outs[w][0], o1), f"o differs between 1 and {w} warps"
+        assert torch.equal(outs[w][1], s1), f"final_state differs between 1 and {w} warps"
+    o, s = _run(x, path=cuda_backend.PATH_CHUNKED_WMMA)
+    assert_close_rms(o, ro, dtype, "o (wmma walk)")
+    assert_close_rms(s, rs, dtype, "final_state (wmma walk)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES16)
+@pytest.mark.parametrize("T", [1000, 4097], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+def test_walk_as_accurate_as_wmma_on_model_like_keys(D, T, dtype):
+    x = gdn_inputs(2, T, 2, 4, D, D, dtype=dtype, device="cuda", correlated=True)
+    ro, rs = _reference(x)
+    o_wmma, s_wmma = _run(x, path=cuda_backend.PATH_CHUNKED_WMMA)
+    for w in WIDTHS:
+        o, s = _run(x, path=_walk_path(w))
+        assert_close_rms(o, ro, dtype, "o")
+        assert_close_rms(s, rs, dtype, "final_state")
+        # the same hi + lo operands as the wmma walk: only the order of fp32 sums differs
+        assert rel_rms(o, ro) <= 1.25 * rel_rms(o_wmma, ro) + 1e-5, (rel_rms(o, ro), rel_rms(o_wmma, ro))
+        assert rel_rms(s, rs) <= 1.25 * rel_rms(s_wmma, rs) + 1e-5, (rel_rms(s, rs), rel_rms(s_wmma, rs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES16)
+@pytest.mark.parametrize(
+    "lengths",
+    [[1, 63, 66, 1000], [2, 700, 1, 5], [64, 64, 128], [3000, 1, 129, 17, 64]],
+    ids=lambda ls: "-".join(map(str, ls)),
+)
+@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"w{w}")
+def test_walk_ragged_packs(width, lengths, dtype):
+    T = sum(lengths)
+    x = gdn_inputs(1, T, 2, 6, 64, 128, dtype=dtype, device="cuda", state=False)
+    x["initial_state"] = torch.randn(len(lengths), 6, 64, 128, device="cuda") * 0.1
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    o, s = _run(x, cu_seqlens=cu, path=_walk_path(width))
+    ro, rs = _reference(x, cu_seqlens=cu)
+    assert_close_rms(o, ro, dtype, "o")
+    assert_close_rms(s, rs, dtype, "final_state")
+
+
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16], ids=["state-bf16", "state-fp16"])
+@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"w{w}")
+def test_walk_16bit_state_in_place(width, state_dtype):
+    """The state read and written in its storage dtype, the output buffer being the input state."""
+    dtype = torch.bfloat16
+    x = gdn_inputs(2, 333, 1, 2, 128, 128, dtype=dtype, device="cuda")
+    x["initial_state"] = x["initial_state"].to(state_dtype)
+    ref_in = dict(x, initial_state=x["initial_state"].float())
+    ro, rs = _reference(ref_in)
+    state = x["initial_state"].clone()
+    o = torch.full_like(x["v"], float("nan"))
+    cuda_backend.gated_delta_rule_out(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], state, 128 ** -0.5, True, None, o, state,
+        path=_walk_path(width),
+    )
+    assert_close_rms(o, ro, dtype, "o")
+    assert_close_rms(state.float(), rs, state_dtype, "final_state")
+
+
+def test_pinned_walk_refuses_what_it_does_not_serve():
+    x = gdn_inputs(1, 130, 1, 1, 64, 64, dtype=torch.float32, device="cuda")
+    with pytest.raises(GdnExportError, match="fp16 / bf16"):
+        _run(x, path=_walk_path(2))
+    x = gdn_inputs(1, 130, 1, 1, 64, 256, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(GdnExportError, match="multiples of 8 and <= 128"):
+        _run(x, path=_walk_path(4))
