@@ -49,3 +49,28 @@ def test_unavailable_without_gpu_is_one_line():
         pytest.skip("a GPU is present: the extension may build")
     with pytest.raises(GdnExportError, match="^cuda backend unavailable: "):
         backend.load()
+
+
+@pytest.mark.parametrize(
+    "path,dtype,Dk,Dv,message",
+    [
+        (7, torch.bfloat16, 64, 64, "unknown kernel path 7"),
+        (backend.PATH_CHUNKED, torch.bfloat16, 64, 256, "multiples of 8 and <= 128"),
+        (backend.PATH_CHUNKED_WMMA, torch.float16, 36, 64, "multiples of 8 and <= 128"),
+        (backend.PATH_CHUNKED_WALK[4], torch.float32, 64, 64, "fp16 / bf16"),
+        (backend.PATH_CHUNKED_WALK[1], torch.float32, 64, 64, "fp16 / bf16"),
+    ],
+    ids=["unknown", "chunked-Dv256", "wmma-Dk36", "walk4-fp32", "walk1-fp32"],
+)
+def test_pinned_path_the_kernels_refuse_is_named(path, dtype, Dk, Dv, message):
+    # checked before the extension, whose failing checks have crashed the process on the H200 image
+    x = gdn_inputs(1, 5, 1, 1, Dk, Dv, dtype=dtype)
+    with pytest.raises(GdnExportError, match=message):
+        backend._check_path(path, x["q"], x["v"])
+
+
+@pytest.mark.parametrize("path", [backend.PATH_AUTO, backend.PATH_RECURRENT, backend.PATH_CHUNKED,
+                                  backend.PATH_CHUNKED_WMMA, *backend.PATH_CHUNKED_WALK.values()])
+def test_pinned_paths_that_serve_bf16_pass_the_check(path):
+    x = gdn_inputs(1, 5, 1, 1, 64, 128, dtype=torch.bfloat16)
+    backend._check_path(path, x["q"], x["v"])
