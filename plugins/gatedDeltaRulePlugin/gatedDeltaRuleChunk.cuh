@@ -56,6 +56,28 @@ struct ChunkWorkspace
     float* scalars{nullptr};
 };
 
+//! Where the sequential pass of sequence n and value head h finds its chunks: tokens [bos, bos + len)
+//! and the workspace slot of its first chunk (a sequence's chunks take consecutive slots).
+struct SequenceChunks
+{
+    int64_t bos;
+    int32_t len;
+    int32_t numChunks;
+    size_t slot0;
+};
+
+__device__ __forceinline__ SequenceChunks sequenceChunks(
+    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t n, int32_t h)
+{
+    SequenceChunks sc;
+    sequenceBounds(p, n, sc.bos, sc.len);
+    sc.numChunks = (sc.len + kCHUNK - 1) / kCHUNK;
+    int64_t const chunkBase
+        = ws.chunkOffsets != nullptr ? ws.chunkOffsets[n] : static_cast<int64_t>(n) * ws.chunksPerSeq;
+    sc.slot0 = static_cast<size_t>(h) * ws.maxChunks + chunkBase;
+    return sc;
+}
+
 constexpr int32_t kSCALARS = 3 * kCHUNK; // fq[64], fk[64], exp(G_last) and padding
 constexpr int32_t kSCALAR_DECAY = 2 * kCHUNK;
 
@@ -588,13 +610,11 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRuleChunkStateKernel
     int32_t const warp = tid / kWARP;
     int32_t const validV = min(kSTATE_BV, dv - col0);
 
-    int64_t bos;
-    int32_t len;
-    sequenceBounds(p, n, bos, len);
-    int32_t const numChunks = (len + kCHUNK - 1) / kCHUNK;
-    int64_t const chunkBase
-        = ws.chunkOffsets != nullptr ? ws.chunkOffsets[n] : static_cast<int64_t>(n) * ws.chunksPerSeq;
-    size_t const slot0 = static_cast<size_t>(h) * ws.maxChunks + chunkBase;
+    SequenceChunks const sc = sequenceChunks(p, ws, n, h);
+    int64_t const bos = sc.bos;
+    int32_t const len = sc.len;
+    int32_t const numChunks = sc.numChunks;
+    size_t const slot0 = sc.slot0;
 
     T const* q = static_cast<T const*>(p.q);
     T const* k = static_cast<T const*>(p.k);

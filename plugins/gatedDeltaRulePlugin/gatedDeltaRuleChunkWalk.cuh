@@ -138,13 +138,11 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
     int32_t const kh = h / (hv / hk);
     int32_t const validV = min(L::kBV, dv - blockCol0);
 
-    int64_t bos;
-    int32_t len;
-    sequenceBounds(p, n, bos, len);
-    int32_t const numChunks = (len + kCHUNK - 1) / kCHUNK;
-    int64_t const chunkBase
-        = ws.chunkOffsets != nullptr ? ws.chunkOffsets[n] : static_cast<int64_t>(n) * ws.chunksPerSeq;
-    size_t const slot0 = static_cast<size_t>(h) * ws.maxChunks + chunkBase;
+    SequenceChunks const sc = sequenceChunks(p, ws, n, h);
+    int64_t const bos = sc.bos;
+    int32_t const len = sc.len;
+    int32_t const numChunks = sc.numChunks;
+    size_t const slot0 = sc.slot0;
 
     T const* q = static_cast<T const*>(p.q);
     T const* k = static_cast<T const*>(p.k);
@@ -185,6 +183,14 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 
     // The state is read once and stored once, in p.stateType; fp32 in registers in between.
     size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
+    // s[j][e] is state row 8j + 2t + (e & 1), column col0 + g + 8 (e >> 1): its element offset, and
+    // whether it lies inside [Dk, Dv].
+    auto stateElem = [&](int32_t j, int32_t e, size_t& offset) {
+        int32_t const r = 8 * j + 2 * t + (e & 1);
+        int32_t const col = col0 + g + 8 * (e >> 1);
+        offset = stateOffset + static_cast<size_t>(r) * dv + col;
+        return r < dk && col < dv;
+    };
     float s[kDT][4];
 #pragma unroll
     for (int32_t j = 0; j < kDT; ++j)
@@ -192,11 +198,9 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 #pragma unroll
         for (int32_t e = 0; e < 4; ++e)
         {
-            int32_t const r = 8 * j + 2 * t + (e & 1);
-            int32_t const col = col0 + g + 8 * (e >> 1);
-            s[j][e] = p.initialState != nullptr && r < dk && col < dv
-                ? loadStateElem(p.initialState, stateOffset + static_cast<size_t>(r) * dv + col, p.stateType)
-                : 0.F;
+            size_t offset;
+            bool const inside = stateElem(j, e, offset);
+            s[j][e] = p.initialState != nullptr && inside ? loadStateElem(p.initialState, offset, p.stateType) : 0.F;
         }
     }
 
@@ -380,11 +384,10 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 #pragma unroll
         for (int32_t e = 0; e < 4; ++e)
         {
-            int32_t const r = 8 * j + 2 * t + (e & 1);
-            int32_t const col = col0 + g + 8 * (e >> 1);
-            if (r < dk && col < dv)
+            size_t offset;
+            if (stateElem(j, e, offset))
             {
-                storeStateElem(p.finalState, stateOffset + static_cast<size_t>(r) * dv + col, p.stateType, s[j][e]);
+                storeStateElem(p.finalState, offset, p.stateType, s[j][e]);
             }
         }
     }

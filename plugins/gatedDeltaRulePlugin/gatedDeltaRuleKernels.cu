@@ -314,10 +314,9 @@ bool walkFits(int32_t smemLimit)
 //! multiprocessors, 1 x 16K tokens at Hv 32: 0.98 ms against 1.05 on 2 warps and 2.56 on 1: the
 //! block's warps share the chunk's loads); 1 or 2 on GPUs with less shared memory (A100: 1).
 template <typename T, int32_t kDK>
-cudaError_t launchWalkFitting(
-    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, GatedDeltaRulePath path, cudaStream_t stream)
+cudaError_t launchWalkFitting(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, GatedDeltaRulePath path,
+    int32_t smem, cudaStream_t stream)
 {
-    int32_t const smem = maxDynamicSmem();
     bool const any = path != GatedDeltaRulePath::kCHUNKED_WALK1 && path != GatedDeltaRulePath::kCHUNKED_WALK2
         && path != GatedDeltaRulePath::kCHUNKED_WALK4;
     if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK4) && walkFits<T, kDK, 4>(smem))
@@ -335,9 +334,10 @@ cudaError_t launchWalkFitting(
     return cudaErrorNotSupported;
 }
 
+//! smemLimit: the device's shared memory per block (launchTyped queried it for `stages`).
 template <typename T, int32_t kDK>
-cudaError_t launchChunkedDk(
-    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t stages, GatedDeltaRulePath path, cudaStream_t stream)
+cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t stages,
+    GatedDeltaRulePath path, int32_t smemLimit, cudaStream_t stream)
 {
     cudaError_t err = launchPrepareDv<T, kDK>(p, ws, stream);
     if (err != cudaSuccess)
@@ -348,7 +348,7 @@ cudaError_t launchChunkedDk(
     {
         if (path != GatedDeltaRulePath::kCHUNKED_WMMA)
         {
-            err = launchWalkFitting<T, kDK>(p, ws, path, stream);
+            err = launchWalkFitting<T, kDK>(p, ws, path, smemLimit, stream);
             if (err != cudaErrorNotSupported)
             {
                 return err;
@@ -383,8 +383,8 @@ int32_t chunkStagesFor(GatedDeltaRuleParams const& p, int32_t smemLimit)
 }
 
 template <typename T>
-cudaError_t launchChunked(
-    GatedDeltaRuleParams const& p, void* workspace, int32_t stages, GatedDeltaRulePath path, cudaStream_t stream)
+cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_t stages, GatedDeltaRulePath path,
+    int32_t smemLimit, cudaStream_t stream)
 {
     WorkspaceLayout const l = workspaceLayout(p);
     auto* base = static_cast<unsigned char*>(workspace);
@@ -413,9 +413,9 @@ cudaError_t launchChunked(
     }
     switch (roundDim(p.keyDim, 32))
     {
-    case 32: return launchChunkedDk<T, 32>(p, ws, stages, path, stream);
-    case 64: return launchChunkedDk<T, 64>(p, ws, stages, path, stream);
-    case 128: return launchChunkedDk<T, 128>(p, ws, stages, path, stream);
+    case 32: return launchChunkedDk<T, 32>(p, ws, stages, path, smemLimit, stream);
+    case 64: return launchChunkedDk<T, 64>(p, ws, stages, path, smemLimit, stream);
+    case 128: return launchChunkedDk<T, 128>(p, ws, stages, path, smemLimit, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -428,9 +428,11 @@ cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDel
     bool const pinned = path != GatedDeltaRulePath::kAUTO && path != GatedDeltaRulePath::kRECURRENT;
     bool chunked = pinned || (path == GatedDeltaRulePath::kAUTO && prefersChunked(p));
     int32_t stages = 0;
+    int32_t smemLimit = 0;
     if (chunked)
     {
-        stages = chunkShapeOk(p) ? chunkStagesFor<T>(p, maxDynamicSmem()) : 0;
+        smemLimit = maxDynamicSmem();
+        stages = chunkShapeOk(p) ? chunkStagesFor<T>(p, smemLimit) : 0;
         if (stages == 0 || workspace == nullptr)
         {
             if (pinned || workspace == nullptr)
@@ -442,7 +444,7 @@ cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDel
     }
     if (chunked)
     {
-        return launchChunked<T>(p, workspace, stages, path, stream);
+        return launchChunked<T>(p, workspace, stages, path, smemLimit, stream);
     }
     if (roundDim(p.keyDim, 16) == 0)
     {
