@@ -1,5 +1,7 @@
 """Where the CUDA (plugin) prefill's time goes: per-kernel GPU time of the cuda backend's chunked path,
-with its sequential pass pinned to each implementation (wmma walk, mma.sync walk on 1 / 2 / 4 warps).
+with its sequential pass pinned to each implementation (wmma walk, mma.sync walk on 1 / 2 / 4 warps),
+and under the shared memory of smaller GPUs (99 KB: sm_86 / 89 / 120, where the walk is single-buffered;
+the 1- and 2-warp walks always are).
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/cuda_prefill_profile.py [--out-dir DIR] [--calls 5]
 
@@ -21,7 +23,7 @@ from prefill_pack_bench import _tokens
 
 CASES = [("1 x 16K, Hv = 2Hk", 16, 32, 1, 16384), ("8 x 8K, Hv = 3Hk", 16, 48, 8, 8192),
          ("1 x 16K, Hv = Hk", 16, 16, 1, 16384)]
-PATHS = ["auto", "wmma", "walk1", "walk2", "walk4"]
+PATHS = ["auto", "wmma", "walk1", "walk2", "walk4", "walk4 @99KB"]
 
 
 def kernel_ms(fn, calls):
@@ -46,15 +48,17 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=5)
     args = ap.parse_args(argv)
     from gdn_export.cuda import backend as cb
-    pins = {"auto": cb.PATH_AUTO, "wmma": cb.PATH_CHUNKED_WMMA,
-            **{f"walk{w}": p for w, p in cb.PATH_CHUNKED_WALK.items()}}
+    pins = {"auto": (cb.PATH_AUTO, 0), "wmma": (cb.PATH_CHUNKED_WMMA, 0),
+            **{f"walk{w}": (p, 0) for w, p in cb.PATH_CHUNKED_WALK.items()},
+            "walk4 @99KB": (cb.PATH_CHUNKED_WALK[4], cb.SMEM_SM86)}
     rows = []
     for name, hk, hv, B, T in CASES:
         q, k, v, g, beta = (x.reshape(B, T, *x.shape[2:]) for x in _tokens(B * T, hk, hv))
         s0 = torch.randn(B, hv, 128, 128, device="cuda") * 0.1
         for path in PATHS:
+            pin, smem = pins[path]
             ms = kernel_ms(lambda: cb.gated_delta_rule(q, k, v, g, beta, s0, 128 ** -0.5, True, None,
-                                                       path=pins[path]), args.calls)
+                                                       path=pin, smem_limit=smem), args.calls)
             gdn = {n: t for n, t in ms.items() if "gatedDeltaRule" in n}
             row = dict(case=name, path=path, total=sum(gdn.values()),
                        kernels=", ".join(f"{n.removeprefix('gatedDeltaRule')} {t:.3f}" for n, t in gdn.items()))

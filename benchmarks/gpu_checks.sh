@@ -4,8 +4,8 @@
 # then the kernel benchmark (ours triton / ours cuda / FLA / PyTorch side by side).
 #
 #   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models runtime bench triton plugins moe state
-#                                                   attn pack cudaprefill e2e (default: all but pack,
-#                                                   cudaprefill and e2e, in that order)
+#                                                   attn overhead pack cudaprefill e2e (default: all but
+#                                                   pack, cudaprefill and e2e, in that order)
 #   runtime: the CUDA-graph runner, half-precision attention and in-place GDN state tests
 #   moe: the MoE GPU tests of both backends, then benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
 #   state: benchmarks/state_dtype_bench.py (decode / prefill per recurrent-state dtype; FlashInfer's
@@ -14,6 +14,7 @@
 #         benchmarks/attention_prefill_bench.py --graph (the Triton prefill kernel vs the SDPA route)
 #   pack: benchmarks/prefill_pack_bench.py (prefill batches vs cu_seqlens packs, FLA / FlashInfer beside;
 #         minutes of their autotuning / compilation per new shape)
+#   overhead: benchmarks/op_overhead.py (host time of one eager decode call through the public op)
 #   cudaprefill: benchmarks/cuda_prefill_profile.py (per-kernel time of the CUDA prefill, each walk pinned)
 #   e2e: benchmarks/e2e_bench.sh (gdn-export bench on a 1.66B-class random model vs transformers)
 #
@@ -23,7 +24,7 @@
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
 shift
-steps=${*:-cuda models runtime bench triton plugins moe state attn}
+steps=${*:-cuda models runtime bench triton plugins moe state attn overhead}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -46,8 +47,9 @@ run_step() { # name, timeout seconds, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt"
 for s in $steps; do
     case $s in
-        plugins) run_step plugins 330 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
-        # the mma.sync prefill walk's tests (test_chunk_walk_cuda.py, 53) took ~140 s alone in run 12
+        # its build alone took ~150 s after the single-buffered walk's kernels came (run 13)
+        plugins) run_step plugins 480 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
+        # the mma.sync prefill walk's tests (test_chunk_walk_cuda.py, 82) take ~130 s with the build (run 13)
         cuda) run_step cuda 420 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda ;;
         models) run_step models 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
         runtime) run_step runtime 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
@@ -56,6 +58,7 @@ for s in $steps; do
         attn) run_step attn 90 python3 benchmarks/attention_decode_bench.py --out-dir "$out/attn"
               run_step attn_pf 90 python3 benchmarks/attention_prefill_bench.py --graph --out-dir "$out/attn" ;;
         pack) run_step pack 480 python3 benchmarks/prefill_pack_bench.py --out-dir "$out/pack" ;;
+        overhead) run_step overhead 90 python3 benchmarks/op_overhead.py --out "$out/overhead" ;;
         cudaprefill) run_step cudaprefill 90 python3 benchmarks/cuda_prefill_profile.py --out-dir "$out/cudaprefill" ;;
         e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
         # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially (run 7)

@@ -5,7 +5,8 @@
 One decode step (T = 1, Hk 16, Hv 32, Dk = Dv = 128, bf16, fp32 state, batch 1: a kernel of a few
 microseconds, so back-to-back eager calls are bound by the host) through:
 `gdn_export.ops.gated_delta_rule` and the in-place `gated_delta_rule_` (the model's decode call) on
-the triton and cuda backends, each backend's entry point without the op wrapper, and FLA's
+the triton and cuda backends, each backend's (checked) entry point without the op wrapper, the
+cuda extension called alone (the floor of the op's fast entry), and FLA's
 fused_recurrent when it imports. Per call: eager wall time (median of 7 runs of `calls` calls, one
 sync each), the same calls replayed from a CUDA graph (device time: the graph captures the op), and
 host overhead = eager - graph. Writes op_overhead.md / .json; the table is printed last.
@@ -81,6 +82,11 @@ def main() -> int:
         def op_inplace():
             return gated_delta_rule_(q, k, v, g, beta, state, use_qk_l2norm=True)
 
+        if name == "cuda":  # the floor: the compiled extension alone (its pybind call, checks, launch)
+            from gdn_export.cuda.backend import load
+
+            cases.append((name, "cuda: extension call alone", lambda: load().gated_delta_rule(
+                q, k, v, g, beta, state, scale, True, None)))
         cases += [(name, f"{name}: backend entry point", lambda b=backend: b.gated_delta_rule(
                       q, k, v, g, beta, state, scale, True, None)),
                   (name, f"{name}: public op gated_delta_rule", op),

@@ -63,6 +63,10 @@ PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED = 0, 1, 2
 # The chunked path with its sequential pass pinned: the wmma walk, or the mma.sync walk (fp16 / bf16
 # inputs) on 1, 2 or 4 warps a block (gdn::GatedDeltaRulePath).
 PATH_CHUNKED_WMMA, PATH_CHUNKED_WALK = 3, {1: 4, 2: 5, 4: 6}
+# Shared memory a block may use on the GPUs the chunked path is built for (bytes): tests and
+# benchmarks pass one as smem_limit to run that GPU's kernel choices on a larger one.
+SMEM_SM86 = 99 * 1024  # sm_86 / 89 / 120
+SMEM_SM80 = 163 * 1024
 
 _lock = threading.Lock()
 _module = None
@@ -154,11 +158,20 @@ def _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens):
     return q, k, v, g, beta, cu_seqlens
 
 
-def _check_path(path, q, v):
+def _check_path(path, q, v, smem_limit=0):
     """A pinned path the kernels would refuse, as a one-line error before the extension (whose failing
-    checks have crashed the process on the H200 image; see tests/cuda/test_gated_delta_rule_cuda.py)."""
+    checks have crashed the process on the H200 image; see tests/cuda/test_gated_delta_rule_cuda.py).
+    smem_limit: 0 (the device's shared memory) or at least SMEM_SM86 bytes, where the prepare kernel
+    and the mma.sync walk fit for fp16 / bf16 inputs; the wmma walk (pinned, or the walk of fp32
+    inputs) needs more at Dk = 128, so a pinned path that runs it takes no cap (unpinned, fp32 inputs
+    fall back to the recurrent kernel under a cap, as on such a GPU)."""
     if path not in (PATH_AUTO, PATH_RECURRENT, PATH_CHUNKED, PATH_CHUNKED_WMMA, *PATH_CHUNKED_WALK.values()):
         raise GdnExportError(f"cuda backend: unknown kernel path {path}")
+    if smem_limit != 0 and smem_limit < SMEM_SM86:
+        raise GdnExportError(f"cuda backend: smem_limit must be 0 or >= {SMEM_SM86} bytes, got {smem_limit}")
+    if smem_limit and (path == PATH_CHUNKED_WMMA or (path == PATH_CHUNKED and v.dtype == torch.float32)):
+        raise GdnExportError("cuda backend: smem_limit serves the mma.sync walk (fp16 / bf16 inputs); a pinned "
+                             "wmma walk (or fp32 chunked path) takes none")
     Dk, Dv = q.shape[-1], v.shape[-1]
     if path >= PATH_CHUNKED and not (Dk % 8 == 0 and Dv % 8 == 0 and Dk <= 128 and Dv <= 128):
         raise GdnExportError(f"cuda backend: the chunked path needs Dk, Dv multiples of 8 and <= 128, got {Dk}, {Dv}")
@@ -166,26 +179,36 @@ def _check_path(path, q, v):
         raise GdnExportError(f"cuda backend: the mma.sync walk takes fp16 / bf16 inputs, got {v.dtype}")
 
 
-def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, path=PATH_AUTO):
+def _extension_gdr(*args):
+    """The extension's gated_delta_rule, its problem (it returns one rather than raising: see
+    extension.cpp) raised as a one-line error."""
+    out, problem = load().gated_delta_rule(*args)
+    if problem:
+        raise GdnExportError(f"cuda backend: {problem}")
+    return out
+
+
+def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, path=PATH_AUTO,
+                     smem_limit=0):
     """Returns fresh o [B, T, Hv, Dv] (v's dtype) and final_state [N, Hv, Dk, Dv] in the state's
-    storage dtype (initial_state's; fp32 for None), rounded once at the end."""
+    storage dtype (initial_state's; fp32 for None), rounded once at the end. path and smem_limit
+    (tests, benchmarks): see _check_path."""
     out_dtype = v.dtype
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
-    _check_path(path, q, v)
+    _check_path(path, q, v, smem_limit)
     if initial_state is not None:
         initial_state = initial_state.to(state_storage_dtype(initial_state)).contiguous()
-    o, state = load().gated_delta_rule(
-        q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens, None, None, path
-    )
+    o, state = _extension_gdr(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
+                              None, None, path, int(smem_limit))
     return o.to(out_dtype), state
 
 
 def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, o, final_state,
-                         path=PATH_AUTO):
+                         path=PATH_AUTO, smem_limit=0):
     """Writes into the given o and final_state (final_state may be initial_state: in place); the
     state's storage dtype is final_state's (fp32, fp16 or bf16), initial_state must share it."""
     q, k, v, g, beta, cu_seqlens = _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens)
-    _check_path(path, q, v)
+    _check_path(path, q, v, smem_limit)
     B, T, _, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -194,8 +217,8 @@ def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, 
     _check_out("final_state", final_state, (N, Hv, Dk, Dv), state_dtype, v.device)
     if initial_state is not None:
         _check_out("initial_state", initial_state, (N, Hv, Dk, Dv), state_dtype, v.device)
-    load().gated_delta_rule(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
-                            o, final_state, path)
+    _extension_gdr(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
+                   o, final_state, path, int(smem_limit))
     return o, final_state
 
 
@@ -207,6 +230,50 @@ def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_s
     o = torch.empty(v.shape, dtype=_compute_dtype(v.dtype, "v"), device=v.device)
     gated_delta_rule_out(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_seqlens, o, state)
     return o.to(v.dtype)
+
+
+# ---------------------------------------------------------------- fast entries (the public ops' eager path)
+# A decode step's kernel takes a few microseconds, less than the checked entries above spend in
+# Python (their checks, casts and copies: ~26 us a call on the H200's host, run 13). Where the inputs
+# need no cast, the extension's own checks (every shape, dtype, device and layout; extension.cpp)
+# stand in for the Python ones: the fast entries test dtypes only, call the extension, and return
+# None where the checked entry must run instead (a cast, or a problem the extension reported, which
+# the checked entry then names in its one-line error).
+
+
+def _fast_dtypes_ok(q, k, v, g, beta, state, cu_seqlens) -> bool:
+    dt = v.dtype
+    return (
+        (dt is torch.bfloat16 or dt is torch.float16 or dt is torch.float32)
+        and q.dtype is dt and k.dtype is dt and beta.dtype is dt and g.dtype is torch.float32
+        and (state is None or state.dtype is torch.float32 or state.dtype is torch.bfloat16
+             or state.dtype is torch.float16)
+        and (cu_seqlens is None or cu_seqlens.dtype is torch.int32)
+    )
+
+
+def _contiguous(x):
+    # the model's q, k, v are views of one projection: the copies the checked entry would make
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def gated_delta_rule_fast(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens):
+    """gated_delta_rule for inputs that need no cast (q, k, beta in v's dtype, g fp32, the state
+    fp32 / fp16 / bf16 and contiguous, cu_seqlens int32), else None. scale: a float."""
+    if _module is None or not _fast_dtypes_ok(q, k, v, g, beta, initial_state, cu_seqlens):
+        return None
+    out, problem = _module.gated_delta_rule(_contiguous(q), _contiguous(k), _contiguous(v), _contiguous(g),
+                                            _contiguous(beta), initial_state, scale, use_qk_l2norm, cu_seqlens)
+    return None if problem else (out[0], out[1])
+
+
+def gated_delta_rule_inplace_fast(q, k, v, g, beta, state, scale, use_qk_l2norm):
+    """gated_delta_rule_inplace under gated_delta_rule_fast's conditions (state contiguous), else None."""
+    if _module is None or not _fast_dtypes_ok(q, k, v, g, beta, state, None):
+        return None
+    out, problem = _module.gated_delta_rule(_contiguous(q), _contiguous(k), _contiguous(v), _contiguous(g),
+                                            _contiguous(beta), state, scale, use_qk_l2norm, None, None, state)
+    return None if problem else out[0]
 
 
 def _conv_args(x, weight, bias, conv_state, seq_lens=None):

@@ -1,6 +1,7 @@
 // PyTorch binding of the gdn CUDA kernels (plugins/*/…Kernels.cu). Validation happens here so that a
 // bad tensor fails with a message naming it instead of a kernel fault; gdn_export/cuda/backend.py
-// casts and lays out the tensors first.
+// casts and lays out the tensors first (its checked entries) or calls straight in (the public op's
+// fast entry, which relies on these checks: gated_delta_rule returns its problem instead of raising).
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -11,116 +12,217 @@
 #include "moePlugin/moeKernels.h"
 
 #include <optional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 namespace
 {
 
+// The checks come in two forms: a function that returns the problem as one line ("" when there is
+// none), and a TORCH_CHECK around it. gated_delta_rule uses the first and returns the problem to
+// Python instead of throwing (the public op's fast entry calls it with no Python checks in front).
+// The messages are built by `cat` below, not c10::str: on the H200 image (torch 2.11+cu130)
+// formatting a shape with c10's operator<< ended the process with a segmentation fault, thrown or
+// not (run 13, calls A and B).
+
+void append(std::string& s, char const* x)
+{
+    s += x;
+}
+
+void append(std::string& s, std::string const& x)
+{
+    s += x;
+}
+
+void append(std::string& s, int64_t x)
+{
+    s += std::to_string(x);
+}
+
+void append(std::string& s, at::IntArrayRef dims)
+{
+    s += '[';
+    for (size_t i = 0; i < dims.size(); ++i)
+    {
+        s += i == 0 ? "" : ", ";
+        s += std::to_string(dims[i]);
+    }
+    s += ']';
+}
+
+void append(std::string& s, at::Device d)
+{
+    s += d.str();
+}
+
+void append(std::string& s, at::ScalarType t)
+{
+    s += c10::toString(t);
+}
+
+template <typename... Parts>
+std::string cat(Parts const&... parts)
+{
+    std::string s;
+    (append(s, parts), ...);
+    return s;
+}
+
+bool floatType(at::ScalarType t)
+{
+    return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+gdn::DataType toDataType(at::ScalarType t)
+{
+    return t == at::kHalf ? gdn::DataType::kFLOAT16
+        : t == at::kBFloat16 ? gdn::DataType::kBFLOAT16
+                             : gdn::DataType::kFLOAT32;
+}
+
+std::string dtypeProblem(at::ScalarType t, char const* name)
+{
+    return floatType(t) ? std::string() : cat(name, " must be float32, float16 or bfloat16, got ", t);
+}
+
+std::string tensorProblem(at::Tensor const& t, char const* name, at::Device device, at::ScalarType dtype)
+{
+    if (t.device() != device)
+    {
+        return cat(name, " must be on ", device, ", got ", t.device());
+    }
+    if (t.scalar_type() != dtype)
+    {
+        return cat(name, " must be ", dtype, ", got ", t.scalar_type());
+    }
+    return t.is_contiguous() ? std::string() : cat(name, " must be contiguous");
+}
+
+std::string shapeProblem(at::Tensor const& t, char const* name, std::vector<int64_t> const& shape)
+{
+    return t.sizes().vec() == shape ? std::string()
+                                    : cat(name, " must have shape ", at::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+std::string int32Problem(int64_t x, char const* what)
+{
+    return x >= 0 && x <= INT32_MAX ? std::string() : cat(what, " = ", x, " does not fit in int32");
+}
+
 gdn::DataType toDataType(at::ScalarType t, char const* name)
 {
-    switch (t)
-    {
-    case at::kFloat: return gdn::DataType::kFLOAT32;
-    case at::kHalf: return gdn::DataType::kFLOAT16;
-    case at::kBFloat16: return gdn::DataType::kBFLOAT16;
-    default: TORCH_CHECK(false, name, " must be float32, float16 or bfloat16, got ", t);
-    }
-    return gdn::DataType::kFLOAT32;
+    std::string const problem = dtypeProblem(t, name);
+    TORCH_CHECK(problem.empty(), problem);
+    return toDataType(t);
 }
 
 void checkTensor(at::Tensor const& t, char const* name, at::Device device, at::ScalarType dtype)
 {
-    TORCH_CHECK(t.device() == device, name, " must be on ", device, ", got ", t.device());
-    TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+    std::string const problem = tensorProblem(t, name, device, dtype);
+    TORCH_CHECK(problem.empty(), problem);
 }
 
 void checkShape(at::Tensor const& t, char const* name, std::vector<int64_t> const& shape)
 {
-    TORCH_CHECK(t.sizes().vec() == shape, name, " must have shape ", at::IntArrayRef(shape), ", got ", t.sizes());
+    std::string const problem = shapeProblem(t, name, shape);
+    TORCH_CHECK(problem.empty(), problem);
 }
 
 void checkInt32(int64_t x, char const* what)
 {
-    TORCH_CHECK(x >= 0 && x <= INT32_MAX, what, " = ", x, " does not fit in int32");
+    std::string const problem = int32Problem(x, what);
+    TORCH_CHECK(problem.empty(), problem);
 }
 
-// (o, final_state). o_out / final_state_out, when given, receive the results (final_state_out may
-// be initial_state itself: in-place decode). path: 0 auto, 1 recurrent, 2 chunked, 3-6 chunked with
-// its sequential pass pinned (gdn::GatedDeltaRulePath: 3 wmma walk, 4 / 5 / 6 mma.sync walk on 1 / 2 / 4 warps).
-std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
-    at::Tensor const& g, at::Tensor const& beta, std::optional<at::Tensor> const& initialState, double scale,
-    bool useQkL2norm, std::optional<at::Tensor> const& cuSeqlens, std::optional<at::Tensor> const& oOut,
-    std::optional<at::Tensor> const& finalStateOut, int64_t path)
+using Tensors = std::vector<at::Tensor>;
+using TensorsOrProblem = std::tuple<Tensors, std::string>;
+
+// Returns ({}, the problem) from the enclosing function when `problem` (an expression) is not empty.
+#define GDN_RETURN_PROBLEM(problem)                                                                                    \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        std::string gdnProblem = (problem);                                                                            \
+        if (!gdnProblem.empty())                                                                                       \
+        {                                                                                                              \
+            return TensorsOrProblem{Tensors{}, std::move(gdnProblem)};                                                 \
+        }                                                                                                              \
+    } while (0)
+#define GDN_REQUIRE(cond, ...) GDN_RETURN_PROBLEM((cond) ? std::string() : cat(__VA_ARGS__))
+
+// ((o, final_state), "") or ({}, the problem in one line). o_out / final_state_out, when given,
+// receive the results (final_state_out may be initial_state itself: in-place decode). path: 0 auto,
+// 1 recurrent, 2 chunked, 3-6 chunked with its sequential pass pinned (gdn::GatedDeltaRulePath: 3 wmma
+// walk, 4 / 5 / 6 mma.sync walk on 1 / 2 / 4 warps). smem_limit > 0: shared memory a block may use,
+// below the device's (the kernel choices of a smaller GPU).
+TensorsOrProblem gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v, at::Tensor const& g,
+    at::Tensor const& beta, std::optional<at::Tensor> const& initialState, double scale, bool useQkL2norm,
+    std::optional<at::Tensor> const& cuSeqlens, std::optional<at::Tensor> const& oOut,
+    std::optional<at::Tensor> const& finalStateOut, int64_t path, int64_t smemLimit)
 {
-    TORCH_CHECK(q.dim() == 4, "q must be [B, T, Hk, Dk], got ", q.sizes());
-    TORCH_CHECK(v.dim() == 4, "v must be [B, T, Hv, Dv], got ", v.sizes());
-    TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got ", q.device());
+    GDN_REQUIRE(q.dim() == 4, "q must be [B, T, Hk, Dk], got ", q.sizes());
+    GDN_REQUIRE(v.dim() == 4, "v must be [B, T, Hv, Dv], got ", v.sizes());
+    GDN_REQUIRE(q.is_cuda(), "q must be a CUDA tensor, got ", q.device());
     at::Device const device = q.device();
     at::ScalarType const dtype = v.scalar_type();
-    gdn::DataType const dt = toDataType(dtype, "v");
+    GDN_RETURN_PROBLEM(dtypeProblem(dtype, "v"));
     int64_t const B = q.size(0), T = q.size(1), Hk = q.size(2), Dk = q.size(3);
     int64_t const Hv = v.size(2), Dv = v.size(3);
-    checkShape(k, "k", {B, T, Hk, Dk});
-    checkShape(v, "v", {B, T, Hv, Dv});
-    checkShape(g, "g", {B, T, Hv});
-    checkShape(beta, "beta", {B, T, Hv});
-    TORCH_CHECK(Hk > 0 && Hv % Hk == 0, "value heads (", Hv, ") must be a multiple of key heads (", Hk, ")");
-    checkTensor(q, "q", device, dtype);
-    checkTensor(k, "k", device, dtype);
-    checkTensor(v, "v", device, dtype);
-    checkTensor(g, "g", device, at::kFloat);
-    checkTensor(beta, "beta", device, dtype);
+    GDN_RETURN_PROBLEM(shapeProblem(k, "k", {B, T, Hk, Dk}));
+    GDN_RETURN_PROBLEM(shapeProblem(v, "v", {B, T, Hv, Dv}));
+    GDN_RETURN_PROBLEM(shapeProblem(g, "g", {B, T, Hv}));
+    GDN_RETURN_PROBLEM(shapeProblem(beta, "beta", {B, T, Hv}));
+    GDN_REQUIRE(Hk > 0 && Hv % Hk == 0, "value heads (", Hv, ") must be a multiple of key heads (", Hk, ")");
+    GDN_RETURN_PROBLEM(tensorProblem(q, "q", device, dtype));
+    GDN_RETURN_PROBLEM(tensorProblem(k, "k", device, dtype));
+    GDN_RETURN_PROBLEM(tensorProblem(v, "v", device, dtype));
+    GDN_RETURN_PROBLEM(tensorProblem(g, "g", device, at::kFloat));
+    GDN_RETURN_PROBLEM(tensorProblem(beta, "beta", device, dtype));
     int64_t N = B;
     if (cuSeqlens.has_value())
     {
-        TORCH_CHECK(B == 1, "cu_seqlens needs B = 1, got B = ", B);
-        TORCH_CHECK(cuSeqlens->dim() == 1 && cuSeqlens->size(0) >= 2, "cu_seqlens must be [N + 1] with N >= 1, got ",
+        GDN_REQUIRE(B == 1, "cu_seqlens needs B = 1, got B = ", B);
+        GDN_REQUIRE(cuSeqlens->dim() == 1 && cuSeqlens->size(0) >= 2, "cu_seqlens must be [N + 1] with N >= 1, got ",
             cuSeqlens->sizes());
-        checkTensor(*cuSeqlens, "cu_seqlens", device, at::kInt);
+        GDN_RETURN_PROBLEM(tensorProblem(*cuSeqlens, "cu_seqlens", device, at::kInt));
         N = cuSeqlens->size(0) - 1;
     }
     for (int64_t x : {B, T, Hk, Dk, Hv, Dv, N, B * T * Hv * Dv})
     {
-        checkInt32(x, "a dimension of gated_delta_rule");
+        GDN_RETURN_PROBLEM(int32Problem(x, "a dimension of gated_delta_rule"));
     }
     // The state's storage dtype: initial_state's, else final_state_out's, else fp32.
     at::ScalarType const stateDtype = initialState.has_value() ? initialState->scalar_type()
         : finalStateOut.has_value()                            ? finalStateOut->scalar_type()
                                                                : at::kFloat;
-    gdn::DataType const st = toDataType(stateDtype, "the recurrent state");
+    GDN_RETURN_PROBLEM(dtypeProblem(stateDtype, "the recurrent state"));
     if (initialState.has_value())
     {
-        checkShape(*initialState, "initial_state", {N, Hv, Dk, Dv});
-        checkTensor(*initialState, "initial_state", device, stateDtype);
+        GDN_RETURN_PROBLEM(shapeProblem(*initialState, "initial_state", {N, Hv, Dk, Dv}));
+        GDN_RETURN_PROBLEM(tensorProblem(*initialState, "initial_state", device, stateDtype));
     }
-    at::Tensor o;
     if (oOut.has_value())
     {
-        checkShape(*oOut, "o", {B, T, Hv, Dv});
-        checkTensor(*oOut, "o", device, dtype);
-        o = *oOut;
+        GDN_RETURN_PROBLEM(shapeProblem(*oOut, "o", {B, T, Hv, Dv}));
+        GDN_RETURN_PROBLEM(tensorProblem(*oOut, "o", device, dtype));
     }
-    else
-    {
-        o = at::empty({B, T, Hv, Dv}, v.options());
-    }
-    at::Tensor finalState;
     if (finalStateOut.has_value())
     {
-        checkShape(*finalStateOut, "final_state", {N, Hv, Dk, Dv});
-        checkTensor(*finalStateOut, "final_state", device, stateDtype);
-        finalState = *finalStateOut;
+        GDN_RETURN_PROBLEM(shapeProblem(*finalStateOut, "final_state", {N, Hv, Dk, Dv}));
+        GDN_RETURN_PROBLEM(tensorProblem(*finalStateOut, "final_state", device, stateDtype));
     }
-    else
-    {
-        finalState = at::empty({N, Hv, Dk, Dv}, v.options().dtype(stateDtype));
-    }
-    TORCH_CHECK(path >= 0 && path <= 6,
+    GDN_REQUIRE(path >= 0 && path <= 6,
         "path must be 0 (auto), 1 (recurrent), 2 (chunked) or 3-6 (chunked, walk pinned), got ", path);
+    GDN_RETURN_PROBLEM(int32Problem(smemLimit, "smem_limit"));
 
+    c10::cuda::CUDAGuard const guard(device);
+    at::Tensor const o = oOut.has_value() ? *oOut : at::empty({B, T, Hv, Dv}, v.options());
+    at::Tensor const finalState = finalStateOut.has_value()
+        ? *finalStateOut
+        : at::empty({N, Hv, Dk, Dv}, v.options().dtype(stateDtype));
     gdn::GatedDeltaRuleParams p;
-    p.dtype = dt;
+    p.dtype = toDataType(dtype);
     p.batch = static_cast<int32_t>(B);
     p.seqLen = static_cast<int32_t>(T);
     p.numKeyHeads = static_cast<int32_t>(Hk);
@@ -139,20 +241,27 @@ std::vector<at::Tensor> gatedDeltaRule(at::Tensor const& q, at::Tensor const& k,
     p.initialState = initialState.has_value() ? initialState->data_ptr() : nullptr;
     p.o = o.data_ptr();
     p.finalState = finalState.data_ptr();
-    p.stateType = st;
+    p.stateType = toDataType(stateDtype);
 
     auto const which = static_cast<gdn::GatedDeltaRulePath>(path);
     size_t const bytes = which == gdn::GatedDeltaRulePath::kAUTO ? gdn::gatedDeltaRuleWorkspaceSize(p)
         : which == gdn::GatedDeltaRulePath::kRECURRENT          ? 0
                                                                 : gdn::gatedDeltaRuleChunkedWorkspaceSize(p);
-    c10::cuda::CUDAGuard const guard(device);
-    at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, v.options().dtype(at::kByte));
-    cudaError_t const err = gdn::launchGatedDeltaRuleWithPath(
-        p, bytes > 0 ? workspace.data_ptr() : nullptr, which, c10::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(err == cudaSuccess, "gated_delta_rule CUDA kernels failed: ", cudaGetErrorString(err), " (B=", B,
+    // no allocation for a decode step (no workspace): each costs host time a small kernel cannot hide
+    at::Tensor workspace;
+    if (bytes > 0)
+    {
+        workspace = at::empty({static_cast<int64_t>(bytes)}, v.options().dtype(at::kByte));
+    }
+    cudaError_t const err = gdn::launchGatedDeltaRuleWithPath(p, bytes > 0 ? workspace.data_ptr() : nullptr, which,
+        c10::cuda::getCurrentCUDAStream().stream(), static_cast<int32_t>(smemLimit));
+    GDN_REQUIRE(err == cudaSuccess, "gated_delta_rule CUDA kernels failed: ", cudaGetErrorString(err), " (B=", B,
         " T=", T, " Hk=", Hk, " Hv=", Hv, " Dk=", Dk, " Dv=", Dv, " path=", path, ")");
-    return {o, finalState};
+    return TensorsOrProblem{Tensors{o, finalState}, std::string()};
 }
+
+#undef GDN_REQUIRE
+#undef GDN_RETURN_PROBLEM
 
 // (y, new_conv_state). new_conv_state_out may be conv_state itself (in-place decode). seq_lens [B] int32
 // (right-padded rows; none = all T) is clamped to [0, T] by the kernel.
@@ -272,10 +381,11 @@ at::Tensor moe(at::Tensor const& hidden, at::Tensor const& routerLogits, at::Ten
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
-    m.def("gated_delta_rule", &gatedDeltaRule, "gated delta rule (o, final_state)", py::arg("q"), py::arg("k"),
+    m.def("gated_delta_rule", &gatedDeltaRule, "gated delta rule ((o, final_state), \"\") or ([], problem)",
+        py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("initial_state"), py::arg("scale"),
         py::arg("use_qk_l2norm"), py::arg("cu_seqlens"), py::arg("o_out") = py::none(),
-        py::arg("final_state_out") = py::none(), py::arg("path") = 0);
+        py::arg("final_state_out") = py::none(), py::arg("path") = 0, py::arg("smem_limit") = 0);
     m.def("causal_conv1d", &causalConv1d, "causal depthwise conv1d (y, new_conv_state)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("conv_state"), py::arg("silu"), py::arg("y_out") = py::none(),
         py::arg("new_conv_state_out") = py::none(), py::arg("seq_lens") = py::none());

@@ -45,6 +45,10 @@ class Backend:
     moe: Callable
     # optional: (q, k, v, g, beta, state, scale, use_qk_l2norm) -> o, the state updated in place
     gated_delta_rule_inplace: Callable | None = None
+    # optional fast entries of the eager ops: the same arguments (scale a float), the inputs' checks
+    # left to compiled code; None back where the checked entries above must run instead
+    gated_delta_rule_fast: Callable | None = None
+    gated_delta_rule_inplace_fast: Callable | None = None
 
 
 # name -> module that defines `gated_delta_rule`, `causal_conv1d` and `moe`; imported on first use so
@@ -93,7 +97,9 @@ def get(name: str | None = None) -> Backend:
         except ImportError as exc:
             raise GdnExportError(f"gdn backend {name!r} is not available here: {exc}") from exc
         _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d, module.moe,
-                                getattr(module, "gated_delta_rule_inplace", None))
+                                getattr(module, "gated_delta_rule_inplace", None),
+                                getattr(module, "gated_delta_rule_fast", None),
+                                getattr(module, "gated_delta_rule_inplace_fast", None))
     return _LOADED[name]
 
 
@@ -134,6 +140,14 @@ def exporting() -> bool:
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
+def loaded_for(device) -> Backend | None:
+    """The active backend when it is already imported and runs on `device` (a CUDA one), else None:
+    the ops' fast entries are looked up here without raising (errors come from the checked path)."""
+    if device.type == "cpu":
+        return None
+    return _LOADED.get(_ACTIVE.get() or os.environ.get(ENV_VAR) or DEFAULT)
+
+
 def can_call_directly(*tensors) -> bool:
     """True when an op may call its backend without the torch.ops dispatcher: eager mode, plain
     tensors. The dispatcher's path into a Python custom op costs tens of microseconds per call (more
@@ -143,7 +157,10 @@ def can_call_directly(*tensors) -> bool:
         return False
     if _get_current_dispatch_mode() is not None:
         return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return True
 
 
 @contextlib.contextmanager

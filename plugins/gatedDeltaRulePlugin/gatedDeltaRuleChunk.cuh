@@ -112,9 +112,13 @@ struct PrepareSmem
             ? (kT32 + sizeof(float) * kCHUNK * kLDCF)
             : (kA32 + sizeof(float) * kCHUNK * kLDSTAGE),
         128);
-    static constexpr size_t kTK = kREGION_END;
-    static constexpr size_t kTV = alignUp(kTK + sizeof(T) * kCHUNK * kLDC, 128);
-    static constexpr size_t kM = alignUp(kTV + sizeof(T) * kCHUNK * kLDC, 128);
+    // Tk takes q's bytes where they suffice (Dk >= 64): q is dead once q k^T is in Tm's bytes, and
+    // the 4.5 KB saved at Dk = Dv = 128 bring 16-bit inputs under the 99 KB of sm_86 / 89 / 120.
+    static constexpr size_t kTILE_C = sizeof(T) * kCHUNK * kLDC;
+    static constexpr bool kTK_IN_Q = sizeof(T) * kCHUNK * kLDK >= kTILE_C;
+    static constexpr size_t kTK = kTK_IN_Q ? kQ : kREGION_END;
+    static constexpr size_t kTV = kTK_IN_Q ? kREGION_END : alignUp(kTK + kTILE_C, 128);
+    static constexpr size_t kM = alignUp(kTV + kTILE_C, 128);
     static constexpr size_t kVEC = alignUp(kM + sizeof(float) * 3 * 16 * 16, 128); // G raw, G, beta, rk, rq
     static constexpr size_t kBYTES = kVEC + sizeof(float) * 5 * kCHUNK;
 };

@@ -18,6 +18,12 @@
  * so the products of a chunk need no block barrier; the block shares only the chunk's tiles, loaded
  * with cp.async kSTAGES deep (one barrier per chunk). The precision is the wmma walk's (the same
  * hi + lo splits, fp32 accumulation); only the order of the fp32 sums differs.
+ *
+ * kSTAGES = 1 is for GPUs with 99 KB of shared memory a block (sm_86 / 89 / 120: 4 warps take
+ * 99 KB at Dk 128 single-buffered, 186 KB double-buffered): one copy of the tiles in two load
+ * groups, each refilled for the next chunk as soon as the block is done with it: q and w after
+ * X and Y (the refill overlaps the rest of the chunk), k, P, u and the scalars at the end of the
+ * chunk (their refill overlaps the next chunk's X and Y). Three barriers a chunk.
  */
 #pragma once
 
@@ -117,7 +123,7 @@ template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
 __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
     GatedDeltaRuleParams const p, ChunkWorkspace const ws)
 {
-    static_assert(kDK % 16 == 0 && kSTAGES >= 2, "walk: Dk tiles of 16, at least double buffering");
+    static_assert(kDK % 16 == 0 && kSTAGES >= 1, "walk: Dk tiles of 16");
     using L = WalkSmem<T, kDK, kNW, kSTAGES>;
     constexpr int32_t kDT = kDK / 8;     // 8-wide dk tiles of a warp's state
     constexpr int32_t kTT = kCHUNK / 8;  // 8-wide token tiles
@@ -153,14 +159,20 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
     TileRows<T, kDK, L::kTHREADS> const rowsK(dk);
     TileRows<T, kCHUNK, L::kTHREADS> const rowsP(kCHUNK);
     TileRows<float, L::kBV, L::kTHREADS> const rowsU(validV);
-    auto issue = [&](int32_t c) {
+    // Two load groups of chunk c: q and w (read by X and Y only), then the rest.
+    auto issueQW = [&](int32_t c) {
+        unsigned char* st = smem + (c % kSTAGES) * L::kSTAGE;
+        int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
+        int32_t const valid = min(kCHUNK, len - c * kCHUNK);
+        rowsK.issue(reinterpret_cast<T*>(st + L::kQ), L::kLDK, q + t0 * qkStride + kh * dk, qkStride, valid);
+        rowsK.issue(reinterpret_cast<T*>(st + L::kW), L::kLDK, wAll + (slot0 + c) * kCHUNK * dk, dk, valid);
+    };
+    auto issueRest = [&](int32_t c) {
         unsigned char* st = smem + (c % kSTAGES) * L::kSTAGE;
         int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
         int32_t const valid = min(kCHUNK, len - c * kCHUNK);
         size_t const slot = slot0 + c;
-        rowsK.issue(reinterpret_cast<T*>(st + L::kQ), L::kLDK, q + t0 * qkStride + kh * dk, qkStride, valid);
         rowsK.issue(reinterpret_cast<T*>(st + L::kK), L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid);
-        rowsK.issue(reinterpret_cast<T*>(st + L::kW), L::kLDK, wAll + slot * kCHUNK * dk, dk, valid);
         rowsP.issue(reinterpret_cast<T*>(st + L::kP), L::kLDP, pAll + slot * 2 * kCHUNK * kCHUNK, kCHUNK, kCHUNK);
         rowsP.issue(reinterpret_cast<T*>(st + L::kP + L::kPTILE), L::kLDP,
             pAll + (slot * 2 + 1) * kCHUNK * kCHUNK, kCHUNK, kCHUNK);
@@ -170,15 +182,36 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
             cpAsync16(reinterpret_cast<float*>(st + L::kSC) + 4 * i, ws.scalars + slot * kSCALARS + 4 * i, 16);
         }
     };
+    auto issue = [&](int32_t c) {
+        issueQW(c);
+        issueRest(c);
+    };
 
-#pragma unroll
-    for (int32_t c = 0; c < kSTAGES - 1; ++c)
+    if constexpr (kSTAGES == 1)
     {
-        if (c < numChunks)
+        // Groups in flight at the top of chunk c: its q / w group, then its other group.
+        if (numChunks > 0)
         {
-            issue(c);
+            issueQW(0);
         }
-        cpAsyncCommit(); // empty groups keep the wait count uniform
+        cpAsyncCommit();
+        if (numChunks > 0)
+        {
+            issueRest(0);
+        }
+        cpAsyncCommit();
+    }
+    else
+    {
+#pragma unroll
+        for (int32_t c = 0; c < kSTAGES - 1; ++c)
+        {
+            if (c < numChunks)
+            {
+                issue(c);
+            }
+            cpAsyncCommit(); // empty groups keep the wait count uniform
+        }
     }
 
     // The state is read once and stored once, in p.stateType; fp32 in registers in between.
@@ -211,13 +244,21 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 
     for (int32_t c = 0; c < numChunks; ++c)
     {
-        cpAsyncWaitPending<kSTAGES - 2>();
-        __syncthreads(); // chunk c is in; every warp is done with chunk c - 1's buffer
-        if (c + kSTAGES - 1 < numChunks)
+        if constexpr (kSTAGES == 1)
         {
-            issue(c + kSTAGES - 1);
+            cpAsyncWaitPending<1>();
+            __syncthreads(); // chunk c's q and w are in
         }
-        cpAsyncCommit();
+        else
+        {
+            cpAsyncWaitPending<kSTAGES - 2>();
+            __syncthreads(); // chunk c is in; every warp is done with chunk c - 1's buffer
+            if (c + kSTAGES - 1 < numChunks)
+            {
+                issue(c + kSTAGES - 1);
+            }
+            cpAsyncCommit();
+        }
 
         unsigned char const* st = smem + (c % kSTAGES) * L::kSTAGE;
         T const* sQ = reinterpret_cast<T const*>(st + L::kQ);
@@ -265,6 +306,17 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
                 mma::mma16816<T>(y[2 * np + 1], aHi, bq[2], bq[3]);
                 mma::mma16816<T>(y[2 * np + 1], aLo, bq[2], bq[3]);
             }
+        }
+
+        if constexpr (kSTAGES == 1)
+        {
+            cpAsyncWaitPending<0>();
+            __syncthreads(); // the rest of chunk c is in; every warp is done with q and w
+            if (c + 1 < numChunks)
+            {
+                issueQW(c + 1);
+            }
+            cpAsyncCommit();
         }
 
         // Vn = u^T - X (in x); O = Y diag(fq) (in y).
@@ -374,6 +426,15 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
                 mma::mma16816<T>(s[2 * np + 1], aHi, bk[2], bk[3]);
                 mma::mma16816<T>(s[2 * np + 1], aLo, bk[2], bk[3]);
             }
+        }
+        if constexpr (kSTAGES == 1)
+        {
+            __syncthreads(); // every warp is done with k, P, u and the scalars
+            if (c + 1 < numChunks)
+            {
+                issueRest(c + 1);
+            }
+            cpAsyncCommit();
         }
     }
     cpAsyncWaitPending<0>();

@@ -271,73 +271,170 @@ cudaError_t launchPrepareDv(GatedDeltaRuleParams const& p, ChunkWorkspace const&
     }
 }
 
-//! Largest shared-memory footprint of the chunked kernels for (T, kDK), with the k double buffer
-//! when kSTAGES == 2.
-template <typename T, int32_t kDK, int32_t kSTAGES>
-size_t chunkSmemBytes()
+template <typename T, int32_t kDK>
+size_t prepareSmemBytes(int32_t valueDim)
 {
-    size_t const prep = kernels::PrepareSmem<T, kDK, 128>::kBYTES;
-    size_t const state = kernels::StateSmem<T, kDK, kSTAGES>::kBYTES;
-    return prep > state ? prep : state;
+    switch (roundDim(valueDim, 32))
+    {
+    case 32: return kernels::PrepareSmem<T, kDK, 32>::kBYTES;
+    case 64: return kernels::PrepareSmem<T, kDK, 64>::kBYTES;
+    default: return kernels::PrepareSmem<T, kDK, 128>::kBYTES;
+    }
 }
 
+//! Pipeline depth of the wmma walk that fits in smemLimit bytes (0: none).
 template <typename T, int32_t kDK>
-int32_t chunkStages(int32_t smemLimit)
+int32_t wmmaStages(int32_t smemLimit)
 {
-    if (chunkSmemBytes<T, kDK, 2>() <= static_cast<size_t>(smemLimit))
+    if (kernels::StateSmem<T, kDK, 2>::kBYTES <= static_cast<size_t>(smemLimit))
     {
         return 2;
     }
-    return chunkSmemBytes<T, kDK, 1>() <= static_cast<size_t>(smemLimit) ? 1 : 0;
+    return kernels::StateSmem<T, kDK, 1>::kBYTES <= static_cast<size_t>(smemLimit) ? 1 : 0;
 }
 
-constexpr int32_t kWALK_STAGES = 2;
-
-template <typename T, int32_t kDK, int32_t kNW>
-cudaError_t launchWalk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
-{
-    using L = kernels::WalkSmem<T, kDK, kNW, kWALK_STAGES>;
-    dim3 const grid((p.valueDim + L::kBV - 1) / L::kBV, p.numValueHeads, numSequences(p));
-    return launchWithSmem(kernels::gatedDeltaRuleChunkWalkKernel<T, kDK, kNW, kWALK_STAGES>, grid, L::kBYTES,
-        stream, p, ws, L::kTHREADS);
-}
-
-template <typename T, int32_t kDK, int32_t kNW>
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
 bool walkFits(int32_t smemLimit)
 {
-    return kernels::WalkSmem<T, kDK, kNW, kWALK_STAGES>::kBYTES <= static_cast<size_t>(smemLimit);
+    return kernels::WalkSmem<T, kDK, kNW, kSTAGES>::kBYTES <= static_cast<size_t>(smemLimit);
+}
+
+//! Whether the mma.sync walk on kNW warps fits in smemLimit (single-buffered at least).
+template <typename T, int32_t kDK, int32_t kNW>
+bool walkWidthFits(int32_t smemLimit)
+{
+    return kernels::kSPLIT<T> && walkFits<T, kDK, kNW, 1>(smemLimit);
+}
+
+//! What of the chunked path fits a device with smemLimit bytes of shared memory a block.
+struct ChunkFit
+{
+    bool prepare{false};
+    int32_t wmmaStages{0}; //!< pipeline depth of the wmma walk, 0: it does not fit
+    bool walk{false};      //!< some mma.sync walk fits (16-bit inputs)
+    bool fits() const
+    {
+        return prepare && (wmmaStages > 0 || walk);
+    }
+};
+
+template <typename T, int32_t kDK>
+ChunkFit chunkFitDk(GatedDeltaRuleParams const& p, int32_t smemLimit)
+{
+    ChunkFit f;
+    f.prepare = prepareSmemBytes<T, kDK>(p.valueDim) <= static_cast<size_t>(smemLimit);
+    f.wmmaStages = wmmaStages<T, kDK>(smemLimit);
+    f.walk = walkWidthFits<T, kDK, 1>(smemLimit);
+    return f;
+}
+
+template <typename T>
+ChunkFit chunkFit(GatedDeltaRuleParams const& p, int32_t smemLimit)
+{
+    switch (roundDim(p.keyDim, 32))
+    {
+    case 32: return chunkFitDk<T, 32>(p, smemLimit);
+    case 64: return chunkFitDk<T, 64>(p, smemLimit);
+    case 128: return chunkFitDk<T, 128>(p, smemLimit);
+    default: return ChunkFit{};
+    }
+}
+
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
+cudaError_t launchWalk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
+{
+    using L = kernels::WalkSmem<T, kDK, kNW, kSTAGES>;
+    dim3 const grid((p.valueDim + L::kBV - 1) / L::kBV, p.numValueHeads, numSequences(p));
+    return launchWithSmem(kernels::gatedDeltaRuleChunkWalkKernel<T, kDK, kNW, kSTAGES>, grid, L::kBYTES, stream, p,
+        ws, L::kTHREADS);
+}
+
+//! Blocks of the walk that fit on one multiprocessor at once (its shared memory bounds it), asked
+//! once per kernel.
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
+int32_t walkResidents()
+{
+    static int32_t const residents = [] {
+        using L = kernels::WalkSmem<T, kDK, kNW, kSTAGES>;
+        auto const kernel = kernels::gatedDeltaRuleChunkWalkKernel<T, kDK, kNW, kSTAGES>;
+        int32_t n = 0;
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int32_t>(L::kBYTES))
+                != cudaSuccess
+            || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, L::kTHREADS, L::kBYTES) != cudaSuccess)
+        {
+            (void) cudaGetLastError(); // the query is advice: clear its error, assume one block
+            return 1;
+        }
+        return n;
+    }();
+    return residents;
+}
+
+//! The walk on kNW warps: double-buffered, unless a batch of equal sequences needs more than one
+//! wave of it and the single-buffered block fits more often per multiprocessor (H200, run 13, 4
+//! warps: 186 KB double-buffered is one block a multiprocessor, 99 KB single-buffered two; 8 x 8K
+//! tokens at Hv 48 (768 blocks) 2.88 -> 2.47 ms single-buffered, 1 x 16K at Hv 32 (64 blocks) 0.97
+//! double-buffered against 1.01), or the double-buffered block does not fit (99 KB / 163 KB GPUs).
+//! Packed sequences stay double-buffered: the longest one bounds the walk, and a block that shares
+//! its multiprocessor runs slower (a ragged pack of 1 to 12000 tokens took 1.97 ms single-buffered,
+//! 1.81 double-buffered in run 12).
+//! 1 and 2 warps only single-buffered: the 4-warp block fits wherever they do (99 KB at Dk 128), so
+//! they run only when pinned (tests, benchmarks), and each variant costs build time.
+template <typename T, int32_t kDK, int32_t kNW>
+cudaError_t launchWalkWidth(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t smem, cudaStream_t stream)
+{
+    if constexpr (kNW == 4)
+    {
+        if (walkFits<T, kDK, kNW, 2>(smem))
+        {
+            using L = kernels::WalkSmem<T, kDK, kNW, 2>;
+            static int64_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
+            int64_t const blocks
+                = static_cast<int64_t>((p.valueDim + L::kBV - 1) / L::kBV) * p.numValueHeads * numSequences(p);
+            int32_t const residents2 = walkResidents<T, kDK, kNW, 2>();
+            bool const single = p.cuSeqlens == nullptr && walkResidents<T, kDK, kNW, 1>() > residents2
+                && blocks > sms * residents2;
+            if (!single)
+            {
+                return launchWalk<T, kDK, kNW, 2>(p, ws, stream);
+            }
+        }
+    }
+    return launchWalk<T, kDK, kNW, 1>(p, ws, stream);
 }
 
 //! The mma.sync walk (16-bit inputs), or cudaErrorNotSupported where it does not fit (the caller
-//! then runs the wmma walk). Unpinned: the widest block whose shared memory fits, 4 warps on the
-//! H200 (run 12: fastest on every shape class, even where the grid then covers only half the
-//! multiprocessors, 1 x 16K tokens at Hv 32: 0.98 ms against 1.05 on 2 warps and 2.56 on 1: the
-//! block's warps share the chunk's loads); 1 or 2 on GPUs with less shared memory (A100: 1).
+//! then runs the wmma walk). Unpinned: the widest block that fits (launchWalkWidth picks its
+//! buffering); 4 warps on the H200 (run 12: fastest on every shape class, even where the grid then
+//! covers only half the multiprocessors, 1 x 16K tokens at Hv 32: 0.98 ms against 1.05 on 2 warps
+//! and 2.56 on 1: the block's warps share the chunk's loads); single-buffered 4 warps with 99 KB
+//! (sm_86 / 89 / 120) or 163 KB (A100) of shared memory, where the double-buffered block does not fit.
 template <typename T, int32_t kDK>
 cudaError_t launchWalkFitting(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, GatedDeltaRulePath path,
     int32_t smem, cudaStream_t stream)
 {
     bool const any = path != GatedDeltaRulePath::kCHUNKED_WALK1 && path != GatedDeltaRulePath::kCHUNKED_WALK2
         && path != GatedDeltaRulePath::kCHUNKED_WALK4;
-    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK4) && walkFits<T, kDK, 4>(smem))
+    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK4) && walkWidthFits<T, kDK, 4>(smem))
     {
-        return launchWalk<T, kDK, 4>(p, ws, stream);
+        return launchWalkWidth<T, kDK, 4>(p, ws, smem, stream);
     }
-    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK2) && walkFits<T, kDK, 2>(smem))
+    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK2) && walkWidthFits<T, kDK, 2>(smem))
     {
-        return launchWalk<T, kDK, 2>(p, ws, stream);
+        return launchWalkWidth<T, kDK, 2>(p, ws, smem, stream);
     }
-    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK1) && walkFits<T, kDK, 1>(smem))
+    if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK1) && walkWidthFits<T, kDK, 1>(smem))
     {
-        return launchWalk<T, kDK, 1>(p, ws, stream);
+        return launchWalkWidth<T, kDK, 1>(p, ws, smem, stream);
     }
     return cudaErrorNotSupported;
 }
 
-//! smemLimit: the device's shared memory per block (launchTyped queried it for `stages`).
+//! smemLimit: shared memory a block may use (launchTyped checked that the prepare kernel and one
+//! of the walks fit in it).
 template <typename T, int32_t kDK>
-cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t stages,
-    GatedDeltaRulePath path, int32_t smemLimit, cudaStream_t stream)
+cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, GatedDeltaRulePath path,
+    int32_t smemLimit, cudaStream_t stream)
 {
     cudaError_t err = launchPrepareDv<T, kDK>(p, ws, stream);
     if (err != cudaSuccess)
@@ -355,9 +452,10 @@ cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const&
             }
         }
     }
-    if (path >= GatedDeltaRulePath::kCHUNKED_WALK1)
+    int32_t const stages = wmmaStages<T, kDK>(smemLimit);
+    if (path >= GatedDeltaRulePath::kCHUNKED_WALK1 || stages == 0)
     {
-        return cudaErrorInvalidValue; // a pinned walk that does not serve these inputs
+        return cudaErrorInvalidValue; // a pinned walk that does not serve these inputs or fit
     }
     dim3 const grid((p.valueDim + kernels::kSTATE_BV - 1) / kernels::kSTATE_BV, p.numValueHeads, numSequences(p));
     if (stages == 2)
@@ -369,22 +467,9 @@ cudaError_t launchChunkedDk(GatedDeltaRuleParams const& p, ChunkWorkspace const&
         kernels::StateSmem<T, kDK, 1>::kBYTES, stream, p, ws);
 }
 
-//! Pipeline depth the chunked path can use on this device (0: it does not fit).
 template <typename T>
-int32_t chunkStagesFor(GatedDeltaRuleParams const& p, int32_t smemLimit)
-{
-    switch (roundDim(p.keyDim, 32))
-    {
-    case 32: return chunkStages<T, 32>(smemLimit);
-    case 64: return chunkStages<T, 64>(smemLimit);
-    case 128: return chunkStages<T, 128>(smemLimit);
-    default: return 0;
-    }
-}
-
-template <typename T>
-cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_t stages, GatedDeltaRulePath path,
-    int32_t smemLimit, cudaStream_t stream)
+cudaError_t launchChunked(
+    GatedDeltaRuleParams const& p, void* workspace, GatedDeltaRulePath path, int32_t smemLimit, cudaStream_t stream)
 {
     WorkspaceLayout const l = workspaceLayout(p);
     auto* base = static_cast<unsigned char*>(workspace);
@@ -413,27 +498,30 @@ cudaError_t launchChunked(GatedDeltaRuleParams const& p, void* workspace, int32_
     }
     switch (roundDim(p.keyDim, 32))
     {
-    case 32: return launchChunkedDk<T, 32>(p, ws, stages, path, smemLimit, stream);
-    case 64: return launchChunkedDk<T, 64>(p, ws, stages, path, smemLimit, stream);
-    case 128: return launchChunkedDk<T, 128>(p, ws, stages, path, smemLimit, stream);
+    case 32: return launchChunkedDk<T, 32>(p, ws, path, smemLimit, stream);
+    case 64: return launchChunkedDk<T, 64>(p, ws, path, smemLimit, stream);
+    case 128: return launchChunkedDk<T, 128>(p, ws, path, smemLimit, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
 // ---------------------------------------------------------------- dispatch
 
+//! smemOverride: > 0 caps the shared memory a block may use below the device's (tests run the
+//! paths of smaller GPUs on a larger one).
 template <typename T>
-cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDeltaRulePath path, cudaStream_t stream)
+cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDeltaRulePath path, int32_t smemOverride,
+    cudaStream_t stream)
 {
     bool const pinned = path != GatedDeltaRulePath::kAUTO && path != GatedDeltaRulePath::kRECURRENT;
     bool chunked = pinned || (path == GatedDeltaRulePath::kAUTO && prefersChunked(p));
-    int32_t stages = 0;
     int32_t smemLimit = 0;
     if (chunked)
     {
-        smemLimit = maxDynamicSmem();
-        stages = chunkShapeOk(p) ? chunkStagesFor<T>(p, smemLimit) : 0;
-        if (stages == 0 || workspace == nullptr)
+        int32_t const device = maxDynamicSmem();
+        smemLimit = smemOverride > 0 && smemOverride < device ? smemOverride : device;
+        bool const fits = chunkShapeOk(p) && chunkFit<T>(p, smemLimit).fits();
+        if (!fits || workspace == nullptr)
         {
             if (pinned || workspace == nullptr)
             {
@@ -444,7 +532,7 @@ cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDel
     }
     if (chunked)
     {
-        return launchChunked<T>(p, workspace, stages, path, smemLimit, stream);
+        return launchChunked<T>(p, workspace, path, smemLimit, stream);
     }
     if (roundDim(p.keyDim, 16) == 0)
     {
@@ -475,8 +563,8 @@ size_t gatedDeltaRuleWorkspaceSize(GatedDeltaRuleParams const& params)
     return workspaceLayout(params).total();
 }
 
-cudaError_t launchGatedDeltaRuleWithPath(
-    GatedDeltaRuleParams const& params, void* workspace, GatedDeltaRulePath path, cudaStream_t stream)
+cudaError_t launchGatedDeltaRuleWithPath(GatedDeltaRuleParams const& params, void* workspace, GatedDeltaRulePath path,
+    cudaStream_t stream, int32_t smemLimit)
 {
     if (!paramsValid(params))
     {
@@ -488,9 +576,9 @@ cudaError_t launchGatedDeltaRuleWithPath(
     }
     switch (params.dtype)
     {
-    case DataType::kFLOAT32: return launchTyped<float>(params, workspace, path, stream);
-    case DataType::kFLOAT16: return launchTyped<__half>(params, workspace, path, stream);
-    case DataType::kBFLOAT16: return launchTyped<__nv_bfloat16>(params, workspace, path, stream);
+    case DataType::kFLOAT32: return launchTyped<float>(params, workspace, path, smemLimit, stream);
+    case DataType::kFLOAT16: return launchTyped<__half>(params, workspace, path, smemLimit, stream);
+    case DataType::kBFLOAT16: return launchTyped<__nv_bfloat16>(params, workspace, path, smemLimit, stream);
     }
     return cudaErrorInvalidValue;
 }

@@ -28,8 +28,10 @@ enum class GatedDeltaRulePath : int32_t
 size_t gatedDeltaRuleChunkedWorkspaceSize(GatedDeltaRuleParams const& params);
 
 //! launchGatedDeltaRule with the path chosen by the caller. The workspace must hold
-//! gatedDeltaRuleChunkedWorkspaceSize bytes when the chunked path runs.
-cudaError_t launchGatedDeltaRuleWithPath(
-    GatedDeltaRuleParams const& params, void* workspace, GatedDeltaRulePath path, cudaStream_t stream);
+//! gatedDeltaRuleChunkedWorkspaceSize bytes when the chunked path runs. smemLimit > 0 caps the
+//! shared memory a block may use below the device's, so that one GPU runs the kernel choices of
+//! smaller ones (99 KB: sm_86 / 89 / 120, 163 KB: sm_80); 0: the device's.
+cudaError_t launchGatedDeltaRuleWithPath(GatedDeltaRuleParams const& params, void* workspace, GatedDeltaRulePath path,
+    cudaStream_t stream, int32_t smemLimit = 0);
 
 } // namespace gdn

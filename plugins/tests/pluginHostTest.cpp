@@ -947,6 +947,11 @@ int main(int argc, char** argv)
             convCases.push_back({3, T, 95, 3, DType::kBF16, false, true, true});
         }
     }
+    // A prefill whose walk grid needs more than one wave of double-buffered 4-warp blocks on any GPU
+    // (2 x 48 x 4 = 384 blocks): the launcher runs the single-buffered walk, two blocks a
+    // multiprocessor (in the --quick set too, for the sanitizers).
+    gdrCases.push_back({{4, 130, 2, 48, 128, 128}, DType::kBF16, false, true});
+    gdrCases.push_back({{4, 130, 2, 48, 128, 128}, DType::kF16, true, true, DType::kBF16});
 
     auto const t0 = std::chrono::steady_clock::now();
     std::vector<Row> rows;

@@ -29,7 +29,7 @@ step() { # name, timeout seconds, command...
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader > "$out/gpu.txt" 2>&1
 cfg=(-S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$archs")
 [ -n "$headers" ] && cfg+=("-DTENSORRT_INCLUDE_DIR=$headers")
-if step configure 60 cmake "${cfg[@]}" && step build 150 cmake --build "$build" -j "$(nproc)"; then
+if step configure 60 cmake "${cfg[@]}" && step build 300 cmake --build "$build" -j "$(nproc)"; then
     step full 90 "$build/pluginHostTest" --markdown "$out/host_test.md"
     sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     step memcheck 90 "$sanitizer" --tool memcheck --leak-check full --error-exitcode 3 \

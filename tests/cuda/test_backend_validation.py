@@ -52,6 +52,32 @@ def test_unavailable_without_gpu_is_one_line():
 
 
 @pytest.mark.parametrize(
+    "path,dtype,Dk,Dv,smem,message",
+    [
+        (backend.PATH_AUTO, torch.bfloat16, 128, 128, 48 * 1024, "smem_limit must be 0 or >= 101376"),
+        (backend.PATH_CHUNKED_WALK[4], torch.bfloat16, 128, 128, -1, "smem_limit must be 0 or >= 101376"),
+        (backend.PATH_CHUNKED, torch.float32, 128, 128, backend.SMEM_SM80, "wmma walk .* takes none"),
+        (backend.PATH_CHUNKED_WMMA, torch.bfloat16, 64, 64, backend.SMEM_SM86, "wmma walk .* takes none"),
+    ],
+    ids=["auto-48KB", "walk4-negative", "chunked-fp32-163KB", "wmma-bf16-99KB"],
+)
+def test_smem_limit_the_kernels_cannot_meet_is_named(path, dtype, Dk, Dv, smem, message):
+    x = gdn_inputs(1, 5, 1, 1, Dk, Dv, dtype=dtype)
+    with pytest.raises(GdnExportError, match=message):
+        backend._check_path(path, x["q"], x["v"], smem)
+
+
+@pytest.mark.parametrize("smem", [backend.SMEM_SM86, backend.SMEM_SM80], ids=["99KB", "163KB"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_smem_limits_of_supported_gpus_pass_the_check_for_16bit(dtype, smem):
+    x = gdn_inputs(1, 5, 1, 1, 128, 128, dtype=dtype)
+    for path in (backend.PATH_AUTO, backend.PATH_CHUNKED, *backend.PATH_CHUNKED_WALK.values()):
+        backend._check_path(path, x["q"], x["v"], smem)
+    x = gdn_inputs(1, 5, 1, 1, 128, 128, dtype=torch.float32)
+    backend._check_path(backend.PATH_AUTO, x["q"], x["v"], smem)  # fp32 falls back to the recurrent kernel
+
+
+@pytest.mark.parametrize(
     "path,dtype,Dk,Dv,message",
     [
         (7, torch.bfloat16, 64, 64, "unknown kernel path 7"),

@@ -80,15 +80,21 @@ def test_walk_as_accurate_as_wmma_on_model_like_keys(D, T, dtype):
     ids=lambda ls: "-".join(map(str, ls)),
 )
 @pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"w{w}")
-def test_walk_ragged_packs(width, lengths, dtype):
+@pytest.mark.parametrize("smem", [0, 99 * 1024], ids=["device-smem", "99KB"])  # 99 KB: backend.SMEM_SM86
+def test_walk_ragged_packs(smem, width, lengths, dtype):
+    """Packs whose sequences end at odd chunk positions, on the device's shared memory and on 99 KB
+    (every width single-buffered, bit-equal to the device's choice)."""
     T = sum(lengths)
     x = gdn_inputs(1, T, 2, 6, 64, 128, dtype=dtype, device="cuda", state=False)
     x["initial_state"] = torch.randn(len(lengths), 6, 64, 128, device="cuda") * 0.1
     cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
-    o, s = _run(x, cu_seqlens=cu, path=_walk_path(width))
+    o, s = _run(x, cu_seqlens=cu, path=_walk_path(width), smem_limit=smem)
     ro, rs = _reference(x, cu_seqlens=cu)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")
+    if smem:
+        o2, s2 = _run(x, cu_seqlens=cu, path=_walk_path(width))
+        assert torch.equal(o, o2) and torch.equal(s, s2), "single and double buffering disagree"
 
 
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16], ids=["state-bf16", "state-fp16"])
@@ -117,3 +123,38 @@ def test_pinned_walk_refuses_what_it_does_not_serve():
     x = gdn_inputs(1, 130, 1, 1, 64, 256, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(GdnExportError, match="multiples of 8 and <= 128"):
         _run(x, path=_walk_path(4))
+
+
+SMALL_GPUS = [  # shared memory a block may use: the kernel choices of that GPU, run on this one
+    pytest.param("SMEM_SM86", id="99KB-sm86"),
+    pytest.param("SMEM_SM80", id="163KB-sm80"),
+]
+
+
+@pytest.mark.parametrize("gpu", SMALL_GPUS)
+@pytest.mark.parametrize("dtype", DTYPES16)
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[3]])
+def test_chunked_path_fits_small_gpus(B, T, Hk, Hv, Dk, Dv, dtype, gpu):
+    """Under 99 KB (sm_86 / 89 / 120) or 163 KB (sm_80) the default path still runs chunked: the
+    prepare kernel and the single-buffered walk. Each warp sums in the same order whatever the
+    buffering, so the result is bit-equal to the device's own choice (the recurrent kernel, a
+    fallback, would not be), and it matches the reference."""
+    smem = getattr(cuda_backend, gpu)
+    x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device="cuda", correlated=True)
+    ro, rs = _reference(x)
+    o, s = _run(x, smem_limit=smem)
+    assert_close_rms(o, ro, dtype, "o")
+    assert_close_rms(s, rs, dtype, "final_state")
+    o_full, s_full = _run(x, path=_walk_path(4))
+    assert torch.equal(o, o_full), "o differs from the walk the whole shared memory runs"
+    assert torch.equal(s, s_full), "final_state differs from the walk the whole shared memory runs"
+
+
+def test_fp32_inputs_under_99KB_fall_back_correctly():
+    """fp32 inputs have no chunked kernels that fit 99 KB at Dk = 128: the default path falls back
+    to the recurrent kernel there, still correct."""
+    x = gdn_inputs(2, 300, 1, 2, 128, 128, dtype=torch.float32, device="cuda")
+    ro, rs = _reference(x)
+    o, s = _run(x, smem_limit=cuda_backend.SMEM_SM86)
+    assert_close_rms(o, ro, torch.float32, "o")
+    assert_close_rms(s, rs, torch.float32, "final_state")

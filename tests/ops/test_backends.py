@@ -8,6 +8,7 @@ import torch
 
 from gdn_export.errors import GdnExportError
 from gdn_export.ops import backends, causal_conv1d, gated_delta_rule
+from gdn_export.ops.gated_delta_rule import gated_delta_rule_
 from tests.conftest import gdn_inputs
 
 TRITON_MESSAGE = ("gdn backend 'triton' needs CUDA tensors (got cpu); use the reference backend or "
@@ -135,3 +136,74 @@ def test_exporting_is_true_only_under_torch_export():
     assert Probe()(x).item() == 0.0
     assert torch.compile(Probe(), backend="eager")(x).item() == 0.0
     assert torch.export.export(Probe(), (x,)).module()(x).item() == 1.0
+
+
+class _FastEntries:
+    """A backend whose fast entries record their calls and decline when told to."""
+
+    def __init__(self, decline):
+        self.decline, self.calls = decline, []
+
+    def fast(self, *args):
+        self.calls.append(("fast", args[6], args[7]))
+        return None if self.decline else ("o", "state")
+
+    def inplace_fast(self, *args):
+        self.calls.append(("inplace_fast", args[6], args[7]))
+        return None if self.decline else "o"
+
+    def checked(self, *args):
+        self.calls.append(("checked",))
+        return "checked-o", "checked-state"
+
+    def checked_inplace(self, *args):
+        self.calls.append(("checked_inplace",))
+        return "checked-o"
+
+
+@pytest.fixture
+def fast_backend(monkeypatch):
+    """Install a backend 'fastfake' with fast entries; tensors on the meta device stand in for CUDA
+    ones (the fast entries are only looked up off the CPU)."""
+    made = []
+
+    def make(decline=False):
+        impl = _FastEntries(decline)
+        monkeypatch.setitem(backends._MODULES, "fastfake", "unused")
+        monkeypatch.setitem(backends._LOADED, "fastfake", backends.Backend(
+            "fastfake", impl.checked, None, None, impl.checked_inplace, impl.fast, impl.inplace_fast))
+        made.append(impl)
+        return impl
+
+    return make
+
+
+def _meta_inputs():
+    return {k: t.to("meta") for k, t in gdn_inputs(1, 1, 2, 4, 16, 8).items()}
+
+
+def test_eager_ops_take_the_fast_entry_with_the_resolved_scale(fast_backend):
+    impl = fast_backend()
+    x = _meta_inputs()
+    with backends.use_backend("fastfake"):
+        assert gated_delta_rule(**x, use_qk_l2norm=1) == ("o", "state")
+        assert gated_delta_rule_(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], scale=0.5) == "o"
+    assert impl.calls == [("fast", 16 ** -0.5, True), ("inplace_fast", 0.5, False)]
+
+
+def test_a_declining_fast_entry_falls_back_to_the_checked_path(fast_backend):
+    impl = fast_backend(decline=True)
+    x = _meta_inputs()
+    with backends.use_backend("fastfake"):
+        assert gated_delta_rule(**x) == ("checked-o", "checked-state")
+        gated_delta_rule_(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
+    assert [c[0] for c in impl.calls] == ["fast", "checked", "inplace_fast", "checked_inplace"]
+
+
+def test_fast_entries_are_skipped_on_cpu_and_with_a_state_dtype(fast_backend):
+    impl = fast_backend()
+    assert backends.loaded_for(torch.device("cpu")) is None
+    x = _meta_inputs()
+    with backends.use_backend("fastfake"):
+        gated_delta_rule(**dict(x, initial_state=None), state_dtype=torch.float32)
+    assert [c[0] for c in impl.calls] == ["checked"]

@@ -173,6 +173,14 @@ def gated_delta_rule_(
     and returns o. An eager / CUDA-graph fast path (gdn_export.runtime.cuda_graph): backends with an
     in-place kernel (triton, cuda) update the fp32 state where it lies, the others copy it back. Not
     an ONNX node: exported graphs use the functional op."""
+    if backends.can_call_directly(q, k, v, g, beta, state):
+        backend = backends.loaded_for(v.device)
+        if backend is not None and backend.gated_delta_rule_inplace_fast is not None:
+            o = backend.gated_delta_rule_inplace_fast(
+                q, k, v, g, beta, state, q.shape[-1] ** -0.5 if scale is None else float(scale), bool(use_qk_l2norm)
+            )
+            if o is not None:
+                return o
     check_inputs(q, k, v, g, beta, state, None)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backends.can_call_directly(q, k, v, g, beta, state):
@@ -199,6 +207,16 @@ def gated_delta_rule(
     tensor's dtype. Returns o [B, T, Hv, Dv] in v's dtype and final_state [N, Hv, Dk, Dv] in the
     state's storage dtype (initial_state's, else state_dtype, else fp32).
     """
+    if state_dtype is None and backends.can_call_directly(q, k, v, g, beta, initial_state, cu_seqlens):
+        # Eager, on a backend with a fast entry (cuda): no Python checks unless it declines.
+        backend = backends.loaded_for(v.device)
+        if backend is not None and backend.gated_delta_rule_fast is not None:
+            out = backend.gated_delta_rule_fast(
+                q, k, v, g, beta, initial_state, q.shape[-1] ** -0.5 if scale is None else float(scale),
+                bool(use_qk_l2norm), cu_seqlens,
+            )
+            if out is not None:
+                return out
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     if state_dtype is not None:
         if state_dtype not in STATE_DTYPES:
