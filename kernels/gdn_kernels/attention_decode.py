@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import next_pow2, to_state_dtype
+from gdn_kernels.utils import cdiv, next_pow2, to_state_dtype
 # 16-bit operands straight to the tensor cores; widened under the CPU interpreter (bf16 dot bug there)
 from gdn_kernels.wy import _dot
 
@@ -209,13 +209,13 @@ def _sm_count(device: torch.device) -> int:
 def split_count(B: int, Hkv: int, L: int, block_n: int, sms: int = DEFAULT_SMS) -> tuple[int, int]:
     """(n_splits, keys_per_split) for a cache of L slots: enough programs for WAVES per SM, but at
     least MIN_KEYS slots each; a split is a whole number of BLOCK_N blocks, none of them empty."""
-    n = max(1, min(triton.cdiv(WAVES * sms, B * Hkv), triton.cdiv(L, MIN_KEYS)))
+    n = max(1, min(cdiv(WAVES * sms, B * Hkv), cdiv(L, MIN_KEYS)))
     return _even_splits(L, n, block_n)
 
 
 def _even_splits(L: int, n: int, block_n: int) -> tuple[int, int]:
-    keys = triton.cdiv(triton.cdiv(L, n), block_n) * block_n
-    return triton.cdiv(L, keys), keys
+    keys = cdiv(cdiv(L, n), block_n) * block_n
+    return cdiv(L, keys), keys
 
 
 def _config(D: int, block_m: int) -> tuple[int, int, int]:

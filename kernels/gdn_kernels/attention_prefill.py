@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import next_pow2, to_state_dtype
+from gdn_kernels.utils import cdiv, next_pow2, to_state_dtype
 # the online-softmax update of one K / V tile, as the split-KV decode kernel does it
 from gdn_kernels.attention_decode import inputs_fit, online_softmax_step
 
@@ -184,12 +184,12 @@ def kv_ranges(mask: torch.Tensor, L: int, block_m: int) -> tuple[torch.Tensor, t
         read   [Bm, n_m, L] bool: whether any row of the block may read slot l
     One launch of kv_range_kernel, no host synchronisation."""
     Bm, Sm = mask.shape[0], mask.shape[2]
-    n_m = triton.cdiv(Sm, block_m)
+    n_m = cdiv(Sm, block_m)
     m = mask.expand(Bm, 1, Sm, L).view(torch.uint8)
     ranges = torch.zeros(Bm, n_m, 2, dtype=torch.int32, device=mask.device)
     read = torch.empty(Bm, n_m, L, dtype=torch.uint8, device=mask.device)
     block_l = max(16, RANGE_TILE // block_m)
-    kv_range_kernel[(Bm, n_m, triton.cdiv(L, block_l))](
+    kv_range_kernel[(Bm, n_m, cdiv(L, block_l))](
         m, ranges, read, m.stride(0), m.stride(2), m.stride(3), Sm, L,
         BLOCK_M=block_m, BLOCK_L=block_l, num_warps=RANGE_WARPS)
     return ranges, read.view(torch.bool)
@@ -218,7 +218,7 @@ def attention_prefill(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     block_m, block_n, num_warps, stages = config(D, _sm90(q.device))
     if block is not None:
         block_m, block_n = block
-    n_m = triton.cdiv(S, block_m)
+    n_m = cdiv(S, block_m)
     o = torch.empty_like(q)
     m = mask.expand(B, 1, S, L).view(torch.uint8)  # a bool view: stride 0 on broadcast dims
     ranges, read = kv_ranges(mask, L, block_m)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import next_pow2
+from gdn_kernels.utils import cdiv, next_pow2
 
 
 @triton.jit
@@ -119,7 +119,7 @@ def causal_conv1d(
     # decode: a couple of rows per program and wide channel blocks; prefill: 64 x 128 tiles
     BT = min(next_pow2(max(T, 2)), 64)
     BC = 128 if T > 1 else 256
-    grid = (triton.cdiv(C, BC), triton.cdiv(T, BT), B)
+    grid = (cdiv(C, BC), cdiv(T, BT), B)
     causal_conv1d_fwd_kernel[grid](
         x, weight, bias, conv_state, seq_lens, y, s, T, C, x.stride(0), x.stride(1),
         K=K, BT=BT, BC=BC, BS=max(next_pow2(K - 1), 2),

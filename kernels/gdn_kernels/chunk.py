@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (as_kernel_input, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
-                               raw_operands, state_dtype, to_state_dtype, token_strides)
+from gdn_kernels.utils import (as_kernel_input, cdiv, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
+                             raw_operands, state_dtype, to_state_dtype, token_strides)
 from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
 
 
@@ -135,7 +135,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     key = (BK, BV, q.dtype, split, num_warps, num_stages)
 
     def launch(stages):
-        chunk_state_output_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
+        chunk_state_output_fwd_kernel[(cdiv(Dv, BV), N * Hv)](
             q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T, sq, sk,
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
             USE_INITIAL_STATE=initial_state is not None,

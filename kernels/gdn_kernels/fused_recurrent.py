@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, next_pow2, prepare_inputs, state_dtype,
-                               to_state_dtype, token_strides)
+from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2, prepare_inputs, state_dtype,
+                             to_state_dtype, token_strides)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -118,7 +118,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
         # several tokens: more threads share each step's reductions (not swept for T > 1)
         num_warps = 2 if BK * BV <= 4096 else 4
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
-    fused_recurrent_fwd_kernel[(triton.cdiv(Dv, BV), N * Hv)](
+    fused_recurrent_fwd_kernel[(cdiv(Dv, BV), N * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
         h0, o, ht, cu_seqlens, scale, T, sq, sk, sv,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,

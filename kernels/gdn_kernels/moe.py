@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import next_pow2
+from gdn_kernels.utils import cdiv, next_pow2
 # ieee for fp32 operands; 16-bit operands widened under the CPU interpreter (bf16 dot bug there)
 from gdn_kernels.wy import _dot
 
@@ -168,12 +168,12 @@ def moe(
         moe_route_kernel[(N,)](logits, ids, weights, rows, counts, N, E,
                                K=top_k, BE=BE, BK=next_pow2(top_k), NORM=bool(norm_topk_prob))
         t = _tiles(pairs, H, I)
-        blocks = triton.cdiv(pairs, t["BM"]) + min(pairs, E)
+        blocks = cdiv(pairs, t["BM"]) + min(pairs, E)
         ieee = dtype == torch.float32
-        moe_gate_up_kernel[(blocks, triton.cdiv(I, t["BN1"]))](
+        moe_gate_up_kernel[(blocks, cdiv(I, t["BN1"]))](
             x, gate_up, rows, counts, act, N, H, I, E, K=top_k, BE=BE, BM=t["BM"], BN=t["BN1"],
             BK=t["BK1"], IEEE=ieee, num_warps=4, num_stages=t["stages"])
-        moe_down_kernel[(blocks, triton.cdiv(H, t["BN2"]))](
+        moe_down_kernel[(blocks, cdiv(H, t["BN2"]))](
             act, down, weights, rows, counts, y, N, H, I, E, BE=BE, BM=t["BM"], BN=t["BN2"],
             BK=t["BK2"], IEEE=ieee, num_warps=4, num_stages=t["stages"])
     out = y.view(N, top_k, H).sum(1, dtype=torch.float32).to(hidden.dtype)

@@ -14,8 +14,16 @@ SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the launchers' grids: plain Python, as next_pow2 (triton.cdiv is a constexpr
+    function, ~5 us a host call)."""
+    return -(-a // b)
+
+
 def next_pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    """The smallest power of two >= n (1 for n <= 1). Plain Python: triton.next_power_of_2 goes through
+    Triton's constexpr-function wrapper, ~5 us a call, twice per decode launch."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def launch_fitting(launch, value: int, floor: int, smaller, Dk: int, Dv: int, dtype: torch.dtype) -> int:
@@ -91,6 +99,8 @@ def token_stride(x: torch.Tensor) -> int | None:
     tokens. The kernels take that stride instead of a contiguous copy (four copies a layer)."""
     B, T = x.shape[:2]
     inner = x.shape[2:].numel()
+    if x.is_contiguous():  # the common case, without the walk over strides below (host time a decode pays)
+        return inner
     expected = 1
     for size, stride in zip(reversed(x.shape[2:]), reversed(x.stride()[2:])):
         if size != 1 and stride != expected:

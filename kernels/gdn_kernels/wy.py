@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, launch_fitting, next_pow2, raw_operands, token_strides
+from gdn_kernels.utils import CHUNK, cdiv, launch_fitting, next_pow2, raw_operands, token_strides
 
 
 # Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
@@ -254,7 +254,7 @@ def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_
     u = v.new_empty(B, Hv, T, Dv, dtype=torch.float32)
     Aqk = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
     gcum, fq, fk = torch.empty(3, B, Hv, T, dtype=torch.float32, device=v.device).unbind(0)
-    NT = chunk_idx.shape[0] if cu_seqlens is not None else triton.cdiv(T, CHUNK)
+    NT = chunk_idx.shape[0] if cu_seqlens is not None else cdiv(T, CHUNK)
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     key = (Dk, Dv, v.dtype, block_v, num_warps)
 
