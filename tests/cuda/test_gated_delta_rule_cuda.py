@@ -150,9 +150,10 @@ def test_backend_entry_point_and_fresh_outputs():
 
 
 def test_extension_names_problems_without_raising():
-    """The extension returns each bad input's problem rather than raising: on the H200 image an
-    exception thrown through it ends the process with a segmentation fault (2026-11-30, and again in
-    run 13 with the build's -std fixed). The op's fast entries rely on these checks."""
+    """The extension names each bad input's problem and returns it rather than raising (the op's fast
+    entries rely on these checks). Its failing checks had ended the process with a segmentation
+    fault on the H200 image since 2026-11-30: c10's operator<< formatting a shape (run 13, calls A
+    and B); the messages are now built without it."""
     x = _inputs(1, 4, 2, 2, 64, 64, torch.float32)
     bad = {"initial_state": x["initial_state"][:, :1].contiguous(), "g": x["g"].half(),
            "q": x["q"].transpose(1, 2).contiguous().transpose(1, 2), "beta": x["beta"].cpu(),

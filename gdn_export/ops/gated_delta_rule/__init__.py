@@ -173,7 +173,7 @@ def gated_delta_rule_(
     and returns o. An eager / CUDA-graph fast path (gdn_export.runtime.cuda_graph): backends with an
     in-place kernel (triton, cuda) update the fp32 state where it lies, the others copy it back. Not
     an ONNX node: exported graphs use the functional op."""
-    if backends.can_call_directly(q, k, v, g, beta, state):
+    if q.dim() == 4 and backends.can_call_directly(q, k, v, g, beta, state):
         backend = backends.loaded_for(v.device)
         if backend is not None and backend.gated_delta_rule_inplace_fast is not None:
             o = backend.gated_delta_rule_inplace_fast(
@@ -207,7 +207,8 @@ def gated_delta_rule(
     tensor's dtype. Returns o [B, T, Hv, Dv] in v's dtype and final_state [N, Hv, Dk, Dv] in the
     state's storage dtype (initial_state's, else state_dtype, else fp32).
     """
-    if state_dtype is None and backends.can_call_directly(q, k, v, g, beta, initial_state, cu_seqlens):
+    if state_dtype is None and q.dim() == 4 and backends.can_call_directly(q, k, v, g, beta, initial_state,
+                                                                         cu_seqlens):
         # Eager, on a backend with a fast entry (cuda): no Python checks unless it declines.
         backend = backends.loaded_for(v.device)
         if backend is not None and backend.gated_delta_rule_fast is not None:
