@@ -20,7 +20,7 @@ namespace
 {
 
 // The checks come in two forms: a function that returns the problem as one line ("" when there is
-// none), and a TORCH_CHECK around it. gated_delta_rule uses the first and returns the problem to
+// none), and a TORCH_CHECK around it (causal_conv1d and moe, whose Python checks come first). gated_delta_rule uses the first and returns the problem to
 // Python instead of throwing (the public op's fast entry calls it with no Python checks in front).
 // The messages are built by `cat` below, not c10::str: on the H200 image (torch 2.11+cu130)
 // formatting a shape with c10's operator<< ended the process with a segmentation fault, thrown or
@@ -270,9 +270,9 @@ std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weig
     std::optional<at::Tensor> const& yOut, std::optional<at::Tensor> const& newConvStateOut,
     std::optional<at::Tensor> const& seqLens)
 {
-    TORCH_CHECK(x.dim() == 3, "x must be [B, T, C], got ", x.sizes());
-    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
-    TORCH_CHECK(weight.dim() == 2, "weight must be [C, K], got ", weight.sizes());
+    TORCH_CHECK(x.dim() == 3, cat("x must be [B, T, C], got ", x.sizes()));
+    TORCH_CHECK(x.is_cuda(), cat("x must be a CUDA tensor, got ", x.device()));
+    TORCH_CHECK(weight.dim() == 2, cat("weight must be [C, K], got ", weight.sizes()));
     at::Device const device = x.device();
     at::ScalarType const dtype = x.scalar_type();
     gdn::DataType const dt = toDataType(dtype, "x");
@@ -332,10 +332,10 @@ std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weig
 at::Tensor moe(at::Tensor const& hidden, at::Tensor const& routerLogits, at::Tensor const& gateUp,
     at::Tensor const& down, int64_t topK, bool normTopkProb)
 {
-    TORCH_CHECK(hidden.dim() == 2, "hidden must be [N, H], got ", hidden.sizes());
-    TORCH_CHECK(hidden.is_cuda(), "hidden must be a CUDA tensor, got ", hidden.device());
-    TORCH_CHECK(routerLogits.dim() == 2, "router_logits must be [N, E], got ", routerLogits.sizes());
-    TORCH_CHECK(down.dim() == 3, "down must be [E, H, I], got ", down.sizes());
+    TORCH_CHECK(hidden.dim() == 2, cat("hidden must be [N, H], got ", hidden.sizes()));
+    TORCH_CHECK(hidden.is_cuda(), cat("hidden must be a CUDA tensor, got ", hidden.device()));
+    TORCH_CHECK(routerLogits.dim() == 2, cat("router_logits must be [N, E], got ", routerLogits.sizes()));
+    TORCH_CHECK(down.dim() == 3, cat("down must be [E, H, I], got ", down.sizes()));
     at::Device const device = hidden.device();
     at::ScalarType const dtype = hidden.scalar_type();
     gdn::DataType const dt = toDataType(dtype, "hidden");
