@@ -19,9 +19,10 @@
  * with cp.async kSTAGES deep (one barrier per chunk). The precision is the wmma walk's (the same
  * hi + lo splits, fp32 accumulation); only the order of the fp32 sums differs.
  *
- * kSTAGES = 1 is for GPUs with 99 KB of shared memory a block (sm_86 / 89 / 120: 4 warps take
- * 99 KB at Dk 128 single-buffered, 186 KB double-buffered): one copy of the tiles in two load
- * groups, each refilled for the next chunk as soon as the block is done with it: q and w after
+ * kSTAGES = 1 (4 warps take 99 KB at Dk 128 single-buffered, 186 KB double-buffered) serves GPUs
+ * with 99 KB of shared memory a block (sm_86 / 89 / 120) and, on larger ones, batches that fill
+ * more than one wave of double-buffered blocks (two blocks a multiprocessor instead of one; the
+ * launcher decides): one copy of the tiles in two load groups, each refilled for the next chunk as soon as the block is done with it: q and w after
  * X and Y (the refill overlaps the rest of the chunk), k, P, u and the scalars at the end of the
  * chunk (their refill overlaps the next chunk's X and Y). Three barriers a chunk.
  */
