@@ -22,9 +22,10 @@
  * kSTAGES = 1 (4 warps take 99 KB at Dk 128 single-buffered, 186 KB double-buffered) serves GPUs
  * with 99 KB of shared memory a block (sm_86 / 89 / 120) and, on larger ones, batches that fill
  * more than one wave of double-buffered blocks (two blocks a multiprocessor instead of one; the
- * launcher decides): one copy of the tiles in two load groups, each refilled for the next chunk as soon as the block is done with it: q and w after
- * X and Y (the refill overlaps the rest of the chunk), k, P, u and the scalars at the end of the
- * chunk (their refill overlaps the next chunk's X and Y). Three barriers a chunk.
+ * launcher decides): one copy of the tiles in two load groups, each refilled for the next chunk
+ * as soon as the block is done with it: q and w after X and Y (the refill overlaps the rest of the
+ * chunk), k, P, u and the scalars at the end of the chunk (their refill overlaps the next chunk's
+ * X and Y). Three barriers a chunk.
  */
 #pragma once
 
