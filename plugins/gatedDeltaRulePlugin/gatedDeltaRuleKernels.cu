@@ -152,6 +152,13 @@ int32_t maxDynamicSmem()
     return deviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
+//! The device's multiprocessors, asked once (the launchers size their choices by it).
+int64_t multiprocessors()
+{
+    static int64_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
+    return sms;
+}
+
 // ---------------------------------------------------------------- recurrent
 
 //! A decode step of a 16-bit state with the [kDK, kBV] tile on kNW warps: the state tile staged in
@@ -185,7 +192,7 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
             // vs 8.4 at 8); beyond, 2 warps on 64 columns, whose 91 registers a thread let 11 tiles
             // reside per multiprocessor instead of 8 at 4 warps (42.7 vs 44.7 us at B = 64, 280 vs
             // 286 at 512).
-            static int64_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
+            int64_t const sms = multiprocessors();
             int64_t const tiles64 = static_cast<int64_t>((p.valueDim + 63) / 64) * p.numValueHeads * numSequences(p);
             if constexpr (kernels::DecodeTile16<kDK, 32, 4>::kFITS)
             {
@@ -388,7 +395,7 @@ cudaError_t launchWalkWidth(GatedDeltaRuleParams const& p, ChunkWorkspace const&
         if (walkFits<T, kDK, kNW, 2>(smem))
         {
             using L = kernels::WalkSmem<T, kDK, kNW, 2>;
-            static int64_t const sms = deviceAttribute(cudaDevAttrMultiProcessorCount);
+            int64_t const sms = multiprocessors();
             int64_t const blocks
                 = static_cast<int64_t>((p.valueDim + L::kBV - 1) / L::kBV) * p.numValueHeads * numSequences(p);
             int32_t const residents2 = walkResidents<T, kDK, kNW, 2>();
