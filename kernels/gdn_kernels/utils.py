@@ -3,6 +3,10 @@ shared-memory fallback of the chunked prefill's launches."""
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
 import torch
 import triton
 import triton.language as tl
@@ -147,15 +151,20 @@ def chunk_indices(cu_seqlens: torch.Tensor, total: int, offsets: list[int] | Non
     `total` tokens, padded with (-1, 0) rows up to NT = total // chunk + N (no packing of N
     sequences has more chunks), so that the grid never depends on the lengths.
 
-    offsets: cu_seqlens as already read on the host (check_cu_seqlens): the table is built there and
-    copied over without waiting, one transfer. Without them (during CUDA-graph capture) it is
-    computed on the device from cu_seqlens: a dozen small launches, no synchronisation either."""
+    offsets: cu_seqlens as already read on the host (check_cu_seqlens): the table is built there
+    (vectorised) and copied over without waiting, one transfer, and kept beside the checked
+    cu_seqlens for its later calls. Without them (during CUDA-graph capture) it is computed on the
+    device from cu_seqlens: a dozen small launches, no synchronisation either."""
     n = cu_seqlens.numel() - 1
     size = total // chunk + n
     if offsets is not None:
-        rows = [(i, c) for i in range(n) for c in range(-(-(offsets[i + 1] - offsets[i]) // chunk))]
-        rows += [(-1, 0)] * (size - len(rows))
-        return torch.tensor(rows, dtype=torch.int32).to(cu_seqlens.device, non_blocking=True)
+        entry = _checked_entry(cu_seqlens)
+        table = None if entry is None else entry.tables.get((chunk, total))
+        if table is None:
+            table = _host_chunk_table(offsets, size, chunk).to(cu_seqlens.device, non_blocking=True)
+            if entry is not None:
+                entry.tables[(chunk, total)] = table
+        return table
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     n_chunks = (lens + chunk - 1) // chunk
     ends = torch.cumsum(n_chunks, 0)
@@ -167,20 +176,83 @@ def chunk_indices(cu_seqlens: torch.Tensor, total: int, offsets: list[int] | Non
     return torch.stack([torch.where(valid, seq, -1), torch.where(valid, local, 0)], 1).to(torch.int32).contiguous()
 
 
+def _host_chunk_table(offsets: list[int], size: int, chunk: int) -> torch.Tensor:
+    """chunk_indices' table on the host, from checked offsets, without a Python loop per chunk."""
+    off = torch.tensor(offsets, dtype=torch.int64)
+    n_chunks = (off[1:] - off[:-1] + chunk - 1) // chunk
+    seq = torch.repeat_interleave(torch.arange(n_chunks.numel()), n_chunks)
+    starts = torch.cumsum(n_chunks, 0) - n_chunks
+    local = torch.arange(seq.numel()) - starts[seq]
+    table = torch.empty(size, 2, dtype=torch.int32)
+    table[:, 0] = -1
+    table[:, 1] = 0
+    table[: seq.numel(), 0] = seq
+    table[: seq.numel(), 1] = local
+    return table
+
+
+@dataclass
+class _Checked:
+    """A cu_seqlens tensor already read and checked, at one version of its data."""
+    source: weakref.ref
+    version: int
+    total: int
+    cu: torch.Tensor  # int32, contiguous, on the source's device
+    offsets: list[int]
+    tables: dict = field(default_factory=dict)  # (chunk, total) -> chunk_indices table on the device
+
+
+# The last few cu_seqlens read on the host, by id. A model passes one cu_seqlens to every layer of a
+# forward: only the first layer's call reads it (a synchronisation); the others find it here. An
+# entry holds only if it is the same live tensor at the same version (any in-place change through
+# PyTorch bumps the version); writes behind PyTorch's back (raw pointers) are not seen, as with any
+# cached tensor metadata (flash-linear-attention caches by identity alone).
+_CHECKED: OrderedDict[int, _Checked] = OrderedDict()
+_CHECKED_MAX = 16
+
+
+def _checked_entry(cu: torch.Tensor) -> _Checked | None:
+    for entry in _CHECKED.values():
+        if entry.cu is cu:
+            return entry
+    return None
+
+
 def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, list[int] | None]:
     """cu_seqlens as int32 on its device, and its values on the host, checked to rise from 0 to the
-    packed length: one read (a synchronisation on a GPU), which CUDA-graph capture forbids: there
-    the check is skipped and the offsets are None."""
+    packed length: one read (a synchronisation on a GPU) per tensor and version of its data (later
+    calls with the same unchanged tensor reuse it), which CUDA-graph capture forbids: there the
+    check is skipped and the offsets are None."""
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be [N + 1] with N >= 1, got {tuple(cu_seqlens.shape)}")
-    offsets = None
-    if not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
-        offsets = cu_seqlens.tolist()
-        if offsets[0] != 0 or offsets[-1] != total:
-            raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {offsets[0]}..{offsets[-1]}")
-        if any(b < a for a, b in zip(offsets, offsets[1:])):
-            raise ValueError(f"cu_seqlens must not decrease, got {offsets[:8]}{'...' if len(offsets) > 8 else ''}")
-    return cu_seqlens.to(torch.int32).contiguous(), offsets
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return cu_seqlens.to(torch.int32).contiguous(), None
+    key, version = id(cu_seqlens), _version(cu_seqlens)
+    hit = _CHECKED.get(key)
+    if hit is not None and version is not None and hit.source() is cu_seqlens and hit.version == version \
+            and hit.total == total:
+        _CHECKED.move_to_end(key)
+        return hit.cu, hit.offsets
+    offsets = cu_seqlens.tolist()
+    if offsets[0] != 0 or offsets[-1] != total:
+        raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {offsets[0]}..{offsets[-1]}")
+    if any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must not decrease, got {offsets[:8]}{'...' if len(offsets) > 8 else ''}")
+    cu = cu_seqlens.to(torch.int32).contiguous()
+    if version is not None:
+        _CHECKED[key] = _Checked(weakref.ref(cu_seqlens), version, total, cu, offsets)
+        _CHECKED.move_to_end(key)
+        while len(_CHECKED) > _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
+    return cu, offsets
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's data version, or None where it keeps none (inference-mode tensors: never cached)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):

@@ -100,6 +100,13 @@ __device__ __forceinline__ void ldmatrixX4(uint32_t (&r)[4], void const* smemRow
                  : "r"(a));
 }
 
+//! Two 8 x 8 16-bit matrices (lanes 0..15 give the row addresses; the others' are not read).
+__device__ __forceinline__ void ldmatrixX2(uint32_t (&r)[2], void const* smemRow)
+{
+    auto const a = static_cast<uint32_t>(__cvta_generic_to_shared(smemRow));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
 //! As ldmatrixX4, transposed: r[m] holds matrix m's rows 2t..2t+1 of column g.
 __device__ __forceinline__ void ldmatrixX4Trans(uint32_t (&r)[4], void const* smemRow)
 {

@@ -164,10 +164,10 @@ int64_t multiprocessors()
 //! A decode step of a 16-bit state with the [kDK, kBV] tile on kNW warps: the state tile staged in
 //! shared memory (see the kernel), so the shared-memory carveout bounds the blocks per
 //! multiprocessor: ask for all of it.
-template <typename T, typename S, int32_t kDK, int32_t kBV, int32_t kNW>
+template <typename T, typename S, int32_t kDK, int32_t kBV, int32_t kNW, int32_t kMIN_BLOCKS = 1>
 void launchDecode16(GatedDeltaRuleParams const& p, cudaStream_t stream)
 {
-    using Tile = kernels::DecodeTile16<kDK, kBV, kNW>;
+    using Tile = kernels::DecodeTile16<kDK, kBV, kNW, kMIN_BLOCKS>;
     auto const kernel = kernels::gatedDeltaRuleDecode16Kernel<T, S, kDK, Tile>;
     static bool const carveout = cudaFuncSetAttribute(
         kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
@@ -185,13 +185,13 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
     {
         if (p.seqLen == 1 && p.cuSeqlens == nullptr)
         {
-            // Tile by grid size (H200, run 11, benchmarks/cuda/decode16_tiles.cu; 64-column tiles per
-            // multiprocessor at Hv = 32, Dv = 128: B = 1 is 0.5, B = 8 is 3.9): a grid of half a
-            // tile per multiprocessor finishes soonest with 4 warps on 32 columns (3.3 us at B = 1,
-            // 2 warps 3.9); up to 4 tiles each, 2 warps on 32 columns (5.2 vs 5.7 us at B = 4, 7.7
-            // vs 8.4 at 8); beyond, 2 warps on 64 columns, whose 91 registers a thread let 11 tiles
-            // reside per multiprocessor instead of 8 at 4 warps (42.7 vs 44.7 us at B = 64, 280 vs
-            // 286 at 512).
+            // Tile by grid size (H200, runs 11 and 14, benchmarks/cuda/decode16_tiles.cu; 64-column
+            // tiles per multiprocessor at Hv = 32, Dv = 128: B = 1 is 0.5, B = 8 is 3.9): a grid of
+            // half a tile per multiprocessor finishes soonest with 4 warps on 32 columns (3.3 us at
+            // B = 1, 2 warps 3.9); up to 4 tiles each, 2 warps on 32 columns (5.5 vs 6.0 us at B = 4,
+            // 7.8 vs 8.1 at 8); beyond, 4 warps on 64 columns with registers capped for 8 resident
+            // blocks (run 14, with the reduction on the tensor cores: 41.7 vs 44.0 us for 2 warps at
+            // B = 64, 23.3 vs 26.1 at 32, 282 vs 281 at 512; 10 blocks spill and are slower).
             int64_t const sms = multiprocessors();
             int64_t const tiles64 = static_cast<int64_t>((p.valueDim + 63) / 64) * p.numValueHeads * numSequences(p);
             if constexpr (kernels::DecodeTile16<kDK, 32, 4>::kFITS)
@@ -207,7 +207,7 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
                 launchDecode16<T, S, kDK, 32, 2>(p, stream);
                 return;
             }
-            launchDecode16<T, S, kDK, 64, 2>(p, stream);
+            launchDecode16<T, S, kDK, 64, 4, (kDK <= 128 ? 8 : 1)>(p, stream);
             return;
         }
     }

@@ -17,6 +17,7 @@
  */
 #pragma once
 
+#include "../common/mmaSync.cuh"
 #include "gatedDeltaRuleCommon.cuh"
 #include "gatedDeltaRuleKernels.h"
 
@@ -395,33 +396,6 @@ __device__ __forceinline__ void loadToken(GatedDeltaRuleParams const& p, int64_t
     }
 }
 
-//! A warp's partial S'^T k and S'^T q~ of its kCW columns: the row groups of the warp (lanes that
-//! differ in the bits from kLANES_PER_ROW up) summed by shuffles, then written by the first row
-//! group to dstK / dstQ.
-template <int32_t kCW, int32_t kLANES_PER_ROW>
-__device__ __forceinline__ void warpPartials(float (&pk)[kCW], float (&pq)[kCW], bool writer, float* dstK, float* dstQ)
-{
-#pragma unroll
-    for (int32_t c = 0; c < kCW; ++c)
-    {
-#pragma unroll
-        for (int32_t o = kLANES_PER_ROW; o < kWARP; o *= 2)
-        {
-            pk[c] += __shfl_xor_sync(0xffffffffU, pk[c], o);
-            pq[c] += __shfl_xor_sync(0xffffffffU, pq[c], o);
-        }
-    }
-    if (writer)
-    {
-#pragma unroll
-        for (int32_t c = 0; c < kCW; ++c)
-        {
-            dstK[c] = pk[c];
-            dstQ[c] = pq[c];
-        }
-    }
-}
-
 //! Bits of a 16-bit state element, and two of them packed in a word (element 2j in the low half:
 //! the order of a vector load). Keeping the state as words keeps it in registers.
 template <typename S>
@@ -457,23 +431,24 @@ __device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
     return bits16(fromFloat<S>(lo)) | (bits16(fromFloat<S>(hi)) << 16);
 }
 
-//! The single-token tile of a 16-bit state: 128 threads, each kDK / kKGROUPS rows x 8 columns of
-//! a [kDK, kBV] tile (kBV = 64, or 32 for grids too small to fill the GPU: kBV / 8 lanes share a
-//! row). The block's state tile is copied to shared memory with cp.async in its storage form and
-//! widened to fp32 where it is read, twice (for the reduction, then for the update; widening is
-//! exact), with the fp32 tile's order of operations. The state no longer takes registers: at
-//! kDK = 128 a thread needs 56-64, so 8 blocks of 16 KB (128 KB of state loads) are in flight per
-//! multiprocessor, as with an fp32 state; held in fp32 registers, a 16-bit tile kept only 4 blocks
-//! (64 KB) in flight and reached ~55% of the copy bandwidth. (Measured on the H200, run 8: a second,
-//! prefetched state buffer per block, or stages of rows waited for one by one, were slower or no
-//! faster: shared memory, not arithmetic, bounds the loads in flight.)
-template <int32_t kDK, int32_t kBV_ = 64, int32_t kNW_ = 4>
+//! The single-token tile of a 16-bit state: kNW warps, each thread kDK / kKGROUPS rows x 8 columns
+//! of a [kDK, kBV] tile in the update (kBV / 8 lanes share a row). The block's state tile is copied
+//! to shared memory with cp.async in its storage form (16-byte chunks of a row swizzled, so that
+//! ldmatrix reads eight rows without bank conflicts; padded rows instead cost a resident block).
+//! The reduction S^T [k~ q~] runs on the tensor cores: the tile as the 16-bit A operand, exact,
+//! against k~ and q~ each split into three 16-bit parts (hi + mid + lo carry fp32's mantissa), fp32
+//! accumulation; the update widens the tile to fp32 (exact) on the CUDA cores. On the CUDA cores
+//! the reduction was half the kernel's instructions (run 14: 42.6 us at B = 64, Hv 32, where the
+//! same grid moving its tiles without arithmetic takes 37.3). (Measured on the H200, run 8: a
+//! second, prefetched state buffer per block, or stages of rows waited for one by one, were slower
+//! or no faster: the bytes in flight bound the loads.)
+template <int32_t kDK, int32_t kBV_ = 64, int32_t kNW_ = 4, int32_t kMIN_BLOCKS_ = 1>
 struct DecodeTile16
 {
     static constexpr int32_t kCW = 8;
-    //! Warps per block (>= 2: warp 0 loads q / k, warp 1 v). Four use 64 registers a thread, so
-    //! registers allow 8 resident 16 KB tiles per multiprocessor where shared memory holds 11: two
-    //! warps (91 registers) allow 11. The launcher picks by grid size (launchRecurrentTile).
+    //! Warps per block (>= 2: warp 0 loads q / k, warp 1 v), and the blocks per multiprocessor the
+    //! registers are capped for (__launch_bounds__; 8 at 4 warps x 64 columns: 64 registers a
+    //! thread, no spills). The launcher picks by grid size (launchRecurrentTile).
     static constexpr int32_t kNW = kNW_;
     static constexpr int32_t kTHREADS = kNW * kWARP;
     static constexpr int32_t kBV = kBV_;
@@ -481,14 +456,56 @@ struct DecodeTile16
     static constexpr int32_t kKGROUPS = kNW * (kWARP / kLANES_PER_ROW);
     //! The tile needs at least one row per row group.
     static constexpr bool kFITS = kDK % kKGROUPS == 0;
+    //! 16-byte chunks a tile row, and where chunk c of row r is stored: XOR-swizzled so that eight
+    //! consecutive rows of one chunk fall in eight distinct bank groups.
+    static constexpr int32_t kCPR = kBV / kCW;
+    static __device__ __forceinline__ int32_t chunk(int32_t r, int32_t c)
+    {
+        return c ^ ((r / (8 / kCPR)) % kCPR);
+    }
+    //! Padded rows of the split vectors (16 bytes: conflict-free ldmatrix).
+    static constexpr int32_t kLDB = kDK + 8;
+    //! The reduction's products: kMT 16-column slabs, each over kDK / 16 row steps cut into kKSPLIT
+    //! parts where the block has more warps than slabs (partial sums added in the update).
+    static constexpr int32_t kMT = kBV / 16;
+    static constexpr int32_t kKSPLIT = kNW > kMT && (kDK / 16) % (kNW / kMT) == 0 ? kNW / kMT : 1;
+    static constexpr int32_t kMIN_BLOCKS = kMIN_BLOCKS_;
     static_assert(kBV == 16 || kBV == 32 || kBV == 64, "2, 4 or 8 lanes per row");
     static_assert(kNW >= 2, "warp 0 loads q / k, warp 1 v");
+    static_assert(kDK % 16 == 0, "the reduction takes 16 rows a product");
 };
+
+//! The B operand of the decode reduction, [kDK rows, 8] as 8 rows of kLDB 16-bit values (n major):
+//! n = 0, 1, 2 the hi, mid and lo parts of k~, n = 3, 4, 5 those of q~, 6 and 7 zero. Written by
+//! warp 0, which wrote sK and sQ (loadToken), lane d for rows d, d + 32, ...
+template <typename S, int32_t kDK, int32_t kLDB>
+__device__ __forceinline__ void splitTokenVectors(
+    float const (&sK)[kDK], float const (&sQ)[kDK], S (*sB)[kLDB], int32_t lane)
+{
+    __syncwarp();
+    for (int32_t d = lane; d < kDK; d += kWARP)
+    {
+#pragma unroll
+        for (int32_t which = 0; which < 2; ++which)
+        {
+            float const x = which == 0 ? sK[d] : sQ[d];
+            S const hi = fromFloat<S>(x);
+            float const r1 = x - toFloat(hi);
+            S const mid = fromFloat<S>(r1);
+            sB[3 * which][d] = hi;
+            sB[3 * which + 1][d] = mid;
+            sB[3 * which + 2][d] = fromFloat<S>(r1 - toFloat(mid));
+        }
+        sB[6][d] = fromFloat<S>(0.F);
+        sB[7][d] = fromFloat<S>(0.F);
+    }
+}
 
 //! One decode step (every sequence has exactly one token: seqLen == 1, no cuSeqlens) of a 16-bit
 //! state S. Same arithmetic, in the same order, as gatedDeltaRuleRecurrentKernel with len == 1.
 template <typename T, typename S, int32_t kDK, typename Tile = DecodeTile16<kDK>>
-__global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(GatedDeltaRuleParams const p)
+__global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaRuleDecode16Kernel(
+    GatedDeltaRuleParams const p)
 {
     static_assert(sizeof(S) == 2, "16-bit states only");
     static_assert(Tile::kCW == 8, "one 16-byte vector of 8 columns per row");
@@ -500,12 +517,17 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
     constexpr int32_t kKGROUPS = Tile::kKGROUPS;
     constexpr int32_t kROWS = kDK / kKGROUPS;
 
-    __shared__ alignas(16) S sS[kDK][kBV];
-    __shared__ float sQ[kDK];
+    __shared__ alignas(16) S sS[kDK][kBV]; // chunks swizzled: Tile::chunk
+    __shared__ alignas(16) S sB[8][Tile::kLDB];
+    // q~ until it is split into sB, then a S^T k~ and a S^T q~ per column (the bytes shared keep 11
+    // blocks of 2 warps resident a multiprocessor at Dk 128).
+    constexpr int32_t kSUMS = Tile::kKSPLIT * 2 * kBV;
+    __shared__ float sQSum[kDK > kSUMS ? kDK : kSUMS];
+    float(&sQ)[kDK] = *reinterpret_cast<float(*)[kDK]>(sQSum);
+    float(*sSum)[2][kBV] = reinterpret_cast<float(*)[2][kBV]>(sQSum); // [part][k~ | q~][column]
     __shared__ float sK[kDK];
     __shared__ float sV[kBV];
     __shared__ float sScalar[3];
-    __shared__ float sRed[kNW][2][kBV];
 
     int32_t const dk = p.keyDim;
     int32_t const dv = p.valueDim;
@@ -521,6 +543,7 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
     int32_t const c0 = vl * kCW; // first column of this thread inside the tile
     int32_t const col0 = blockIdx.x * kBV + c0;
     bool const vecCols = (dv % kCW == 0) && (col0 < dv);
+    auto rowChunk = [&](int32_t r) { return &sS[r][Tile::chunk(r, vl) * kCW]; }; // this thread's 8 columns
 
     size_t const stateOffset = (static_cast<size_t>(n) * hv + h) * static_cast<size_t>(dk) * dv;
     S const* init = static_cast<S const*>(p.initialState);
@@ -534,49 +557,67 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
         {
             // 0 source bytes zero-fill: rows past Dk and a missing initial state read as zeros (the
             // source is then any valid global address; nothing is read from it).
-            cpAsync16(&sS[r][c0], inside ? static_cast<void const*>(src) : p.q, inside ? 16 : 0);
+            cpAsync16(rowChunk(r), inside ? static_cast<void const*>(src) : p.q, inside ? 16 : 0);
         }
         else
         {
 #pragma unroll
             for (int32_t c = 0; c < kCW; ++c)
             {
-                sS[r][c0 + c] = col0 + c < dv ? src[c] : fromFloat<S>(0.F);
+                rowChunk(r)[c] = col0 + c < dv ? src[c] : fromFloat<S>(0.F);
             }
         }
     }
     cpAsyncCommit();
 
     loadToken<T, kDK, kBV>(p, n, h, kh, warp, lane, sQ, sK, sV, sScalar);
+    if (warp == 0)
+    {
+        splitTokenVectors<S, kDK, Tile::kLDB>(sK, sQ, sB, lane);
+    }
     cpAsyncWaitAll();
     __syncthreads();
 
+    // S^T [k~ q~] on the tensor cores, one product chain per (16-column slab, row part) and warp:
+    // A (column m, row k) = S[k][m] through ldmatrix.trans, B = the split vectors; accumulator
+    // column n of lane (g, t) is n = 2t, 2t + 1 (t = 0: k~ hi, mid; 1: k~ lo, q~ hi; 2: q~ mid, lo).
+    constexpr int32_t kMT = Tile::kMT;
+    constexpr int32_t kSTEPS = kDK / 16 / Tile::kKSPLIT;
     float const a = sScalar[0];
-    float pk[kCW];
-    float pq[kCW];
-#pragma unroll
-    for (int32_t c = 0; c < kCW; ++c)
+    int32_t const g = lane / 4;
+    int32_t const t = lane % 4;
+    for (int32_t job = warp; job < kMT * Tile::kKSPLIT; job += kNW)
     {
-        pk[c] = 0.F;
-        pq[c] = 0.F;
-    }
+        int32_t const mt = job % kMT;
+        int32_t const part = job / kMT;
+        float acc[4] = {0.F, 0.F, 0.F, 0.F};
 #pragma unroll
-    for (int32_t i = 0; i < kROWS; ++i)
-    {
-        int32_t const r = kg + kKGROUPS * i;
-        float const kr = sK[r];
-        float const qr = sQ[r];
-        uint4 const w = *reinterpret_cast<uint4 const*>(&sS[r][c0]);
-        uint32_t const words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int32_t c = 0; c < kCW; ++c)
+        for (int32_t i = 0; i < kSTEPS; ++i)
         {
-            float const sd = widen16<S>(words[c / 2], c % 2) * a;
-            pk[c] += sd * kr;
-            pq[c] += sd * qr;
+            int32_t const k0 = 16 * (part * kSTEPS + i);
+            uint32_t bf[2];
+            mma::ldmatrixX2(bf, &sB[lane % 8][k0 + ((lane / 8) % 2) * 8]);
+            uint32_t af[4];
+            int32_t const r = k0 + (lane / 16) * 8 + lane % 8;
+            mma::ldmatrixX4Trans(af, &sS[r][Tile::chunk(r, 2 * mt + (lane / 8) % 2) * kCW]);
+            mma::mma16816<S>(acc, af, bf[0], bf[1]);
+        }
+        // k~ = hi + mid + lo (lanes t = 0, 1), q~ likewise (t = 1, 2); rows g and g + 8.
+        float const fromRight0 = __shfl_down_sync(0xffffffffU, acc[0], 1);
+        float const fromRight2 = __shfl_down_sync(0xffffffffU, acc[2], 1);
+        float const fromLeft1 = __shfl_up_sync(0xffffffffU, acc[1], 1);
+        float const fromLeft3 = __shfl_up_sync(0xffffffffU, acc[3], 1);
+        if (t == 0)
+        {
+            sSum[part][0][16 * mt + g] = a * ((acc[0] + acc[1]) + fromRight0);
+            sSum[part][0][16 * mt + g + 8] = a * ((acc[2] + acc[3]) + fromRight2);
+        }
+        else if (t == 2)
+        {
+            sSum[part][1][16 * mt + g] = a * (fromLeft1 + (acc[0] + acc[1]));
+            sSum[part][1][16 * mt + g + 8] = a * (fromLeft3 + (acc[2] + acc[3]));
         }
     }
-    warpPartials<kCW, kLPR>(pk, pq, kl == 0, sRed[warp][0] + c0, sRed[warp][1] + c0);
     __syncthreads();
 
     float const b = sScalar[1];
@@ -588,10 +629,10 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
         float sk = 0.F;
         float sq = 0.F;
 #pragma unroll
-        for (int32_t w = 0; w < kNW; ++w)
+        for (int32_t part = 0; part < Tile::kKSPLIT; ++part)
         {
-            sk += sRed[w][0][c0 + c];
-            sq += sRed[w][1][c0 + c];
+            sk += sSum[part][0][c0 + c];
+            sq += sSum[part][1][c0 + c];
         }
         u[c] = b * (sV[c0 + c] - sk);
         if (warp == 0 && kl == 0 && col0 + c < dv)
@@ -609,7 +650,7 @@ __global__ void __launch_bounds__(Tile::kTHREADS) gatedDeltaRuleDecode16Kernel(G
             continue;
         }
         float const kr = sK[r];
-        uint4 const w = *reinterpret_cast<uint4 const*>(&sS[r][c0]);
+        uint4 const w = *reinterpret_cast<uint4 const*>(rowChunk(r));
         uint32_t const words[4] = {w.x, w.y, w.z, w.w};
         uint32_t out[4];
 #pragma unroll

@@ -68,19 +68,19 @@ def test_decode_step_head_sizes(Dk, Dv, start, dtype, state_dtype):
 
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)
 @pytest.mark.parametrize("Dk,Dv", [(128, 128), (64, 100), (256, 256), (32, 72), (16, 40)], ids=lambda d: str(d))
-@pytest.mark.parametrize("tile", ["32-columns-4-warps", "32-columns-2-warps", "64-columns-2-warps"])
+@pytest.mark.parametrize("tile", ["32-columns-4-warps", "32-columns-2-warps", "64-columns-4-warps"])
 def test_decode_step_tile_widths(tile, Dk, Dv, state_dtype):
     """The launcher's three tiles, picked by 64-column tiles per multiprocessor (launchRecurrentTile):
     at most half a tile each, 32 columns on 4 warps (where Dk has a row per row group: not at 16);
-    up to 4 each, 32 columns on 2 warps; beyond, 64 columns on 2 warps. B is chosen from this GPU's
+    up to 4 each, 32 columns on 2 warps; beyond, 64 columns on 4 warps. B is chosen from this GPU's
     multiprocessor count to land in each range; odd Dv, in place."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     per_row = (Dv + 63) // 64 * 6  # 64-column tiles of one sequence at Hv = 6
     B = {"32-columns-4-warps": max(1, sms // (2 * per_row)), "32-columns-2-warps": 2 * sms // per_row,
-         "64-columns-2-warps": 4 * sms // per_row + 1}[tile]
+         "64-columns-4-warps": 4 * sms // per_row + 1}[tile]
     tiles = per_row * B
     assert {"32-columns-4-warps": 2 * tiles <= sms or B == 1, "32-columns-2-warps": sms < 2 * tiles <= 8 * sms,
-            "64-columns-2-warps": tiles > 4 * sms}[tile]
+            "64-columns-4-warps": tiles > 4 * sms}[tile]
     x = gdn_inputs(B, 1, 3, 6, Dk, Dv, dtype=torch.bfloat16, device="cuda", correlated=True)
     _check(x, torch.bfloat16, state_dtype, in_place=True)
 

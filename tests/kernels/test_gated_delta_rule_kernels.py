@@ -13,7 +13,7 @@ from tests.conftest import DTYPES, assert_close_rms, gdn_inputs
 from gdn_kernels.chunk import chunk_gated_delta_rule
 from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
 from gdn_kernels.gates import gated_delta_rule_from_gates
-from gdn_kernels.utils import chunk_indices, raw_operands
+from gdn_kernels.utils import check_cu_seqlens, chunk_indices, raw_operands
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [
@@ -150,6 +150,36 @@ def test_bad_cu_seqlens_is_one_line_error(cu, message):
     x = gdn_inputs(1, 9, 1, 1, 16, 16, device=DEVICE, state=False)
     with pytest.raises(ValueError, match=message):
         chunk_gated_delta_rule(**x, cu_seqlens=torch.tensor(cu, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_cu_seqlens_read_once_per_version(dtype):
+    """A model passes one cu_seqlens to every layer: the first call reads and checks it, later calls
+    with the same unchanged tensor reuse that (same int32 tensor, same chunk table, no host read);
+    an in-place change is read again, and checked again."""
+    cu = torch.tensor([0, 5, 70, 70, 200], dtype=dtype, device=DEVICE)
+    first, offsets = check_cu_seqlens(cu, 200)
+    assert offsets == [0, 5, 70, 70, 200]
+    table = chunk_indices(first, 200, offsets)
+    again, offsets2 = check_cu_seqlens(cu, 200)
+    assert again is first and offsets2 is offsets and chunk_indices(again, 200, offsets2) is table
+    cu[1] = 64  # through PyTorch: the version moves
+    changed, offsets3 = check_cu_seqlens(cu, 200)
+    assert offsets3 == [0, 64, 70, 70, 200] and changed.tolist() == offsets3
+    assert chunk_indices(changed, 200, offsets3).tolist()[:4] == [[0, 0], [1, 0], [3, 0], [3, 1]]
+    cu[2] = 10
+    with pytest.raises(ValueError, match="must not decrease"):
+        check_cu_seqlens(cu, 200)
+    with pytest.raises(ValueError, match="run from 0"):
+        check_cu_seqlens(torch.tensor([0, 5, 70, 70, 200], device=DEVICE), 199)
+
+
+def test_cu_seqlens_without_a_version_is_read_every_call():
+    with torch.inference_mode():
+        cu = torch.tensor([0, 3, 9], device=DEVICE)
+        first, offsets = check_cu_seqlens(cu, 9)
+        again, _ = check_cu_seqlens(cu, 9)
+        assert offsets == [0, 3, 9] and again is not first
 
 
 def test_inplace_decode_updates_the_state_it_was_given():
