@@ -212,7 +212,7 @@ _CHECKED_MAX = 16
 
 
 def _checked_entry(cu: torch.Tensor) -> _Checked | None:
-    for entry in _CHECKED.values():
+    for entry in list(_CHECKED.values()):  # a snapshot: another thread may be adding an entry
         if entry.cu is cu:
             return entry
     return None

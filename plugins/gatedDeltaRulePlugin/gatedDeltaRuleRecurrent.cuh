@@ -468,7 +468,8 @@ struct DecodeTile16
     //! The reduction's products: kMT 16-column slabs, each over kDK / 16 row steps cut into kKSPLIT
     //! parts where the block has more warps than slabs (partial sums added in the update).
     static constexpr int32_t kMT = kBV / 16;
-    static constexpr int32_t kKSPLIT = kNW > kMT && (kDK / 16) % (kNW / kMT) == 0 ? kNW / kMT : 1;
+    static constexpr int32_t kWARPS_PER_SLAB = kNW > kMT ? kNW / kMT : 1;
+    static constexpr int32_t kKSPLIT = (kDK / 16) % kWARPS_PER_SLAB == 0 ? kWARPS_PER_SLAB : 1;
     static constexpr int32_t kMIN_BLOCKS = kMIN_BLOCKS_;
     static_assert(kBV == 16 || kBV == 32 || kBV == 64, "2, 4 or 8 lanes per row");
     static_assert(kNW >= 2, "warp 0 loads q / k, warp 1 v");
@@ -477,7 +478,10 @@ struct DecodeTile16
 
 //! The B operand of the decode reduction, [kDK rows, 8] as 8 rows of kLDB 16-bit values (n major):
 //! n = 0, 1, 2 the hi, mid and lo parts of k~, n = 3, 4, 5 those of q~, 6 and 7 zero. Written by
-//! warp 0, which wrote sK and sQ (loadToken), lane d for rows d, d + 32, ...
+//! warp 0, which wrote sK and sQ (loadToken), lane d for rows d, d + 32, ... The parts take the
+//! vectors' own scale: with an fp16 state (fp16 parts) and without the L2 norm, a q~ or k~ whose
+//! entries all lie under fp16's normal range (6e-5) keeps only ~1e-2 of its precision, and entries
+//! past 65504 overflow. With the L2 norm (every model) q~ and k~ have norms Dk^-1/2 and 1.
 template <typename S, int32_t kDK, int32_t kLDB>
 __device__ __forceinline__ void splitTokenVectors(
     float const (&sK)[kDK], float const (&sQ)[kDK], S (*sB)[kLDB], int32_t lane)
