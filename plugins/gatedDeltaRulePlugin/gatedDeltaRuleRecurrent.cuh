@@ -506,7 +506,8 @@ __device__ __forceinline__ void splitTokenVectors(
 }
 
 //! One decode step (every sequence has exactly one token: seqLen == 1, no cuSeqlens) of a 16-bit
-//! state S. Same arithmetic, in the same order, as gatedDeltaRuleRecurrentKernel with len == 1.
+//! state S: gatedDeltaRuleRecurrentKernel's step with len == 1, its reduction S^T [k~ q~] summed by
+//! the tensor cores (another order of the fp32 sums), its update in the same order.
 template <typename T, typename S, int32_t kDK, typename Tile = DecodeTile16<kDK>>
 __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaRuleDecode16Kernel(
     GatedDeltaRuleParams const p)
@@ -523,8 +524,8 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
 
     __shared__ alignas(16) S sS[kDK][kBV]; // chunks swizzled: Tile::chunk
     __shared__ alignas(16) S sB[8][Tile::kLDB];
-    // q~ until it is split into sB, then a S^T k~ and a S^T q~ per column (the bytes shared keep 11
-    // blocks of 2 warps resident a multiprocessor at Dk 128).
+    // q~ until it is split into sB, then a S^T k~ and a S^T q~ per column and row part (sharing the
+    // bytes keeps a Dk 128 x 64 block under 20 KB: 11 fit a multiprocessor's shared memory).
     constexpr int32_t kSUMS = Tile::kKSPLIT * 2 * kBV;
     __shared__ float sQSum[kDK > kSUMS ? kDK : kSUMS];
     float(&sQ)[kDK] = *reinterpret_cast<float(*)[kDK]>(sQSum);
