@@ -47,6 +47,7 @@ _HEADERS = (
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleCommon.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleRecurrent.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkPrepare16.cuh",
     PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkWalk.cuh",
     PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
     PLUGINS_DIR / "moePlugin" / "moeKernels.h",

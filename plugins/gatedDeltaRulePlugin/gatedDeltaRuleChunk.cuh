@@ -1,8 +1,10 @@
 /*
  * Chunked (WY) gated delta rule prefill: two kernels and a small varlen helper. For fp16 / bf16
- * inputs the sequential pass below is replaced by the register-resident mma.sync walk of
- * gatedDeltaRuleChunkWalk.cuh where its shared memory fits (the launcher decides); this one stays
- * for fp32 inputs and smaller GPUs.
+ * inputs both are replaced: the prepare kernel by gatedDeltaRulePrepare16Kernel (mma.sync,
+ * gatedDeltaRuleChunkPrepare16.cuh: the same results in half the instructions), the sequential
+ * pass by the register-resident mma.sync walk of gatedDeltaRuleChunkWalk.cuh where its shared
+ * memory fits (the launcher decides). The wmma kernels here stay for fp32 inputs, and the wmma
+ * walk for GPUs where no mma.sync walk fits (and as a pinned reference path).
  *
  *   gatedDeltaRuleChunkOffsetsKernel   varlen only: chunkOffsets[n] = sum_{m<n} ceil(L_m / 64)
  *   gatedDeltaRulePrepareKernel        one block per (chunk, value head), all chunks in parallel;
@@ -295,6 +297,168 @@ __device__ __forceinline__ void storeTile(
     }
 }
 
+//! Where the prepare kernels' chunk lies: sequence n, its chunk c, first token t0 and valid rows.
+struct ChunkInputs
+{
+    bool inRange;
+    int32_t n;
+    int32_t c;
+    int64_t t0;
+    int32_t valid;
+};
+
+//! The chunk of workspace slot chunkId (varlen: a binary search of chunkOffsets; slots past the
+//! last chunk of a pack are out of range).
+__device__ __forceinline__ ChunkInputs locateChunk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int64_t chunkId)
+{
+    ChunkInputs in{true, 0, 0, 0, 0};
+    if (ws.chunkOffsets != nullptr)
+    {
+        int32_t const numSeqs = p.numSeqs;
+        if (chunkId >= ws.chunkOffsets[numSeqs])
+        {
+            in.inRange = false;
+            return in;
+        }
+        int32_t lo = 0; // largest n with chunkOffsets[n] <= chunkId
+        int32_t hi = numSeqs - 1;
+        while (lo < hi)
+        {
+            int32_t const mid = (lo + hi + 1) / 2;
+            if (ws.chunkOffsets[mid] <= chunkId)
+            {
+                lo = mid;
+            }
+            else
+            {
+                hi = mid - 1;
+            }
+        }
+        in.n = lo;
+        in.c = static_cast<int32_t>(chunkId - ws.chunkOffsets[lo]);
+    }
+    else
+    {
+        in.n = static_cast<int32_t>(chunkId / ws.chunksPerSeq);
+        in.c = static_cast<int32_t>(chunkId % ws.chunksPerSeq);
+    }
+    int64_t bos;
+    int32_t len;
+    sequenceBounds(p, in.n, bos, len);
+    in.t0 = bos + static_cast<int64_t>(in.c) * kCHUNK;
+    in.valid = min(kCHUNK, len - in.c * kCHUNK);
+    return in;
+}
+
+//! The chunk's k, q [64, Dk] (key head of value head h) and v [64, Dv] tiles, raw g and beta
+//! (padded rows read 0), then a block barrier.
+template <typename T, int32_t kDK, int32_t kDV>
+__device__ __forceinline__ void loadChunkInputs(GatedDeltaRuleParams const& p, ChunkInputs const& in, int32_t h,
+    T* sK, T* sQ, int32_t ldk, T* sV, int32_t ldv, float* sGraw, float* sBeta)
+{
+    int32_t const dk = p.keyDim;
+    int32_t const dv = p.valueDim;
+    int32_t const hv = p.numValueHeads;
+    int32_t const hk = p.numKeyHeads;
+    int32_t const kh = h / (hv / hk);
+    int64_t const t0 = in.t0;
+    int64_t const qkStride = int64_t{hk} * dk;
+    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(
+        sK, ldk, static_cast<T const*>(p.k) + t0 * qkStride + kh * dk, qkStride, in.valid, dk);
+    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(
+        sQ, ldk, static_cast<T const*>(p.q) + t0 * qkStride + kh * dk, qkStride, in.valid, dk);
+    loadTileAsync<T, kCHUNK, kDV, kCHUNK_THREADS>(
+        sV, ldv, static_cast<T const*>(p.v) + (t0 * hv + h) * dv, int64_t{hv} * dv, in.valid, dv);
+    int32_t const tid = threadIdx.x;
+    if (tid < kCHUNK)
+    {
+        bool const ok = tid < in.valid;
+        int64_t const gi = ok ? (t0 + tid) * hv + h : 0;
+        cpAsync4(sGraw + tid, p.g + gi, ok ? 4 : 0);
+        sBeta[tid] = ok ? toFloat(static_cast<T const*>(p.beta)[gi]) : 0.F;
+    }
+    cpAsyncCommit();
+    cpAsyncWaitAll();
+    __syncthreads();
+}
+
+//! G = cumsum(g), the key row factors rk and the query row factors rq (scale folded in), then a
+//! block barrier.
+template <typename T, int32_t kDK>
+__device__ __forceinline__ void chunkRowFactors(GatedDeltaRuleParams const& p, T const* sK, T const* sQ,
+    int32_t ldk, float const* sGraw, float* sG, float* sRk, float* sRq)
+{
+    if (threadIdx.x < kWARP)
+    {
+        warpCumsum64(sGraw, sG, threadIdx.x);
+    }
+    rowNorms<T, kDK>(sK, ldk, p.useQkL2norm, 1.F, sRk);
+    rowNorms<T, kDK>(sQ, ldk, p.useQkL2norm, p.scale, sRq);
+    __syncthreads();
+}
+
+//! T = (I + A)^-1 for the strictly lower fp32 A [64, 64] (row stride kLD), exactly in fp32: the
+//! four 16 x 16 diagonal blocks by forward substitution, one column a thread, then the block rows
+//! below, T[bi][bj] = -T[bi][bi] sum_{bj <= bk < bi} A[bi][bk] T[bk][bj] (scratch sM: 3 x 256
+//! floats). Reads only A's lower blocks (below the diagonal inside diagonal blocks); writes T's
+//! diagonal blocks whole (zeros above the diagonal) and the blocks below them. Starts after a
+//! barrier that published A and ends with one.
+template <int32_t kLD>
+__device__ __forceinline__ void invertUnitLower64(float const* sA, float* sT, float* sM)
+{
+    int32_t const tid = threadIdx.x;
+    if (tid < kCHUNK)
+    {
+        int32_t const b = tid / 16;
+        int32_t const col = tid % 16;
+        float const* aBlock = sA + (16 * b) * kLD + 16 * b;
+        float x[16];
+#pragma unroll
+        for (int32_t r = 0; r < 16; ++r)
+        {
+            float acc = r == col ? 1.F : 0.F;
+#pragma unroll
+            for (int32_t j = 0; j < r; ++j)
+            {
+                acc -= aBlock[r * kLD + j] * x[j];
+            }
+            x[r] = acc;
+            sT[(16 * b + r) * kLD + 16 * b + col] = acc;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int32_t bi = 1; bi < 4; ++bi)
+    {
+        int32_t const r = tid / 16;
+        int32_t const cc = tid % 16;
+#pragma unroll
+        for (int32_t bj = 0; bj < bi; ++bj)
+        {
+            float acc = 0.F;
+#pragma unroll
+            for (int32_t kk = bj * 16; kk < bi * 16; ++kk)
+            {
+                acc += sA[(bi * 16 + r) * kLD + kk] * sT[kk * kLD + bj * 16 + cc];
+            }
+            sM[bj * 256 + r * 16 + cc] = acc;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int32_t bj = 0; bj < bi; ++bj)
+        {
+            float acc = 0.F;
+#pragma unroll
+            for (int32_t kk = 0; kk < 16; ++kk)
+            {
+                acc += sT[(bi * 16 + r) * kLD + bi * 16 + kk] * sM[bj * 256 + kk * 16 + cc];
+            }
+            sT[(bi * 16 + r) * kLD + bj * 16 + cc] = -acc;
+        }
+        __syncthreads();
+    }
+}
+
 template <typename T, int32_t kDK, int32_t kDV>
 __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     GatedDeltaRuleParams const p, ChunkWorkspace const ws)
@@ -318,78 +482,18 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
 
     int32_t const dk = p.keyDim;
     int32_t const dv = p.valueDim;
-    int32_t const hv = p.numValueHeads;
-    int32_t const hk = p.numKeyHeads;
     int32_t const h = blockIdx.y;
-    int32_t const kh = h / (hv / hk);
     int64_t const chunkId = blockIdx.x;
     int32_t const tid = threadIdx.x;
     int32_t const warp = tid / kWARP;
-    int32_t const lane = tid % kWARP;
 
-    int32_t n;
-    int32_t c;
-    if (ws.chunkOffsets != nullptr)
+    ChunkInputs const in = locateChunk(p, ws, blockIdx.x);
+    if (!in.inRange)
     {
-        int32_t const numSeqs = p.numSeqs;
-        if (chunkId >= ws.chunkOffsets[numSeqs])
-        {
-            return;
-        }
-        int32_t lo = 0; // largest n with chunkOffsets[n] <= chunkId
-        int32_t hi = numSeqs - 1;
-        while (lo < hi)
-        {
-            int32_t const mid = (lo + hi + 1) / 2;
-            if (ws.chunkOffsets[mid] <= chunkId)
-            {
-                lo = mid;
-            }
-            else
-            {
-                hi = mid - 1;
-            }
-        }
-        n = lo;
-        c = static_cast<int32_t>(chunkId - ws.chunkOffsets[n]);
+        return;
     }
-    else
-    {
-        n = static_cast<int32_t>(chunkId / ws.chunksPerSeq);
-        c = static_cast<int32_t>(chunkId % ws.chunksPerSeq);
-    }
-    int64_t bos;
-    int32_t len;
-    sequenceBounds(p, n, bos, len);
-    int64_t const t0 = bos + static_cast<int64_t>(c) * kCHUNK;
-    int32_t const valid = min(kCHUNK, len - c * kCHUNK);
-
-    T const* q = static_cast<T const*>(p.q);
-    T const* k = static_cast<T const*>(p.k);
-    T const* v = static_cast<T const*>(p.v);
-    T const* beta = static_cast<T const*>(p.beta);
-    int64_t const qkStride = int64_t{hk} * dk;
-    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sK, L::kLDK, k + t0 * qkStride + kh * dk, qkStride, valid, dk);
-    loadTileAsync<T, kCHUNK, kDK, kCHUNK_THREADS>(sQ, L::kLDK, q + t0 * qkStride + kh * dk, qkStride, valid, dk);
-    loadTileAsync<T, kCHUNK, kDV, kCHUNK_THREADS>(sV, L::kLDV, v + (t0 * hv + h) * dv, int64_t{hv} * dv, valid, dv);
-    if (tid < kCHUNK)
-    {
-        bool const ok = tid < valid;
-        int64_t const gi = ok ? (t0 + tid) * hv + h : 0;
-        cpAsync4(sGraw + tid, p.g + gi, ok ? 4 : 0);
-        sBeta[tid] = ok ? toFloat(beta[gi]) : 0.F;
-    }
-    cpAsyncCommit();
-    cpAsyncWaitAll();
-    __syncthreads();
-
-    if (warp == 0)
-    {
-        warpCumsum64(sGraw, sG, lane);
-    }
-    rowNorms<T, kDK>(sK, L::kLDK, p.useQkL2norm, 1.F, sRk);
-    rowNorms<T, kDK>(sQ, L::kLDK, p.useQkL2norm, p.scale, sRq);
-    __syncthreads();
+    loadChunkInputs<T, kDK, kDV>(p, in, h, sK, sQ, L::kLDK, sV, L::kLDV, sGraw, sBeta);
+    chunkRowFactors<T, kDK>(p, sK, sQ, L::kLDK, sGraw, sG, sRk, sRq);
 
     // k k^T into sA and q k^T into sT, tiles on and below the diagonal.
     for (int32_t t = warp; t < 32; t += kCHUNK_WARPS)
@@ -444,58 +548,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     }
     __syncthreads();
 
-    // Tm = (I + A)^-1: the four 16x16 diagonal blocks by forward substitution, one column a thread...
-    if (tid < kCHUNK)
-    {
-        int32_t const b = tid / 16;
-        int32_t const col = tid % 16;
-        float const* aBlock = sA + (16 * b) * L::kLDCF + 16 * b;
-        float x[16];
-#pragma unroll
-        for (int32_t r = 0; r < 16; ++r)
-        {
-            float acc = r == col ? 1.F : 0.F;
-#pragma unroll
-            for (int32_t j = 0; j < r; ++j)
-            {
-                acc -= aBlock[r * L::kLDCF + j] * x[j];
-            }
-            x[r] = acc;
-            sT[(16 * b + r) * L::kLDCF + 16 * b + col] = acc;
-        }
-    }
-    __syncthreads();
-    // ... then block rows below: Tm[bi][bj] = -Tm[bi][bi] * sum_{bj <= bk < bi} A[bi][bk] Tm[bk][bj].
-#pragma unroll
-    for (int32_t bi = 1; bi < 4; ++bi)
-    {
-        int32_t const r = tid / 16;
-        int32_t const cc = tid % 16;
-#pragma unroll
-        for (int32_t bj = 0; bj < bi; ++bj)
-        {
-            float acc = 0.F;
-#pragma unroll
-            for (int32_t kk = bj * 16; kk < bi * 16; ++kk)
-            {
-                acc += sA[(bi * 16 + r) * L::kLDCF + kk] * sT[kk * L::kLDCF + bj * 16 + cc];
-            }
-            sM[bj * 256 + r * 16 + cc] = acc;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int32_t bj = 0; bj < bi; ++bj)
-        {
-            float acc = 0.F;
-#pragma unroll
-            for (int32_t kk = 0; kk < 16; ++kk)
-            {
-                acc += sT[(bi * 16 + r) * L::kLDCF + bi * 16 + kk] * sM[bj * 256 + kk * 16 + cc];
-            }
-            sT[(bi * 16 + r) * L::kLDCF + bj * 16 + cc] = -acc;
-        }
-        __syncthreads();
-    }
+    invertUnitLower64<L::kLDCF>(sA, sT, sM);
 
     // Fold the right-hand-side row scalings into Tm so that w and u come straight from raw k and v:
     // Tk = Tm diag(beta exp(G) rk), Tv = Tm diag(beta). 16-bit inputs: the entries of Tm grow large

@@ -26,6 +26,16 @@
  * as soon as the block is done with it: q and w after X and Y (the refill overlaps the rest of the
  * chunk), k, P, u and the scalars at the end of the chunk (their refill overlaps the next chunk's
  * X and Y). Three barriers a chunk.
+ *
+ * kKS = 2 (the split walk): two warps share each 16 state columns, one holding state rows (dk)
+ * [0, Dk/2), the other [Dk/2, Dk). X and Y are then partial sums over half of dk: each warp writes
+ * its X and the Y tiles of the other's output tokens to shared memory, and after a barrier adds the
+ * other's; both then hold v_new whole, each produces half of the chunk's output tokens (blocks
+ * {0, 3} and {1, 2} of 16: five source blocks of the causal P each) and updates its own state rows.
+ * A warp's chain of products per chunk is about halved (222 mma.sync instead of 444 at Dk 128) for
+ * 8 KB of exchange a warp and one more barrier, and the grid has twice the blocks (32 columns
+ * each): the launcher takes it where the 64-column grid leaves half the multiprocessors idle (one
+ * long sequence at few heads; H200 run 15: 1 x 16K tokens at Hv 32, walk 0.97 -> 0.83 ms).
  */
 #pragma once
 
@@ -39,12 +49,14 @@ namespace kernels
 
 constexpr int32_t kWALK_COLS = 16; // state columns a warp owns
 
-//! Shared memory of the walk: kSTAGES copies of one chunk's tiles, then one output tile per warp.
-template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
+//! Shared memory of the walk: kSTAGES copies of one chunk's tiles, then one output tile per warp,
+//! then (split walk, kKS = 2) one exchange buffer per warp for the partial X and Y.
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES, int32_t kKS = 1>
 struct WalkSmem
 {
+    static_assert((kKS == 1 || kKS == 2) && kNW % kKS == 0, "the state rows split in one or two");
     static constexpr int32_t kTHREADS = kNW * kWARP;
-    static constexpr int32_t kBV = kNW * kWALK_COLS;
+    static constexpr int32_t kBV = kNW / kKS * kWALK_COLS;
     // Rows padded by 16 bytes: the eight rows an ldmatrix reads fall in distinct bank groups.
     static constexpr int32_t kLDK = kDK + 8;
     static constexpr int32_t kLDP = kCHUNK + 8;
@@ -63,8 +75,19 @@ struct WalkSmem
     static constexpr size_t kSTAGE = alignUp(kSC + sizeof(float) * kSCALARS, 128);
     static constexpr size_t kOUT = kSTAGES * kSTAGE;
     static constexpr size_t kOUT_WARP = alignUp(sizeof(T) * kCHUNK * kLDO, 128);
-    static constexpr size_t kBYTES = kOUT + kNW * kOUT_WARP;
+    static constexpr size_t kEX = kOUT + kNW * kOUT_WARP;
+    static constexpr size_t kEX_WARP = kKS == 1 ? 0 : sizeof(float) * 2 * kCHUNK / 8 * 4 * kWARP; // X, Y tiles
+    static constexpr size_t kBYTES = kEX + kNW * kEX_WARP;
 };
+
+//! Split walk: which of the two warps sharing 16 state columns produces output tokens [16 nb,
+//! 16 nb + 16): the first takes blocks 0 and 3, the second 1 and 2 (the causal P gives block nb
+//! nb + 1 source blocks, so each warp does five).
+template <int32_t kKS>
+__device__ __forceinline__ bool ownsOutputBlock(int32_t part, int32_t nb)
+{
+    return kKS == 1 || ((nb == 0 || nb == 3) == (part == 0));
+}
 
 //! Waits until at most kPENDING committed cp.async groups are still in flight.
 template <int32_t kPENDING>
@@ -121,13 +144,14 @@ __device__ __forceinline__ void splitOperand(float const (&c0)[4], float const (
     mma::split2<T>(c1[2] * f2, c1[3] * f3, hi[3], lo[3]);
 }
 
-template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES, int32_t kKS = 1>
 __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
     GatedDeltaRuleParams const p, ChunkWorkspace const ws)
 {
-    static_assert(kDK % 16 == 0 && kSTAGES >= 1, "walk: Dk tiles of 16");
-    using L = WalkSmem<T, kDK, kNW, kSTAGES>;
-    constexpr int32_t kDT = kDK / 8;     // 8-wide dk tiles of a warp's state
+    static_assert(kDK % (16 * kKS) == 0 && kSTAGES >= 1, "walk: Dk tiles of 16 per part");
+    using L = WalkSmem<T, kDK, kNW, kSTAGES, kKS>;
+    constexpr int32_t kDKW = kDK / kKS;  // state rows (dk) a warp holds
+    constexpr int32_t kDT = kDKW / 8;    // 8-wide dk tiles of a warp's state
     constexpr int32_t kTT = kCHUNK / 8;  // 8-wide token tiles
     extern __shared__ __align__(128) unsigned char smem[];
 
@@ -140,7 +164,10 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
     int32_t const g = lane / 4;
     int32_t const t = lane % 4;
     int32_t const blockCol0 = blockIdx.x * L::kBV;
-    int32_t const col0 = blockCol0 + warp * kWALK_COLS;
+    int32_t const part = warp % kKS;      // which rows of the state this warp holds
+    int32_t const colGroup = warp / kKS;  // which 16 columns
+    int32_t const col0 = blockCol0 + colGroup * kWALK_COLS;
+    int32_t const dk0 = part * kDKW;
     int32_t const h = blockIdx.y;
     int32_t const n = blockIdx.z;
     int32_t const kh = h / (hv / hk);
@@ -221,7 +248,7 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
     // s[j][e] is state row 8j + 2t + (e & 1), column col0 + g + 8 (e >> 1): its element offset, and
     // whether it lies inside [Dk, Dv].
     auto stateElem = [&](int32_t j, int32_t e, size_t& offset) {
-        int32_t const r = 8 * j + 2 * t + (e & 1);
+        int32_t const r = dk0 + 8 * j + 2 * t + (e & 1);
         int32_t const col = col0 + g + 8 * (e >> 1);
         offset = stateOffset + static_cast<size_t>(r) * dv + col;
         return r < dk && col < dv;
@@ -285,12 +312,12 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
             }
         }
 #pragma unroll
-        for (int32_t kb = 0; kb < kDK / 16; ++kb)
+        for (int32_t kb = 0; kb < kDKW / 16; ++kb)
         {
             uint32_t aHi[4];
             uint32_t aLo[4];
             splitOperand<T>(s[2 * kb], s[2 * kb + 1], 1.F, 1.F, 1.F, 1.F, aHi, aLo);
-            int32_t const colOff = 16 * kb + 8 * (lm & 1);
+            int32_t const colOff = dk0 + 16 * kb + 8 * (lm & 1);
 #pragma unroll
             for (int32_t np = 0; np < kTT / 2; ++np)
             {
@@ -310,6 +337,25 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
             }
         }
 
+        // Split walk: each warp has X and Y over its half of dk; it passes all of X (both need
+        // v_new) and the Y tiles of the other's output tokens through shared memory.
+        float* exOwn = reinterpret_cast<float*>(smem + L::kEX + warp * L::kEX_WARP);
+        if constexpr (kKS == 2)
+        {
+#pragma unroll
+            for (int32_t i = 0; i < kTT; ++i)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    exOwn[(i * 4 + e) * kWARP + lane] = x[i][e];
+                    if (!ownsOutputBlock<kKS>(part, i / 2))
+                    {
+                        exOwn[((kTT + i) * 4 + e) * kWARP + lane] = y[i][e];
+                    }
+                }
+            }
+        }
         if constexpr (kSTAGES == 1)
         {
             cpAsyncWaitPending<0>();
@@ -320,9 +366,31 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
             }
             cpAsyncCommit();
         }
+        else if constexpr (kKS == 2)
+        {
+            __syncthreads(); // the partial X, Y are in (their buffers are rewritten only after the
+                             // next chunk's first barrier, when every warp has read them)
+        }
+        if constexpr (kKS == 2)
+        {
+            float const* exOther = reinterpret_cast<float const*>(smem + L::kEX + (warp ^ 1) * L::kEX_WARP);
+#pragma unroll
+            for (int32_t i = 0; i < kTT; ++i)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    x[i][e] += exOther[(i * 4 + e) * kWARP + lane];
+                    if (ownsOutputBlock<kKS>(part, i / 2))
+                    {
+                        y[i][e] += exOther[((kTT + i) * 4 + e) * kWARP + lane];
+                    }
+                }
+            }
+        }
 
         // Vn = u^T - X (in x); O = Y diag(fq) (in y).
-        int32_t const uCol = warp * kWALK_COLS + g;
+        int32_t const uCol = colGroup * kWALK_COLS + g;
 #pragma unroll
         for (int32_t i = 0; i < kTT; ++i)
         {
@@ -352,6 +420,10 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 #pragma unroll
             for (int32_t np = kb; np < kTT / 2; ++np)
             {
+                if (!ownsOutputBlock<kKS>(part, np))
+                {
+                    continue;
+                }
                 int32_t const row = 16 * np + 8 * (lm >> 1) + lr;
                 uint32_t bp[4];
                 uint32_t bpLo[4];
@@ -370,6 +442,10 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 #pragma unroll
         for (int32_t i = 0; i < kTT; ++i)
         {
+            if (!ownsOutputBlock<kKS>(part, i / 2))
+            {
+                continue;
+            }
             int32_t const tok = 8 * i + 2 * t;
             sOut[tok * L::kLDO + g] = fromFloat<T>(y[i][0]);
             sOut[(tok + 1) * L::kLDO + g] = fromFloat<T>(y[i][1]);
@@ -387,7 +463,7 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
                 int32_t const v = lane + i * kWARP;
                 int32_t const row = v / 2;
                 int32_t const col = col0 + 8 * (v % 2);
-                if (row < valid && col < dv)
+                if (row < valid && col < dv && ownsOutputBlock<kKS>(part, row / 16))
                 {
                     *reinterpret_cast<uint4*>(o + ((t0 + row) * hv + h) * dv + col)
                         = *reinterpret_cast<uint4 const*>(sOut + row * L::kLDO + 8 * (v % 2));
@@ -419,10 +495,10 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
                 x[2 * kb], x[2 * kb + 1], sFk[tok], sFk[tok + 1], sFk[tok + 8], sFk[tok + 9], aHi, aLo);
             int32_t const row = 16 * kb + 8 * (lm & 1) + lr;
 #pragma unroll
-            for (int32_t np = 0; np < kDK / 16; ++np)
+            for (int32_t np = 0; np < kDKW / 16; ++np)
             {
                 uint32_t bk[4];
-                mma::ldmatrixX4Trans(bk, sK + row * L::kLDK + 16 * np + 8 * (lm >> 1));
+                mma::ldmatrixX4Trans(bk, sK + row * L::kLDK + dk0 + 16 * np + 8 * (lm >> 1));
                 mma::mma16816<T>(s[2 * np], aHi, bk[0], bk[1]);
                 mma::mma16816<T>(s[2 * np], aLo, bk[0], bk[1]);
                 mma::mma16816<T>(s[2 * np + 1], aHi, bk[2], bk[3]);

@@ -17,6 +17,7 @@
  *              wmma walk with the state in shared memory (gatedDeltaRuleChunkStateKernel).
  */
 #include "gatedDeltaRuleChunk.cuh"
+#include "gatedDeltaRuleChunkPrepare16.cuh"
 #include "gatedDeltaRuleChunkWalk.cuh"
 #include "gatedDeltaRuleKernels.h"
 #include "gatedDeltaRuleKernelsDetail.h"
@@ -258,12 +259,34 @@ cudaError_t launchWithSmem(Kernel kernel, dim3 grid, size_t smemBytes, cudaStrea
     return cudaGetLastError();
 }
 
+//! Shared memory of the prepare kernel for T: the mma.sync one for 16-bit inputs, wmma for fp32.
+template <typename T, int32_t kDK, int32_t kDV>
+constexpr size_t prepareBytes()
+{
+    if constexpr (kernels::kSPLIT<T>)
+    {
+        return kernels::Prepare16Smem<T, kDK, kDV>::kBYTES;
+    }
+    else
+    {
+        return kernels::PrepareSmem<T, kDK, kDV>::kBYTES;
+    }
+}
+
 template <typename T, int32_t kDK, int32_t kDV>
 cudaError_t launchPrepare(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
 {
     dim3 const grid(static_cast<uint32_t>(ws.maxChunks), p.numValueHeads);
-    return launchWithSmem(kernels::gatedDeltaRulePrepareKernel<T, kDK, kDV>, grid,
-        kernels::PrepareSmem<T, kDK, kDV>::kBYTES, stream, p, ws);
+    if constexpr (kernels::kSPLIT<T>)
+    {
+        return launchWithSmem(kernels::gatedDeltaRulePrepare16Kernel<T, kDK, kDV>, grid,
+            prepareBytes<T, kDK, kDV>(), stream, p, ws);
+    }
+    else
+    {
+        return launchWithSmem(kernels::gatedDeltaRulePrepareKernel<T, kDK, kDV>, grid,
+            prepareBytes<T, kDK, kDV>(), stream, p, ws);
+    }
 }
 
 template <typename T, int32_t kDK>
@@ -283,9 +306,9 @@ size_t prepareSmemBytes(int32_t valueDim)
 {
     switch (roundDim(valueDim, 32))
     {
-    case 32: return kernels::PrepareSmem<T, kDK, 32>::kBYTES;
-    case 64: return kernels::PrepareSmem<T, kDK, 64>::kBYTES;
-    default: return kernels::PrepareSmem<T, kDK, 128>::kBYTES;
+    case 32: return prepareBytes<T, kDK, 32>();
+    case 64: return prepareBytes<T, kDK, 64>();
+    default: return prepareBytes<T, kDK, 128>();
     }
 }
 
@@ -300,10 +323,10 @@ int32_t wmmaStages(int32_t smemLimit)
     return kernels::StateSmem<T, kDK, 1>::kBYTES <= static_cast<size_t>(smemLimit) ? 1 : 0;
 }
 
-template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES, int32_t kKS = 1>
 bool walkFits(int32_t smemLimit)
 {
-    return kernels::WalkSmem<T, kDK, kNW, kSTAGES>::kBYTES <= static_cast<size_t>(smemLimit);
+    return kernels::WalkSmem<T, kDK, kNW, kSTAGES, kKS>::kBYTES <= static_cast<size_t>(smemLimit);
 }
 
 //! Whether the mma.sync walk on kNW warps fits in smemLimit (single-buffered at least).
@@ -347,13 +370,13 @@ ChunkFit chunkFit(GatedDeltaRuleParams const& p, int32_t smemLimit)
     }
 }
 
-template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES>
+template <typename T, int32_t kDK, int32_t kNW, int32_t kSTAGES, int32_t kKS = 1>
 cudaError_t launchWalk(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, cudaStream_t stream)
 {
-    using L = kernels::WalkSmem<T, kDK, kNW, kSTAGES>;
+    using L = kernels::WalkSmem<T, kDK, kNW, kSTAGES, kKS>;
     dim3 const grid((p.valueDim + L::kBV - 1) / L::kBV, p.numValueHeads, numSequences(p));
-    return launchWithSmem(kernels::gatedDeltaRuleChunkWalkKernel<T, kDK, kNW, kSTAGES>, grid, L::kBYTES, stream, p,
-        ws, L::kTHREADS);
+    return launchWithSmem(kernels::gatedDeltaRuleChunkWalkKernel<T, kDK, kNW, kSTAGES, kKS>, grid, L::kBYTES,
+        stream, p, ws, L::kTHREADS);
 }
 
 //! Blocks of the walk that fit on one multiprocessor at once (its shared memory bounds it), asked
@@ -387,8 +410,13 @@ int32_t walkResidents()
 //! 1.81 double-buffered in run 12).
 //! 1 and 2 warps only single-buffered: the 4-warp block fits wherever they do (99 KB at Dk 128), so
 //! they run only when pinned (tests, benchmarks), and each variant costs build time.
+//! Unpinned (split), a grid of 4-warp blocks that covers at most half the multiprocessors runs the
+//! split walk instead: two warps share each 16 state columns, half of dk each (kKS = 2, 32 columns
+//! a block, double-buffered only), so twice the blocks each walk their chain in about half the
+//! products (one long sequence at few heads: the time to first token of a single prompt).
 template <typename T, int32_t kDK, int32_t kNW>
-cudaError_t launchWalkWidth(GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t smem, cudaStream_t stream)
+cudaError_t launchWalkWidth(
+    GatedDeltaRuleParams const& p, ChunkWorkspace const& ws, int32_t smem, bool split, cudaStream_t stream)
 {
     if constexpr (kNW == 4)
     {
@@ -398,6 +426,10 @@ cudaError_t launchWalkWidth(GatedDeltaRuleParams const& p, ChunkWorkspace const&
             int64_t const sms = multiprocessors();
             int64_t const blocks
                 = static_cast<int64_t>((p.valueDim + L::kBV - 1) / L::kBV) * p.numValueHeads * numSequences(p);
+            if (split && 2 * blocks <= sms && walkFits<T, kDK, kNW, 2, 2>(smem))
+            {
+                return launchWalk<T, kDK, kNW, 2, 2>(p, ws, stream);
+            }
             int32_t const residents2 = walkResidents<T, kDK, kNW, 2>();
             bool const single = p.cuSeqlens == nullptr && walkResidents<T, kDK, kNW, 1>() > residents2
                 && blocks > sms * residents2;
@@ -424,15 +456,15 @@ cudaError_t launchWalkFitting(GatedDeltaRuleParams const& p, ChunkWorkspace cons
         && path != GatedDeltaRulePath::kCHUNKED_WALK4;
     if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK4) && walkWidthFits<T, kDK, 4>(smem))
     {
-        return launchWalkWidth<T, kDK, 4>(p, ws, smem, stream);
+        return launchWalkWidth<T, kDK, 4>(p, ws, smem, any, stream);
     }
     if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK2) && walkWidthFits<T, kDK, 2>(smem))
     {
-        return launchWalkWidth<T, kDK, 2>(p, ws, smem, stream);
+        return launchWalkWidth<T, kDK, 2>(p, ws, smem, false, stream);
     }
     if ((any || path == GatedDeltaRulePath::kCHUNKED_WALK1) && walkWidthFits<T, kDK, 1>(smem))
     {
-        return launchWalkWidth<T, kDK, 1>(p, ws, smem, stream);
+        return launchWalkWidth<T, kDK, 1>(p, ws, smem, false, stream);
     }
     return cudaErrorNotSupported;
 }

@@ -10,6 +10,8 @@ the walk must stay as close to the reference as the wmma walk (the precision it 
 Outputs are NaN-poisoned first (tests/cuda/test_gated_delta_rule_cuda._run).
 """
 
+import re
+
 import pytest
 import torch
 
@@ -55,6 +57,64 @@ def test_walk_widths_match_reference_and_each_other(B, T, Hk, Hv, Dk, Dv, dtype)
     o, s = _run(x, path=cuda_backend.PATH_CHUNKED_WMMA)
     assert_close_rms(o, ro, dtype, "o (wmma walk)")
     assert_close_rms(s, rs, dtype, "final_state (wmma walk)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES16)
+@pytest.mark.parametrize("correlated", [False, True], ids=["random-keys", "model-like-keys"])
+@pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", SHAPES)
+def test_split_walk_on_small_grids(B, T, Hk, Hv, Dk, Dv, correlated, dtype):
+    """The chunked path unpinned: grids this small (at most 24 blocks of 64 columns) take the split
+    walk on an H200 (test_unpinned_small_grid_launches_the_split_walk), two warps a 16-column group,
+    half of dk each. Against the fp32 reference, and as close to it as the unsplit 4-warp walk (only
+    the order of fp32 sums differs)."""
+    x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device="cuda", correlated=correlated)
+    ro, rs = _reference(x)
+    o, s = _run(x, path=cuda_backend.PATH_CHUNKED)
+    assert_close_rms(o, ro, dtype, "o (split walk)")
+    assert_close_rms(s, rs, dtype, "final_state (split walk)")
+    o4, s4 = _run(x, path=_walk_path(4))
+    assert rel_rms(o, ro) <= 1.25 * rel_rms(o4, ro) + 1e-5, (rel_rms(o, ro), rel_rms(o4, ro))
+    assert rel_rms(s, rs) <= 1.25 * rel_rms(s4, rs) + 1e-5, (rel_rms(s, rs), rel_rms(s4, rs))
+
+
+def _walk_variants(fn):
+    """(warps, stages, state-row parts) of every mma.sync walk kernel fn launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    found = set()
+    for e in prof.key_averages():
+        m = re.search(r"ChunkWalkKernel<([^>]*)>", e.key)
+        if m:  # template arguments: T, Dk, warps, stages, parts (the dtype's name may hold digits)
+            found.add(tuple(int(n) for n in re.findall(r"\d+", m.group(1))[-3:]))
+    return found
+
+
+def test_unpinned_small_grid_launches_the_split_walk():
+    """The launcher's rule, read from the kernels launched: 4-warp blocks of 64 columns that cover at
+    most half the multiprocessors run the split walk (two parts), double-buffered; the pinned
+    4-warp walk stays unsplit."""
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 210 * 1024:
+        pytest.skip("the double-buffered split walk needs ~202 KB of shared memory a block (sm_90 / sm_100)")
+    x = gdn_inputs(1, 1000, 2, 4, 128, 128, dtype=torch.bfloat16, device="cuda")  # 8 blocks unsplit
+    assert _walk_variants(lambda: _run(x, path=cuda_backend.PATH_CHUNKED)) == {(4, 2, 2)}
+    assert _walk_variants(lambda: _run(x)) == {(4, 2, 2)}
+    assert _walk_variants(lambda: _run(x, path=_walk_path(4))) == {(4, 2, 1)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES16)
+@pytest.mark.parametrize(
+    "lengths", [[1, 63, 66, 1000], [3000, 1, 129, 17, 64]], ids=lambda ls: "-".join(map(str, ls)))
+def test_split_walk_ragged_packs(lengths, dtype):
+    T = sum(lengths)
+    x = gdn_inputs(1, T, 2, 6, 64, 128, dtype=dtype, device="cuda", state=False, correlated=True)
+    x["initial_state"] = torch.randn(len(lengths), 6, 64, 128, device="cuda") * 0.1
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    o, s = _run(x, cu_seqlens=cu, path=cuda_backend.PATH_CHUNKED)
+    ro, rs = _reference(x, cu_seqlens=cu)
+    assert_close_rms(o, ro, dtype, "o (split walk)")
+    assert_close_rms(s, rs, dtype, "final_state (split walk)")
 
 
 @pytest.mark.parametrize("dtype", DTYPES16)
@@ -136,18 +196,18 @@ SMALL_GPUS = [  # shared memory a block may use: the kernel choices of that GPU,
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[3]])
 def test_chunked_path_fits_small_gpus(B, T, Hk, Hv, Dk, Dv, dtype, gpu):
     """Under 99 KB (sm_86 / 89 / 120) or 163 KB (sm_80) the default path still runs chunked: the
-    prepare kernel and the single-buffered walk. Each warp sums in the same order whatever the
-    buffering, so the result is bit-equal to the device's own choice (the recurrent kernel, a
-    fallback, would not be), and it matches the reference."""
+    prepare kernel and a walk that fits (single-buffered, or at small head dims under 163 KB the
+    split walk). The result is bit-equal to the chunked path pinned under the same limit (the
+    recurrent kernel, a fallback, would not be), and it matches the reference."""
     smem = getattr(cuda_backend, gpu)
     x = gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, device="cuda", correlated=True)
     ro, rs = _reference(x)
     o, s = _run(x, smem_limit=smem)
     assert_close_rms(o, ro, dtype, "o")
     assert_close_rms(s, rs, dtype, "final_state")
-    o_full, s_full = _run(x, path=_walk_path(4))
-    assert torch.equal(o, o_full), "o differs from the walk the whole shared memory runs"
-    assert torch.equal(s, s_full), "final_state differs from the walk the whole shared memory runs"
+    o_chunked, s_chunked = _run(x, path=cuda_backend.PATH_CHUNKED, smem_limit=smem)
+    assert torch.equal(o, o_chunked), "o differs from the chunked path's under the same limit"
+    assert torch.equal(s, s_chunked), "final_state differs from the chunked path's under the same limit"
 
 
 def test_fp32_inputs_under_99KB_fall_back_correctly():
