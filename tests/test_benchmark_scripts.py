@@ -46,3 +46,27 @@ def test_peak_memory_probe_replays_the_allocator_trace():
     assert peak == 180 and total == 180 and set(blocks) == {2, 3, 4}
     assert frame_of(ours) == "modules/mlp.py:41 forward"
     assert frame_of([]) == "?:0 ?"
+
+
+def test_sass_phases_splits_at_barriers():
+    """sass_phases.phases on a synthetic cuobjdump listing: predicated instructions count under their
+    opcode, and every BAR closes a phase (the disassembly itself needs nvcc and cuobjdump)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from sass_phases import phases
+    finally:
+        sys.path.pop(0)
+    sass = "\n".join([
+        "        Function : _Z6kernelv",
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;            /* 0x00000a00ff017b82 */",
+        "        /*0010*/               @P0 LDS.64 R2, [R4] ;",
+        "        /*0020*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;",
+        "        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;",
+        "        /*0040*/              @!P1 FFMA R2, R3, R4, R2 ;",
+        "        /*10050*/                  FFMA R2, R3, R4, R2 ;",
+        "        /*10060*/                  EXIT ;",
+    ])
+    rows = phases(sass)
+    assert [addr for addr, _ in rows] == ["0030", "end"]
+    assert rows[0][1] == {"LDC": 1, "LDS": 1, "HMMA": 1, "BAR": 1}
+    assert rows[1][1] == {"FFMA": 2, "EXIT": 1}

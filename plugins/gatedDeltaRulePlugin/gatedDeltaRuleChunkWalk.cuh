@@ -339,9 +339,9 @@ __global__ void __launch_bounds__(kNW * kWARP) gatedDeltaRuleChunkWalkKernel(
 
         // Split walk: each warp has X and Y over its half of dk; it passes all of X (both need
         // v_new) and the Y tiles of the other's output tokens through shared memory.
-        float* exOwn = reinterpret_cast<float*>(smem + L::kEX + warp * L::kEX_WARP);
         if constexpr (kKS == 2)
         {
+            float* exOwn = reinterpret_cast<float*>(smem + L::kEX + warp * L::kEX_WARP);
 #pragma unroll
             for (int32_t i = 0; i < kTT; ++i)
             {

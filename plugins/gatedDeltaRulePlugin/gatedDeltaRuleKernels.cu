@@ -1,7 +1,7 @@
 /*
  * Host side of the gated delta rule kernels: parameter checks, workspace layout, path choice and
- * template dispatch. The kernels live in gatedDeltaRuleRecurrent.cuh, gatedDeltaRuleChunk.cuh and
- * gatedDeltaRuleChunkWalk.cuh.
+ * template dispatch. The kernels live in gatedDeltaRuleRecurrent.cuh, gatedDeltaRuleChunk.cuh,
+ * gatedDeltaRuleChunkPrepare16.cuh and gatedDeltaRuleChunkWalk.cuh.
  *
  * Paths:
  *   recurrent  T <= 16 (per sequence when packed, or pure varlen decode), any Dk <= 256, any Dv;
@@ -12,9 +12,11 @@
  *              [P: ... x {1, 2} x 64 x 64, activation dtype: hi and lo tiles for fp16 / bf16]
  *              [scalars: Hv x maxChunks x 192] fp32; maxChunks = B ceil(T / 64), or T / 64 + N for
  *              packed sequences (about 2 Dk + 4 Dv + 256 + 12 bytes per token and value head in bf16).
- *              Its sequential pass: for fp16 / bf16 the mma.sync walk with the state in registers
- *              (gatedDeltaRuleChunkWalk.cuh) where its shared memory fits, else (and for fp32) the
- *              wmma walk with the state in shared memory (gatedDeltaRuleChunkStateKernel).
+ *              Its prepare kernel: mma.sync for fp16 / bf16 (gatedDeltaRulePrepare16Kernel), wmma
+ *              for fp32. Its sequential pass: for fp16 / bf16 the mma.sync walk with the state in
+ *              registers (gatedDeltaRuleChunkWalk.cuh; split over two warps a column group on grids
+ *              that leave multiprocessors idle) where its shared memory fits, else (and for fp32)
+ *              the wmma walk with the state in shared memory (gatedDeltaRuleChunkStateKernel).
  */
 #include "gatedDeltaRuleChunk.cuh"
 #include "gatedDeltaRuleChunkPrepare16.cuh"
