@@ -91,7 +91,7 @@ __host__ __device__ constexpr size_t alignUp(size_t x, size_t a)
     return (x + a - 1) / a * a;
 }
 
-//! Shared memory of the prepare kernel (offsets in bytes from a 128-byte aligned base).
+//! Shared memory of the fp32 prepare kernel (offsets in bytes from a 128-byte aligned base).
 template <typename T, int32_t kDK, int32_t kDV>
 struct PrepareSmem
 {
@@ -114,8 +114,7 @@ struct PrepareSmem
             ? (kT32 + sizeof(float) * kCHUNK * kLDCF)
             : (kA32 + sizeof(float) * kCHUNK * kLDSTAGE),
         128);
-    // Tk takes q's bytes where they suffice (Dk >= 64): q is dead once q k^T is in Tm's bytes, and
-    // the 4.5 KB saved at Dk = Dv = 128 bring 16-bit inputs under the 99 KB of sm_86 / 89 / 120.
+    // Tk takes q's bytes where they suffice (Dk >= 64): q is dead once q k^T is in Tm's bytes.
     static constexpr size_t kTILE_C = sizeof(T) * kCHUNK * kLDC;
     static constexpr bool kTK_IN_Q = sizeof(T) * kCHUNK * kLDK >= kTILE_C;
     static constexpr size_t kTK = kTK_IN_Q ? kQ : kREGION_END;
@@ -463,6 +462,7 @@ template <typename T, int32_t kDK, int32_t kDV>
 __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     GatedDeltaRuleParams const p, ChunkWorkspace const ws)
 {
+    static_assert(!kSPLIT<T>, "fp32 inputs only (16-bit inputs take gatedDeltaRulePrepare16Kernel)");
     using L = PrepareSmem<T, kDK, kDV>;
     extern __shared__ __align__(128) unsigned char smem[];
     T* sK = reinterpret_cast<T*>(smem + L::kK);
@@ -551,30 +551,20 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     invertUnitLower64<L::kLDCF>(sA, sT, sM);
 
     // Fold the right-hand-side row scalings into Tm so that w and u come straight from raw k and v:
-    // Tk = Tm diag(beta exp(G) rk), Tv = Tm diag(beta). 16-bit inputs: the entries of Tm grow large
-    // for nearly parallel keys, so each operand is split into hi (sTk) + lo (sTv) and w, u take two
-    // products each, Tk's first; fp32 inputs: Tk in sTk, Tv in sTv, one pass.
-    auto buildOperands = [&](bool forU) {
+    // Tk = Tm diag(beta exp(G) rk) in sTk, Tv = Tm diag(beta) in sTv (fp32; mmaTile splits them
+    // into 3xTF32 operands).
 #pragma unroll
-        for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
-        {
-            int32_t const e = tid + it * kCHUNK_THREADS;
-            int32_t const i = e / kCHUNK;
-            int32_t const j = e % kCHUNK;
-            float const t = sT[i * L::kLDCF + j];
-            float const tk = t * sBeta[j] * __expf(sG[j]) * sRk[j];
-            float const tv = t * sBeta[j];
-            if constexpr (kSPLIT<T>)
-            {
-                splitStore(sTk + i * L::kLDC + j, sTv + i * L::kLDC + j, forU ? tv : tk);
-            }
-            else
-            {
-                sTk[i * L::kLDC + j] = fromFloat<T>(tk);
-                sTv[i * L::kLDC + j] = fromFloat<T>(tv);
-            }
-        }
-    };
+    for (int32_t it = 0; it < kCHUNK * kCHUNK / kCHUNK_THREADS; ++it)
+    {
+        int32_t const e = tid + it * kCHUNK_THREADS;
+        int32_t const i = e / kCHUNK;
+        int32_t const j = e % kCHUNK;
+        float const t = sT[i * L::kLDCF + j];
+        float const tk = t * sBeta[j] * __expf(sG[j]) * sRk[j];
+        float const tv = t * sBeta[j];
+        sTk[i * L::kLDC + j] = tk;
+        sTv[i * L::kLDC + j] = tv;
+    }
     // Each warp keeps its kDK / 32 tiles of w and kDV / 32 of u in registers until sT is dead (the
     // staging buffer overlaps it). Tk, Tv are lower triangular: row tile rt needs (rt + 1) * 16 columns.
     constexpr int32_t kWT = 4 * (kDK / 16) / kCHUNK_WARPS;
@@ -582,7 +572,7 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
     static_assert(kWT * kCHUNK_WARPS == 4 * (kDK / 16) && kUT * kCHUNK_WARPS == 4 * (kDV / 16), "tile split");
     AccFragT<T> wAcc[kWT];
     AccFragT<T> uAcc[kUT];
-    auto products = [&](AccFragT<T>* acc, int32_t tiles, T const* x, int32_t ldx, T const* lhsHi, T const* lhsLo) {
+    auto products = [&](AccFragT<T>* acc, int32_t tiles, T const* x, int32_t ldx, T const* lhs) {
 #pragma unroll
         for (int32_t i = 0; i < tiles; ++i)
         {
@@ -591,29 +581,12 @@ __global__ void __launch_bounds__(kCHUNK_THREADS) gatedDeltaRulePrepareKernel(
             int32_t const ct = t / 4;
             wmma::fill_fragment(acc[i], 0.F);
             mmaTile<T, wmma::row_major, wmma::row_major>(
-                acc[i], lhsHi + rt * 16 * L::kLDC, L::kLDC, x + ct * 16, ldx, (rt + 1) * 16);
-            if (lhsLo != nullptr)
-            {
-                mmaTile<T, wmma::row_major, wmma::row_major>(
-                    acc[i], lhsLo + rt * 16 * L::kLDC, L::kLDC, x + ct * 16, ldx, (rt + 1) * 16);
-            }
+                acc[i], lhs + rt * 16 * L::kLDC, L::kLDC, x + ct * 16, ldx, (rt + 1) * 16);
         }
     };
-    buildOperands(false);
     __syncthreads();
-    if constexpr (kSPLIT<T>)
-    {
-        products(wAcc, kWT, sK, L::kLDK, sTk, sTv);
-        __syncthreads();
-        buildOperands(true);
-        __syncthreads();
-        products(uAcc, kUT, sV, L::kLDV, sTk, sTv);
-    }
-    else
-    {
-        products(wAcc, kWT, sK, L::kLDK, sTk, nullptr);
-        products(uAcc, kUT, sV, L::kLDV, sTv, nullptr);
-    }
+    products(wAcc, kWT, sK, L::kLDK, sTk);
+    products(uAcc, kUT, sV, L::kLDV, sTv);
     // sT's last reads were before the __syncthreads above: the staging buffer is free.
     auto stage = [&](AccFragT<T> const* acc, int32_t tiles) {
 #pragma unroll
