@@ -41,7 +41,7 @@ def bench_decode(rows, bw, with_triton=True):
     fused_recurrent_gated_delta_rule = None
     if with_triton:
         try:
-            from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+            from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
         except Exception as exc:  # noqa: BLE001
             print("triton decode unavailable:", exc)
     for B in (1, 64, 256):
@@ -84,7 +84,7 @@ def bench_prefill(rows, which, emit):
         fn = lambda q, k, v, g, beta: cuda.gated_delta_rule(q, k, v, g, beta, None, scale, True, None)  # noqa: E731
     elif which == 1:
         try:
-            from gdn_kernels import backend as triton_backend
+            from gdn_export.ops import triton_backend
             fn = lambda q, k, v, g, beta: triton_backend.gated_delta_rule(  # noqa: E731
                 q, k, v, g, beta, None, scale, True, None)
         except Exception as exc:  # noqa: BLE001

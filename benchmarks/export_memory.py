@@ -14,6 +14,7 @@ into fp32 initializers, which may add up to 0.1%). A second child runs the same 
 
 from __future__ import annotations
 
+from gdn_export.hf_config import parse_config
 import argparse
 import json
 import os
@@ -57,7 +58,7 @@ def _sizes(family: str, gb: float, dtype_bytes: int) -> dict:
     from gdn_export.config import HybridConfig
     from gdn_export.weights.tiny import tiny_config_dict
 
-    n4, n8 = (_param_count(HybridConfig.from_dict(tiny_config_dict(family, num_hidden_layers=n, **over)))
+    n4, n8 = (_param_count(parse_config(tiny_config_dict(family, num_hidden_layers=n, **over)))
               for n in (4, 8))
     per_layer = (n8 - n4) / 4  # parameters per layer, averaged over the 3:1 GDN:attention pattern
     fixed = n4 - 4 * per_layer
@@ -88,7 +89,7 @@ def write_checkpoint(directory: Path, family: str, gb: float, dtype: str) -> tup
     torch_dtype = getattr(torch, DTYPES[dtype])
     over = _sizes(family, gb, torch.empty((), dtype=torch_dtype).element_size())
     cfg_dict = tiny_config_dict(family, dtype=DTYPES[dtype], **over)
-    config = HybridConfig.from_dict(cfg_dict)
+    config = parse_config(cfg_dict)
     with torch.device("meta"):
         model = HybridForCausalLM(config)
     naming = FAMILIES[config.family]

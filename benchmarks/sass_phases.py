@@ -12,7 +12,7 @@ are static (an unrolled loop counts once per copy, a rolled one once), so they c
 kernel, they do not time it. Run 15 read the wmma prepare kernel's for bf16 (8.9K instructions; two
 product phases of ~2050 each, mostly generic loads, MOVM transposes and address arithmetic; built
 from commit 0aeeedb, before the 16-bit inputs moved to the mma.sync kernel) against the mma.sync
-one's (4.5K): benchmarks/results/2026-12-02-run15/sass/.
+one's (4.5K): docs/perf/runs/2026-12-02-run15/sass/.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.layout import DeployLayout
 from gdn_export.models import HybridForCausalLM
@@ -42,7 +43,7 @@ LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=6144, num_hid
 
 def build(large: bool, device: str, seed: int = 0, dtype: torch.dtype = torch.float32,
           **overrides) -> HybridForCausalLM:
-    config = HybridConfig.from_dict(tiny_config_dict("qwen3_5", **{**(LARGE if large else {}), **overrides}))
+    config = parse_config(tiny_config_dict("qwen3_5", **{**(LARGE if large else {}), **overrides}))
     model = HybridForCausalLM(config).eval()
     init_tiny_weights(model, seed)
     return model.to(device=device, dtype=dtype)

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.layout import DeployLayout
 from gdn_export.models import HybridForCausalLM
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=16)
     args = ap.parse_args(argv)
-    cfg = HybridConfig.from_dict(tiny_config_dict("qwen3_5"))
+    cfg = parse_config(tiny_config_dict("qwen3_5"))
     model = HybridForCausalLM(cfg, DeployLayout.make(sinks=args.sinks, window=args.window)).eval()
     init_tiny_weights(model, 0)
     model.check_inputs = False  # checked once below; the loop is the steady state a server runs

@@ -29,7 +29,6 @@ sees that one position and mrope is exactly plain rope; it is recorded and other
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,34 +212,20 @@ class HybridConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "HybridConfig":
-        """Parse a transformers config.json dict (or the output of `to_dict`)."""
+        """Read back the output of `to_dict`. A transformers config.json dict is parsed by
+        `gdn_export.hf_config.parse_config`, which also takes this form."""
         if not isinstance(d, dict):
             raise ConfigError(f"config must be a JSON object, got {type(d).__name__}")
-        if "family" in d and "layer_kinds" in d:
-            names = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(d) - names)
-            if unknown:
-                raise ConfigError(f"unknown HybridConfig field(s): {', '.join(unknown)}")
-            return cls(**d)
-        from gdn_export.hf_config import from_hf_dict  # the transformers spelling, parsed there
+        if not is_own_dict(d):
+            raise ConfigError("not a HybridConfig dict (no 'family' / 'layer_kinds'); parse a transformers "
+                              "config.json with gdn_export.hf_config.parse_config")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown HybridConfig field(s): {', '.join(unknown)}")
+        return cls(**d)
 
-        return from_hf_dict(d)
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> "HybridConfig":
-        """Read a config.json; a missing or malformed file is a CheckpointError naming it."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: config file not found") from None
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read config ({exc.strerror})") from None
-        except UnicodeDecodeError as exc:
-            raise CheckpointError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                                  f"offset {exc.start}); config.json must be UTF-8 JSON") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(d)
+def is_own_dict(d: dict[str, Any]) -> bool:
+    """Whether `d` is HybridConfig.to_dict's form rather than a transformers config.json."""
+    return "family" in d and "layer_kinds" in d

@@ -8,7 +8,9 @@ gdn_export.config for the accepted model types).
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from gdn_export.config import (
@@ -21,8 +23,9 @@ from gdn_export.config import (
     LINEAR,
     MODEL_TYPES,
     HybridConfig,
+    is_own_dict,
 )
-from gdn_export.errors import ConfigError
+from gdn_export.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("gdn_export.config")
 
@@ -224,7 +227,7 @@ def _moe_fields(d: dict, family: str) -> dict[str, Any]:
 
 
 def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
-    """Parse a transformers config.json dict (HybridConfig.from_dict calls this)."""
+    """Parse a transformers config.json dict."""
     model_type = outer.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ConfigError(
@@ -285,3 +288,29 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         return HybridConfig(**fields)
     except TypeError as exc:  # a field of the wrong JSON type reaching a comparison
         raise ConfigError(f"config.json has a field of the wrong type: {exc}") from None
+
+
+def parse_config(d: dict[str, Any]) -> HybridConfig:
+    """A transformers config.json dict, or the output of `HybridConfig.to_dict`, as a HybridConfig."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"config must be a JSON object, got {type(d).__name__}")
+    return HybridConfig.from_dict(d) if is_own_dict(d) else from_hf_dict(d)
+
+
+def read_config(path: str | Path) -> HybridConfig:
+    """Read a config.json; a missing or malformed file is a CheckpointError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                              f"offset {exc.start}); config.json must be UTF-8 JSON") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    return parse_config(d)

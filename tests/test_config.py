@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from gdn_export.hf_config import parse_config, read_config
 from gdn_export.config import FULL, LINEAR, HybridConfig
 from gdn_export.errors import CheckpointError, ConfigError
 from gdn_export.weights.tiny import tiny_config_dict
@@ -23,7 +24,7 @@ def _text(d: dict) -> dict:
     ids=["qwen3_next", "qwen3_5_text", "qwen3_5-composite"],
 )
 def test_parses_tiny_configs(family, model_type):
-    c = HybridConfig.from_dict(tiny_config_dict(family, model_type))
+    c = parse_config(tiny_config_dict(family, model_type))
     assert c.family == family
     assert c.layer_kinds == [LINEAR, LINEAR, LINEAR, FULL]
     assert (c.linear_num_key_heads, c.linear_num_value_heads) == (2, 4)
@@ -36,7 +37,7 @@ def test_parses_tiny_configs(family, model_type):
 
 def test_composite_warns_that_vision_is_not_exported(caplog):
     with caplog.at_level(logging.WARNING, logger="gdn_export.config"):
-        c = HybridConfig.from_dict(tiny_config_dict("qwen3_5", "qwen3_5"))
+        c = parse_config(tiny_config_dict("qwen3_5", "qwen3_5"))
     assert c.model_type == "qwen3_5"
     assert "vision tower is not exported" in caplog.text
     assert c.mrope_section == [1, 1, 0]
@@ -44,12 +45,12 @@ def test_composite_warns_that_vision_is_not_exported(caplog):
 
 def test_explicit_layer_types_win_over_interval():
     kinds = [FULL, LINEAR, FULL, LINEAR]
-    c = HybridConfig.from_dict(tiny_config_dict("qwen3_5", layer_types=kinds, full_attention_interval=4))
+    c = parse_config(tiny_config_dict("qwen3_5", layer_types=kinds, full_attention_interval=4))
     assert c.layer_kinds == kinds
 
 
 def test_full_attention_interval():
-    c = HybridConfig.from_dict(tiny_config_dict("qwen3_5", num_hidden_layers=6, full_attention_interval=3))
+    c = parse_config(tiny_config_dict("qwen3_5", num_hidden_layers=6, full_attention_interval=3))
     assert c.layer_kinds == [LINEAR, LINEAR, FULL, LINEAR, LINEAR, FULL]
 
 
@@ -57,12 +58,12 @@ def test_legacy_top_level_rope_fields():
     d = tiny_config_dict("qwen3_next")
     del d["rope_parameters"]
     d.update(rope_theta=1e6, partial_rotary_factor=0.5, rope_scaling=None)
-    c = HybridConfig.from_dict(d)
+    c = parse_config(d)
     assert (c.rope_theta, c.partial_rotary_factor, c.rotary_dim) == (1e6, 0.5, 8)
 
 
 def test_moe_layer_rule_follows_transformers():
-    c = HybridConfig.from_dict(tiny_config_dict("qwen3_next", decoder_sparse_step=2, mlp_only_layers=[3]))
+    c = parse_config(tiny_config_dict("qwen3_next", decoder_sparse_step=2, mlp_only_layers=[3]))
     assert [c.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
 
 
@@ -70,23 +71,23 @@ def test_composite_ties_on_top_level_flag():
     d = tiny_config_dict("qwen3_5", "qwen3_5")
     d["tie_word_embeddings"] = True
     d["text_config"]["tie_word_embeddings"] = False
-    assert HybridConfig.from_dict(d).tie_word_embeddings is True
+    assert parse_config(d).tie_word_embeddings is True
 
 
 def test_dtype_from_torch_dtype_and_missing_defaults():
     d = tiny_config_dict("qwen3_5")
     del d["dtype"]
-    assert HybridConfig.from_dict(d).dtype == "float32"
+    assert parse_config(d).dtype == "float32"
     d["torch_dtype"] = "bfloat16"
-    assert HybridConfig.from_dict(d).dtype == "bfloat16"
+    assert parse_config(d).dtype == "bfloat16"
     del d["linear_conv_kernel_dim"]  # transformers' default
-    assert HybridConfig.from_dict(d).linear_conv_kernel_dim == 4
+    assert parse_config(d).linear_conv_kernel_dim == 4
 
 
 def test_to_dict_round_trip():
-    c = HybridConfig.from_dict(tiny_config_dict("qwen3_next", mlp_only_layers=[1]))
+    c = parse_config(tiny_config_dict("qwen3_next", mlp_only_layers=[1]))
     d = json.loads(json.dumps(c.to_dict()))
-    assert HybridConfig.from_dict(d) == c
+    assert parse_config(d) == c
 
 
 def _set(path: str, value):
@@ -140,23 +141,23 @@ def test_unsupported_field_is_config_error_naming_it(family, edit, field):
     d = copy.deepcopy(tiny_config_dict(family))
     edit(d)
     with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        HybridConfig.from_dict(d)
+        parse_config(d)
 
 
 def test_composite_without_text_config():
     d = tiny_config_dict("qwen3_5", "qwen3_5")
     del d["text_config"]
     with pytest.raises(ConfigError, match="text_config"):
-        HybridConfig.from_dict(d)
+        parse_config(d)
 
 
 def test_from_file_missing_and_invalid(tmp_path):
     with pytest.raises(CheckpointError, match="config.json: config file not found"):
-        HybridConfig.from_file(tmp_path / "config.json")
+        read_config(tmp_path / "config.json")
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
     with pytest.raises(CheckpointError, match=r"config.json: invalid JSON"):
-        HybridConfig.from_file(bad)
+        read_config(bad)
 
 
 def test_released_qwen3_next_style_config():
@@ -172,7 +173,7 @@ def test_released_qwen3_next_style_config():
         "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
         "mlp_only_layers": [], "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
     }
-    c = HybridConfig.from_dict(d)
+    c = parse_config(d)
     assert (c.dtype, c.rope_theta, c.rotary_dim, c.conv_dim) == ("bfloat16", 1e7, 64, 8192)
     assert c.layer_kinds.count(FULL) == 12 and c.layer_kinds[3] == FULL
 
@@ -187,14 +188,14 @@ def test_released_qwen3_5_style_config():
                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
         "attn_output_gate": True, "dtype": "bfloat16", "mtp_num_hidden_layers": 1,
     }
-    c = HybridConfig.from_dict({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False})
+    c = parse_config({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False})
     assert (c.family, c.dtype, c.mrope_section, c.rotary_dim) == ("qwen3_5", "bfloat16", [11, 11, 10], 64)
     assert c.num_experts == 0 and c.linear_num_value_heads == 32  # transformers' default
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_5_moe_text", "qwen3_5_moe"])
 def test_qwen3_5_moe_every_layer_is_moe(model_type):
-    c = HybridConfig.from_dict(tiny_config_dict("qwen3_5_moe", model_type))
+    c = parse_config(tiny_config_dict("qwen3_5_moe", model_type))
     assert (c.family, c.model_type) == ("qwen3_5_moe", model_type)
     assert (c.num_experts, c.num_experts_per_tok, c.norm_topk_prob) == (4, 2, True)
     assert [c.is_moe_layer(i) for i in range(4)] == [True] * 4
@@ -203,14 +204,14 @@ def test_qwen3_5_moe_every_layer_is_moe(model_type):
 
 
 def test_qwen3_5_moe_defaults_are_transformers():
-    c = HybridConfig.from_dict({"model_type": "qwen3_5_moe_text"})
+    c = parse_config({"model_type": "qwen3_5_moe_text"})
     assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_key_value_heads) == (248320, 2048, 40, 2)
     assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (256, 8, 512)
     assert c.layer_kinds[:4] == [LINEAR, LINEAR, LINEAR, FULL] and c.rotary_dim == 64
 
 
 def test_olmo_hybrid_fields():
-    c = HybridConfig.from_dict(tiny_config_dict("olmo_hybrid"))
+    c = parse_config(tiny_config_dict("olmo_hybrid"))
     assert (c.family, c.head_dim, c.rotary_dim, c.use_rope) == ("olmo_hybrid", 16, 16, True)
     assert (c.qk_norm, c.attn_block_norm, c.attn_output_gate, c.zero_centered_norm) == (
         "projection", "post", False, False)
@@ -220,7 +221,7 @@ def test_olmo_hybrid_fields():
 
 def test_olmo_hybrid_defaults_follow_transformers():
     """OlmoHybridConfig derives the GDN sizes, kv heads and head_dim from other fields."""
-    c = HybridConfig.from_dict({"model_type": "olmo_hybrid", "num_hidden_layers": 3})
+    c = parse_config({"model_type": "olmo_hybrid", "num_hidden_layers": 3})
     assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (3840, 30, 30, 128)
     assert (c.linear_num_key_heads, c.linear_num_value_heads) == (30, 30)
     assert (c.linear_key_head_dim, c.linear_value_head_dim) == (96, 192)
@@ -235,9 +236,9 @@ def test_olmo_hybrid_defaults_follow_transformers():
 def test_olmo_hybrid_null_rope_theta_is_nope(edit):
     d = tiny_config_dict("olmo_hybrid")
     edit(d)
-    c = HybridConfig.from_dict(d)
+    c = parse_config(d)
     assert not c.use_rope
     d = tiny_config_dict("olmo_hybrid", linear_allow_neg_eigval=False)
     d.pop("rope_parameters")
-    c = HybridConfig.from_dict(d)
+    c = parse_config(d)
     assert c.use_rope and c.rope_theta == 10000.0 and not c.allow_neg_eigval

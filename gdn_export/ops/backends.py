@@ -10,7 +10,7 @@ Every backend implements the same three functions with the same argument order a
 
 Backends:
     reference  fp32 PyTorch (`naive.py` beside each op); runs anywhere
-    triton     `gdn_kernels` (kernels/); CUDA tensors, or CPU under TRITON_INTERPRET=1
+    triton     the Triton kernels beside each op (gdn_export/ops/<op>/triton*); CUDA tensors, or CPU under TRITON_INTERPRET=1
     cuda       our CUDA kernels (plugins/) built as a PyTorch extension; CUDA tensors
 
 The active backend is, in order: the innermost `use_backend(...)` block, the environment variable
@@ -55,7 +55,7 @@ class Backend:
 # that a machine without Triton or a CUDA compiler can still use the reference backend.
 _MODULES = {
     "reference": "gdn_export.ops.reference_backend",
-    "triton": "gdn_kernels.backend",
+    "triton": "gdn_export.ops.triton_backend",
     "cuda": "gdn_export.cuda.backend",
 }
 _LOADED: dict[str, Backend] = {}

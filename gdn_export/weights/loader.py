@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from gdn_export.hf_config import read_config
 from gdn_export.config import DTYPES, HybridConfig
 from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
@@ -57,7 +58,7 @@ def load_checkpoint(
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: checkpoint directory not found")
-    config = HybridConfig.from_file(directory / "config.json")
+    config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
     family = FAMILIES[config.family]
 

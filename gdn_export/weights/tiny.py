@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
@@ -204,7 +205,7 @@ def make_tiny_checkpoint(
         raise InputError(f"shards must be an integer >= 1, got {shards!r}")
     directory = check_target(directory, overwrite)
     cfg_dict = tiny_config_dict(family, model_type, **overrides)
-    config = HybridConfig.from_dict(cfg_dict)
+    config = parse_config(cfg_dict)
     model = HybridForCausalLM(config)
     init_tiny_weights(model, seed)
     model.to(config.torch_dtype)

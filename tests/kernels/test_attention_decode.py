@@ -1,4 +1,4 @@
-"""Split-KV decode attention (gdn_kernels.attention_decode) against a float64 masked softmax.
+"""Split-KV decode attention (gdn_export.ops.attention.triton.decode) against a float64 masked softmax.
 
 Fresh random inputs, the output NaN-poisoned beforehand, ragged masks (each batch row its own
 visible length, 1 and L included; with S > 1 the earlier queries of a length-1 row read nothing and
@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import rel_rms
 
-from gdn_kernels.attention_decode import attention_decode, max_rows, split_count, supports
+from gdn_export.ops.attention.triton.decode import attention_decode, max_rows, split_count, supports
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # relative RMS against float64: bf16 (8-bit mantissa) rounds p before P V and the output;

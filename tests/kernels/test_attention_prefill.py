@@ -1,4 +1,4 @@
-"""Flash-attention prefill (gdn_kernels.attention_prefill) against a float64 masked softmax.
+"""Flash-attention prefill (gdn_export.ops.attention.triton.prefill) against a float64 masked softmax.
 
 Fresh random inputs and the masks a prefill makes: causal over each row's own past (ragged), past
 0, a short context in a long cache, a streaming window, holes (evicted or unwritten slots inside the
@@ -17,9 +17,9 @@ from tests.conftest import rel_rms
 from tests.kernels.test_attention_decode import reference
 
 import gdn_export.ops.attention as attention_module
-from gdn_kernels import attention_decode as decode_module
-from gdn_kernels import attention_prefill as prefill_module
-from gdn_kernels.attention_prefill import attention_prefill, config, kv_ranges, supports
+from gdn_export.ops.attention.triton import decode as decode_module
+from gdn_export.ops.attention.triton import prefill as prefill_module
+from gdn_export.ops.attention.triton.prefill import attention_prefill, config, kv_ranges, supports
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # relative RMS against float64: P is rounded to the 16-bit dtype before P V (as flash attention

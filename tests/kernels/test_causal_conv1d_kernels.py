@@ -7,7 +7,7 @@ from gdn_export.ops.causal_conv1d.naive import causal_conv1d as reference
 from tests.conftest import DTYPES, assert_close_rms
 from tests.ragged import CONV_RAGGED, check_conv_rows, conv_ragged_inputs
 
-from gdn_kernels.causal_conv1d import causal_conv1d
+from gdn_export.ops.causal_conv1d.triton import causal_conv1d
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = [

@@ -10,10 +10,10 @@ import torch
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from tests.conftest import DTYPES, assert_close_rms, gdn_inputs
 
-from gdn_kernels.chunk import chunk_gated_delta_rule
-from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
-from gdn_kernels.gates import gated_delta_rule_from_gates
-from gdn_kernels.utils import check_cu_seqlens, chunk_indices, raw_operands
+from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.gates import gated_delta_rule_from_gates
+from gdn_export.ops.triton_utils import check_cu_seqlens, chunk_indices, raw_operands
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [
@@ -234,7 +234,7 @@ def test_backend_picks_recurrent_only_for_short_sequences(lens, short):
     """The triton backend runs the recurrent kernel when every sequence has at most RECURRENT_MAX_T
     (16) tokens, the chunked one otherwise; a pack whose size alone decides (total <= 16, or a mean
     over 16) is not read on the host."""
-    from gdn_kernels.backend import _short
+    from gdn_export.ops.triton_backend import _short
 
     v = torch.empty(1, sum(lens), 1, 8)
     cu = torch.tensor([0] + lens).cumsum(0)

@@ -8,8 +8,8 @@ from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from tests.conftest import DTYPES, assert_close_rms, gdn_inputs
 from tests.ragged import GDR_PADDED, check_gdr_rows, gdr_padded_inputs, pack, with_beta_up_to_2
 
-from gdn_kernels.chunk import chunk_gated_delta_rule
-from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNELS = {"chunk": chunk_gated_delta_rule, "recurrent": fused_recurrent_gated_delta_rule}

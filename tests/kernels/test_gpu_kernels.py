@@ -15,10 +15,10 @@ from tests.conftest import DTYPES, GPU_ONLY, assert_close_rms, gdn_inputs
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
-    from gdn_kernels import backend
-    from gdn_kernels.causal_conv1d import causal_conv1d
-    from gdn_kernels.chunk import chunk_gated_delta_rule
-    from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+    from gdn_export.ops import triton_backend as backend
+    from gdn_export.ops.causal_conv1d.triton import causal_conv1d
+    from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+    from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 
 HEADS = [pytest.param(2, 2, id="Hv=Hk"), pytest.param(2, 4, id="Hv=2Hk")]
 

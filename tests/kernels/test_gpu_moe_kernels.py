@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gdn_export.ops.moe.naive import moe as reference
-from gdn_kernels.moe import moe as triton_moe
+from gdn_export.ops.moe.triton import moe as triton_moe
 from tests.conftest import DTYPES, GPU_ONLY, assert_close_rms
 from tests.ops.test_moe_reference import moe_inputs
 

@@ -1,4 +1,4 @@
-"""The one-launch K/V cache write (gdn_kernels.kv_cache_write) against an independent loop.
+"""The one-launch K/V cache write (gdn_export.ops.attention.triton.kv_cache_write) against an independent loop.
 
 Fresh random caches (every slot the write must leave alone keeps its random value, so a stray write
 shows), ragged write positions (first slot, last slots, rows at different offsets), S = 1 (decode)
@@ -11,7 +11,7 @@ Runs under TRITON_INTERPRET=1 on CPU (conftest.py); on a GPU also through the pu
 import pytest
 import torch
 
-from gdn_kernels.kv_cache_write import kv_cache_write_, supports
+from gdn_export.ops.attention.triton.kv_cache_write import kv_cache_write_, supports
 from gdn_export.ops.attention import write_kv_cache_
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -103,7 +103,7 @@ def test_supports_refuses(bad):
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the public op's GPU route (CPU: scatter_, tested in tests/ops)")
 def test_public_op_takes_the_kernel_and_matches(monkeypatch):
-    from gdn_kernels import kv_cache_write
+    from gdn_export.ops.attention.triton import kv_cache_write
     calls = []
     original = kv_cache_write.kv_cache_write_
     monkeypatch.setattr(kv_cache_write, "kv_cache_write_", lambda *a: calls.append(1) or original(*a))

@@ -8,7 +8,7 @@ import torch
 
 from gdn_export.ops.moe.naive import moe as reference
 from gdn_export.ops.moe.naive import route
-from gdn_kernels.moe import moe as triton_moe
+from gdn_export.ops.moe.triton import moe as triton_moe
 from tests.conftest import DTYPES, assert_close_rms
 from tests.ops.test_moe_reference import moe_inputs
 

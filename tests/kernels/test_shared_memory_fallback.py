@@ -9,7 +9,8 @@ import torch
 from gdn_export.errors import GdnExportError
 from gdn_export.ops import gated_delta_rule, use_backend
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule
-from gdn_kernels import chunk, wy
+from gdn_export.ops.gated_delta_rule.triton import chunk
+from gdn_export.ops.gated_delta_rule.triton import wy
 from tests.conftest import assert_close_rms, gdn_inputs
 
 

@@ -11,8 +11,8 @@ import torch
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from tests.conftest import DTYPES, RMS_BOUND, gdn_inputs, rel_rms
 
-from gdn_kernels.chunk import chunk_gated_delta_rule
-from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STATE_DTYPES = [pytest.param(torch.float32, id="fp32-state"), pytest.param(torch.bfloat16, id="bf16-state"),

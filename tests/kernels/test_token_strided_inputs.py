@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from tests.conftest import RMS_BOUND, assert_close_rms, rel_rms
 
-from gdn_kernels.causal_conv1d import causal_conv1d
-from gdn_kernels.chunk import chunk_gated_delta_rule
-from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
-from gdn_kernels.utils import as_token_input, token_stride
+from gdn_export.ops.causal_conv1d.triton import causal_conv1d
+from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_export.ops.triton_utils import as_token_input, token_stride
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNELS = {"chunk": chunk_gated_delta_rule, "recurrent": fused_recurrent_gated_delta_rule}

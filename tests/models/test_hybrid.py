@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.errors import InputError
 from gdn_export.models import Cache, HybridForCausalLM
@@ -19,7 +20,7 @@ CONCAT = DeployLayout.make(kv_cache="concat", logits="all")
 
 
 def _model(family, seed=0, layout=ALL, **overrides):
-    config = HybridConfig.from_dict(tiny_config_dict(family, **overrides))
+    config = parse_config(tiny_config_dict(family, **overrides))
     model = HybridForCausalLM(config, layout).eval()
     init_tiny_weights(model, seed)
     return model

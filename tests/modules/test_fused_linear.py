@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.layout import DeployLayout
 from gdn_export.models import HybridForCausalLM
@@ -18,7 +19,7 @@ FAMILIES = ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"]
 
 
 def _model(family, **overrides):
-    config = HybridConfig.from_dict(tiny_config_dict(family, **overrides))
+    config = parse_config(tiny_config_dict(family, **overrides))
     model = HybridForCausalLM(config, DeployLayout.make(cache_len=48, logits="all")).eval()
     init_tiny_weights(model, 3)
     return model

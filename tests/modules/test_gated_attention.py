@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.layout import DeployLayout
 from gdn_export.modules.gated_attention import GatedAttention, causal_mask
@@ -17,7 +18,7 @@ LAYOUTS = {"inplace": INPLACE, "concat": CONCAT}
 
 
 def _attn(gated=True, heads=4, kv_heads=2):
-    config = HybridConfig.from_dict(tiny_config_dict(
+    config = parse_config(tiny_config_dict(
         "qwen3_5", attn_output_gate=gated, num_attention_heads=heads, num_key_value_heads=kv_heads))
     m = GatedAttention(config, 3)
     gen = torch.Generator().manual_seed(0)

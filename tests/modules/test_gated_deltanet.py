@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
 from gdn_export.weights.tiny import tiny_config_dict
@@ -20,7 +21,7 @@ SHAPE_IDS = ["Hk2-Hv4-Dk16-Dv24", "Hk1-Hv3-Dk8-Dv8", "Hk2-Hv2-Dk16-Dv8"]
 
 
 def _config(family, Hk, Hv, Dk, Dv):
-    return HybridConfig.from_dict(tiny_config_dict(
+    return parse_config(tiny_config_dict(
         family, linear_num_key_heads=Hk, linear_num_value_heads=Hv,
         linear_key_head_dim=Dk, linear_value_head_dim=Dv))
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
 from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
 from gdn_export.weights.tiny import tiny_config_dict
@@ -41,7 +42,7 @@ def _loop_reference(m: SparseMoeBlock, x):
 def test_moe_block_equals_routed_loop(family, experts, top_k, norm):
     torch.manual_seed(experts)
     extra = {} if family == "qwen3_5_moe" else {"norm_topk_prob": norm}
-    config = HybridConfig.from_dict(tiny_config_dict(
+    config = parse_config(tiny_config_dict(
         family, num_experts=experts, num_experts_per_tok=top_k, **extra))
     m = SparseMoeBlock(config)
     assert tuple(m.experts.gate_up_proj.shape) == (experts, 64, 64)  # [E, 2I, hidden], I = 32

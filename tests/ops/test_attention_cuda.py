@@ -1,5 +1,5 @@
 """The half-precision GPU paths of gdn::attention against the fp32 path on the same inputs: decode
-steps (the split-KV Triton kernel, gdn_kernels.attention_decode) and ragged prefills (SDPA on the
+steps (the split-KV Triton kernel, gdn_export.ops.attention.triton.decode) and ragged prefills (SDPA on the
 stored dtype: GQA folded into query rows for small calls, one call per query head with a shared
 mask for large ones, B x G x S x L > attention.REPEATED_MASK_MAX)."""
 

@@ -1,7 +1,7 @@
 """`gdn::gated_delta_rule`: the whole contract of the gated delta rule op.
 
 One op serves decode (T = 1) and prefill (T > 1). The same argument order is used by the fp32
-reference (`naive.py`), the Triton kernels (`gdn_kernels`), the CUDA kernels (`plugins/`), the
+reference (`naive.py`), the Triton kernels (`triton/` beside this file), the CUDA kernels (`plugins/`), the
 ONNX node (`onnx.py`) and the TensorRT plugin fields.
 
     inputs                                   outputs

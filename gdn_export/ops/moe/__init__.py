@@ -2,7 +2,7 @@
 
 Each token runs through its top-k experts only; the shared expert and its gate stay standard
 layers around the op. Same argument order in the fp32 reference (`naive.py`), the Triton kernels
-(`gdn_kernels.moe`), the CUDA kernels (plugins/moePlugin/moeKernels.h), the ONNX node (`onnx.py`)
+(`gdn_export.ops.moe.triton`), the CUDA kernels (plugins/moePlugin/moeKernels.h), the ONNX node (`onnx.py`)
 and the TensorRT plugin fields.
 
     inputs                                   outputs

@@ -15,10 +15,10 @@ Products: exact fp32 (ieee) for fp32 inputs. For 16-bit inputs with head dims th
 of 64 (utils.raw_operands; other dims use fp32 copies on TF32) q, k and w enter the tensor cores
 as they are stored (no fp32 copies: fewer live registers); w h and q h read the state rounded to
 the input dtype (~4e-4 on o), Aqk v_new is TF32, and the update takes fk * v_new as two 16-bit
-halves (wy._dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
+halves (wy.dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
 The state is transposed so that the update reads k in its stored layout: with h [Dk, BV] the
 update needs k^T, and a transposed 16-bit tile as the left operand gave NaN or illegal addresses
-on the H200 with Triton 3.6 (benchmarks/README.md, run 5).
+on the H200 with Triton 3.6 (docs/perf/LOG.md, run 5).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (as_kernel_input, cdiv, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
+from gdn_export.ops.triton_utils import (as_kernel_input, cdiv, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
                              raw_operands, state_dtype, to_state_dtype, token_strides)
-from gdn_kernels.wy import _dot, _dot_split, chunk_wy_fwd
+from gdn_export.ops.gated_delta_rule.triton.wy import chunk_wy_fwd, dot_split
+from gdn_export.ops.triton_utils import dot
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -90,12 +91,12 @@ def chunk_state_output_fwd_kernel(
         else:
             b_w, b_q, b_k = b_w.to(tl.float32), b_q.to(tl.float32), b_k.to(tl.float32)
             b_hd = tl.trans(b_hT)
-        b_vn = b_u - _dot(b_w, b_hd, IEEE)
-        b_o = _dot(b_q, b_hd, IEEE) * b_fq[:, None] + _dot(b_A, b_vn, IEEE)
+        b_vn = b_u - dot(b_w, b_hd, IEEE)
+        b_o = dot(b_q, b_hd, IEEE) * b_fq[:, None] + dot(b_A, b_vn, IEEE)
         tl.store(o + ((bos + o_r[:, None]) * HV + i_h) * DV + o_v[None, :],
                  b_o.to(o.dtype.element_ty), mask=m_rv)
         # the update keeps v_new's precision (rounding it to bf16 cost ~6e-3 of the final state)
-        b_hT = b_hT * tl.exp(b_Gl) + _dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
+        b_hT = b_hT * tl.exp(b_Gl) + dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
 
     # the one rounding of a 16-bit state per call (the op's rounding rule)
     tl.store(ht + i_nh * DK * DV + p_hT, to_state_dtype(b_hT, ht.dtype.element_ty), mask=m_vk)

@@ -8,11 +8,11 @@ their inputs), o in v's dtype and the state in initial_state's storage dtype (fp
 from __future__ import annotations
 
 from gdn_export.errors import GdnExportError
-from gdn_kernels.causal_conv1d import causal_conv1d as _conv
-from gdn_kernels.chunk import chunk_gated_delta_rule
-from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
-from gdn_kernels.gates import RECURRENT_MAX_T
-from gdn_kernels.moe import moe as _moe
+from gdn_export.ops.causal_conv1d.triton import causal_conv1d as _conv
+from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.gates import RECURRENT_MAX_T
+from gdn_export.ops.moe.triton import moe as _moe
 
 
 def _short(v, cu_seqlens) -> bool:

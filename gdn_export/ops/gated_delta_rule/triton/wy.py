@@ -25,29 +25,12 @@ The intermediates are head-major so a chunk is one contiguous tile for the seque
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import CHUNK, cdiv, launch_fitting, next_pow2, raw_operands, token_strides
-
-
-# Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
-# are widened first (their values are unchanged, so the result is what the GPU computes).
-_UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    # fp32 inputs must stay exact (the 2e-3 bound); half inputs take TF32 / bf16 tensor cores.
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    elif _UPCAST_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
-    else:
-        return tl.dot(a, b, input_precision="tf32")
+from gdn_export.ops.triton_utils import CHUNK, cdiv, dot, launch_fitting, next_pow2, raw_operands, token_strides
 
 
 @triton.jit
@@ -105,13 +88,13 @@ def _halves(a, dt: tl.constexpr, SPLIT: tl.constexpr):
 def _dot_halves(hi, lo, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
     # (hi + lo) b for (hi, lo) from _halves, fp32 accumulation; without SPLIT the one product hi b.
     if SPLIT:
-        return _dot(hi, b, IEEE) + _dot(lo, b, IEEE)
+        return dot(hi, b, IEEE) + dot(lo, b, IEEE)
     else:
-        return _dot(hi, b, IEEE)
+        return dot(hi, b, IEEE)
 
 
 @triton.jit
-def _dot_split(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+def dot_split(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
     # fp32 a times b (a raw 16-bit tile with SPLIT, so b needs no fp32 copy in registers).
     hi, lo = _halves(a, b.dtype, SPLIT)
     return _dot_halves(hi, lo, b, IEEE, SPLIT)
@@ -146,10 +129,10 @@ def _unit_lower_inverse(A, IEEE: tl.constexpr):
     # N stay bounded, so this keeps < 1e-3 in TF32 (benchmarks/inverse_stability.py).
     o_t = tl.arange(0, 64)
     Xd = _diagonal_block_inverses(A)
-    N = _dot(Xd, tl.where(o_t[:, None] // 16 > o_t[None, :] // 16, A, 0.0), IEEE)
+    N = dot(Xd, tl.where(o_t[:, None] // 16 > o_t[None, :] // 16, A, 0.0), IEEE)
     # (I - N)(I + N^2) Xd = Y - N Y with Y = Xd + N (N Xd): no identity or extra temporaries live
-    Y = Xd + _dot(N, _dot(N, Xd, IEEE), IEEE)
-    return Y - _dot(N, Y, IEEE)
+    Y = Xd + dot(N, dot(N, Xd, IEEE), IEEE)
+    return Y - dot(N, Y, IEEE)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -205,11 +188,11 @@ def chunk_wy_fwd_kernel(
     tl.store(fq + r0 + o_t, scale * b_rq * tl.exp(b_G), mask=m_t)
     # padded rows have g = 0, so the chunk's last G is the sum of all its g
     tl.store(fk + r0 + o_t, b_rk * tl.exp(tl.sum(b_g, 0) - b_G), mask=m_t)
-    b_Aqk = _dot(b_q, tl.trans(b_k), IEEE) * (b_rq * scale)[:, None] * b_rk[None, :]
+    b_Aqk = dot(b_q, tl.trans(b_k), IEEE) * (b_rq * scale)[:, None] * b_rk[None, :]
     tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], tl.where(m_causal, b_Aqk * b_decay, 0.0),
              mask=m_t[:, None])
 
-    b_A = _dot(b_k, tl.trans(b_k), IEEE) * (b_rk * b_beta)[:, None] * b_rk[None, :]
+    b_A = dot(b_k, tl.trans(b_k), IEEE) * (b_rk * b_beta)[:, None] * b_rk[None, :]
     b_X = _unit_lower_inverse(tl.where(m_low, b_A * b_decay, 0.0), IEEE)
 
     # w = X diag(beta exp(G) rk) k and u = X diag(beta) v: the diagonals folded into X's columns,

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2, prepare_inputs, state_dtype,
+from gdn_export.ops.triton_utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2, prepare_inputs, state_dtype,
                              to_state_dtype, token_strides)
 
 

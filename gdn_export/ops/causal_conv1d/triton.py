@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import cdiv, next_pow2
+from gdn_export.ops.triton_utils import cdiv, next_pow2
 
 
 @triton.jit

@@ -1,8 +1,9 @@
-"""Host-side helpers shared by the gdn_kernels launchers: dtype policy, varlen chunk tables, the
+"""Helpers shared by the Triton kernels of every op (gdn_export/ops/<op>/triton*): dtype policy, varlen chunk tables, the
 shared-memory fallback of the chunked prefill's launches."""
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:
 
     Only for head dims that are multiples of 64, the shapes the H200 test grid verified: with
     Dv = 16 or 24 Triton 3.6 computed u wrong and a 32-column state block past Dv = 16 faulted
-    (run 5, benchmarks/README.md). Other dims take the fp32-operand path (slower, same math)."""
+    (run 5, docs/perf/LOG.md). Other dims take the fp32-operand path (slower, same math)."""
     return dtype != torch.float32 and Dk % 64 == 0 and Dv % 64 == 0
 
 
@@ -127,7 +128,7 @@ def token_strides(*xs: torch.Tensor) -> tuple[int, ...]:
     strides = tuple(token_stride(x) for x in xs)
     if None in strides:
         bad = xs[strides.index(None)]
-        raise ValueError(f"gdn_kernels: a [B, T, H, D] input needs heads packed within a token and a fixed "
+        raise ValueError(f"triton kernels: a [B, T, H, D] input needs heads packed within a token and a fixed "
                          f"token stride (prepare_inputs makes one), got shape {tuple(bad.shape)} strides {bad.stride()}")
     return strides
 
@@ -142,7 +143,7 @@ def as_token_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def check_head_dims(Dk: int, Dv: int) -> None:
     if Dk > 256 or Dv > 256:
-        raise ValueError(f"gdn_kernels supports head dims up to 256, got Dk={Dk}, Dv={Dv}")
+        raise ValueError(f"the triton kernels support head dims up to 256, got Dk={Dk}, Dv={Dv}")
 
 
 def chunk_indices(cu_seqlens: torch.Tensor, total: int, offsets: list[int] | None = None,
@@ -282,3 +283,19 @@ def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
             raise ValueError(f"cu_seqlens needs B = 1, got B={B}")
         cu, offsets = check_cu_seqlens(cu_seqlens, T)
     return q, k, v, g, beta, gates, scale, cu, offsets
+
+
+# Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
+# are widened first (their values are unchanged, so the result is what the GPU computes).
+UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def dot(a, b, IEEE: tl.constexpr):
+    # fp32 inputs must stay exact (the 2e-3 bound); half inputs take TF32 / bf16 tensor cores.
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    elif UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="tf32")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from gdn_kernels.chunk import chunk_gated_delta_rule
-from gdn_kernels.fused_recurrent import fused_recurrent_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 
 # Prompts at most this long run token by token (one kernel, no intermediates).
 RECURRENT_MAX_T = 16

@@ -40,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import cdiv, next_pow2, to_state_dtype
+from gdn_export.ops.triton_utils import cdiv, next_pow2, to_state_dtype
 # the online-softmax update of one K / V tile, as the split-KV decode kernel does it
-from gdn_kernels.attention_decode import inputs_fit, online_softmax_step
+from gdn_export.ops.attention.triton.decode import inputs_fit, online_softmax_step
 
 MAX_D = 256
 LOG2E = 1.4426950408889634

@@ -36,9 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_kernels.utils import cdiv, next_pow2, to_state_dtype
+from gdn_export.ops.triton_utils import cdiv, next_pow2, to_state_dtype
 # 16-bit operands straight to the tensor cores; widened under the CPU interpreter (bf16 dot bug there)
-from gdn_kernels.wy import _dot
+from gdn_export.ops.triton_utils import dot
 
 DTYPES = (torch.float16, torch.bfloat16)
 MIN_ROWS = 16  # tl.dot needs M >= 16
@@ -55,7 +55,7 @@ def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc):
     """One K / V tile of a masked flash-attention row block (shared with attention_prefill):
     scores q k^T * qk_scale (base 2), masked by b_m, folded into the running max m_i, sum l_i and
     fp32 accumulator acc; P is rounded to V's dtype for P V. Returns (m_i, l_i, acc)."""
-    b_s = _dot(b_q, tl.trans(b_k), False) * qk_scale
+    b_s = dot(b_q, tl.trans(b_k), False) * qk_scale
     b_s = tl.where(b_m, b_s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(b_s, 1))
     # rows with nothing readable yet keep m = -inf; subtracting 0 instead keeps exp2 at 0, not NaN
@@ -63,7 +63,7 @@ def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc):
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(b_s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(b_v.dtype), b_v, False)
+    acc = acc * alpha[:, None] + dot(p.to(b_v.dtype), b_v, False)
     return m_new, l_i, acc
 
 
