@@ -1,0 +1,172 @@
+"""Fast CUDA paths of the quantized linear ops, same names, signatures and semantics as the contract in
+gdn_export/ops/quant_linear/__init__.py (which registers them as custom ops and dispatches CUDA
+tensors here).
+
+Every path is capturable in a CUDA graph: launch parameters, split factors and buffers depend on
+shapes and dtypes only, never on data, and nothing synchronises with the host.
+
+fp8_linear        M <= 32 (decode): Triton skinny GEMM reading fp8 weights, x quantized per tile,
+                  split K (triton_fp8.py). Larger M with 16-bit x and K, N multiples of 16:
+                  x quantized by one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise
+                  scales [M, 1] x [1, N], fp32 accumulation); otherwise the Triton GEMM.
+fp8_block_linear  Triton: per-token group-128 quantization fused in the skinny tiles (decode) or one
+                  pass before a block-scaled fp8 x fp8 GEMM (prefill), scales applied per 128 of K.
+int4_linear       Triton W4A16 (triton_int4.py): int4 tiles unpacked in registers, 16-bit tensor-core
+                  dots, group scales per K tile; split K for M <= 32. group_size not a multiple of 32
+                  dequantizes to x's dtype and calls torch.matmul.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_export.ops.quant_linear.triton_common import SKINNY_M
+from gdn_export.ops.quant_linear.triton_fp8 import GROUP, fp8_gemm, quantize_tensor
+from gdn_export.ops.quant_linear.triton_int4 import int4_gemm, tile_k
+from gdn_export.ops.triton_utils import cdiv
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# (out dtype, bias) -> whether torch._scaled_mm's rowwise form runs here and matches; probed once.
+_SCALED_MM_OK: dict = {}
+
+
+def _check_x(name: str, x: torch.Tensor, K: int) -> None:
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"{name}: x must be fp32 / fp16 / bf16, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != K:
+        raise ValueError(f"{name}: x {tuple(x.shape)} must end in K={K} (the weight's input size)")
+
+
+def _check_bias(name: str, bias, N: int) -> None:
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise ValueError(f"{name}: bias {tuple(bias.shape)} must be [{N}]")
+
+
+def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
+    x2 = x.reshape(-1, K)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _bias_as(bias, dtype):
+    return None if bias is None else _contig(bias.to(dtype))
+
+
+def _scaled_mm_ok(out_dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
+    """Whether torch._scaled_mm takes rowwise fp32 scales with this output dtype (and a bias) on this
+    GPU and agrees with the fp32 product. Probed once per key on a 32 x 64 x 48 case, outside CUDA-graph
+    capture (a capture that finds no answer yet uses the Triton GEMM)."""
+    key = (out_dtype, has_bias, device.index)
+    if key not in _SCALED_MM_OK:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        ok = False
+        try:
+            gen = torch.Generator(device=device).manual_seed(0)
+            a = torch.randn(32, 64, device=device, generator=gen).to(torch.float8_e4m3fn)
+            b = torch.randn(48, 64, device=device, generator=gen).to(torch.float8_e4m3fn)
+            sa = torch.rand(32, 1, device=device, generator=gen) + 0.5
+            sb = torch.rand(1, 48, device=device, generator=gen) + 0.5
+            bias = torch.randn(48, device=device, generator=gen).to(out_dtype) if has_bias else None
+            y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+            ref = (a.float() @ b.float().t()) * sa * sb + (bias.float() if has_bias else 0)
+            ok = y.dtype == out_dtype and ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+        except (RuntimeError, TypeError, ValueError):
+            ok = False
+        _SCALED_MM_OK[key] = ok
+    return _SCALED_MM_OK[key]
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-channel FP8 weights, static per-tensor FP8 activations (ModelOpt FP8).
+
+    Args:
+        x [..., K] fp32 / fp16 / bf16; weight [N, K] float8_e4m3fn; weight_scale [N] fp32;
+        input_scale [] fp32; bias [N] or None.
+    Returns:
+        y [..., N] in x's dtype: (e4m3(clamp(x / input_scale)) @ weight^T) * input_scale * weight_scale + bias.
+    """
+    N, K = weight.shape
+    _check_x("fp8_linear", x, K)
+    _check_bias("fp8_linear", bias, N)
+    x2 = _rows(x, K)
+    M = x2.shape[0]
+    weight, ws = _contig(weight), _contig(weight_scale.float().reshape(N))
+    s_in = input_scale.float().reshape(())
+    b = _bias_as(bias, x.dtype)
+    if (M > SKINNY_M and x.dtype != torch.float32 and K % 16 == 0 and N % 16 == 0 and x2.is_cuda
+            and _scaled_mm_ok(x.dtype, b is not None, x2.device)):
+        xq, rs = quantize_tensor(x2, s_in)
+        y = torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, N), bias=b, out_dtype=x.dtype)
+    else:
+        y = fp8_gemm(x2, weight, ws, s_in, b, blockwise=False)
+    return y.view(*x.shape[:-1], N)
+
+
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Fine-grained FP8 (Qwen / DeepSeek published form): 128 x 128 weight blocks, dynamic per-token
+    activation groups of 128.
+
+    Args:
+        x [..., K] fp32 / fp16 / bf16; weight [N, K] float8_e4m3fn;
+        weight_scale_inv [ceil(N/128), ceil(K/128)] (fp32; bf16 is widened); bias [N] or None.
+    Returns:
+        y [..., N] in x's dtype (contract: sum over groups of the e4m3 products times both scales).
+    """
+    N, K = weight.shape
+    _check_x("fp8_block_linear", x, K)
+    _check_bias("fp8_block_linear", bias, N)
+    if tuple(weight_scale_inv.shape) != (cdiv(N, GROUP), cdiv(K, GROUP)):
+        raise ValueError(f"fp8_block_linear: weight_scale_inv {tuple(weight_scale_inv.shape)} must be "
+                         f"[{cdiv(N, GROUP)}, {cdiv(K, GROUP)}] for weight [{N}, {K}]")
+    x2 = _rows(x, K)
+    y = fp8_gemm(x2, _contig(weight), _contig(weight_scale_inv.float()), None, _bias_as(bias, x.dtype),
+                 blockwise=True)
+    return y.view(*x.shape[:-1], N)
+
+
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                group_size: int = 128) -> torch.Tensor:
+    """W4A16: int4 weights in groups of group_size along K, 16-bit (or fp32) activations.
+
+    Args:
+        x [..., K] fp32 / fp16 / bf16; qweight [N, ceil(K/2)] uint8 (low nibble even k, high odd k,
+        two's complement); scales [N, ceil(K/group_size)] in x's dtype; bias [N] or None.
+    Returns:
+        y [..., N] in x's dtype: x @ (int4 * scales[:, k // group_size])^T + bias, fp32 accumulation.
+    """
+    N, KH = qweight.shape
+    K = x.shape[-1]
+    _check_x("int4_linear", x, K)
+    _check_bias("int4_linear", bias, N)
+    if qweight.dtype != torch.uint8 or KH != cdiv(K, 2):
+        raise ValueError(f"int4_linear: qweight {tuple(qweight.shape)} {qweight.dtype} must be uint8 [N, {cdiv(K, 2)}]")
+    if group_size < 1 or tuple(scales.shape) != (N, cdiv(K, group_size)):
+        raise ValueError(f"int4_linear: scales {tuple(scales.shape)} must be [{N}, {cdiv(K, max(group_size, 1))}] "
+                         f"for group_size {group_size}")
+    x2 = _rows(x, K)
+    b = _bias_as(bias, x.dtype)
+    if tile_k(group_size) is None:
+        y = _int4_dequant_matmul(x2, qweight, scales, b, group_size)
+    else:
+        y = int4_gemm(x2, _contig(qweight), _contig(scales.to(x.dtype)), b, group_size)
+    return y.view(*x.shape[:-1], N)
+
+
+def _int4_dequant_matmul(x2, qweight, scales, bias, group_size):
+    """Group sizes the Triton tiles cannot hold (not a multiple of 32): W dequantized in fp32, matmul in fp32."""
+    K = x2.shape[1]
+    b = qweight.to(torch.int16)
+    lo, hi = b & 15, b >> 4
+    lo, hi = lo - 16 * (lo >= 8), hi - 16 * (hi >= 8)
+    q = torch.stack((lo, hi), dim=-1).reshape(qweight.shape[0], -1)[:, :K].float()
+    w = q * scales.float().repeat_interleave(group_size, dim=1)[:, :K]
+    y = x2.float() @ w.t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x2.dtype)

@@ -1,0 +1,121 @@
+"""Triton pieces shared by the quantized-linear kernels (triton_fp8.py, triton_int4.py): e4m3 rounding,
+the 16-bit / fp32 product, the split-K finishing kernel and the launch heuristics.
+
+The arithmetic is the contract's (gdn_export/ops/quant_linear/__init__.py): fp8 values are exact in
+bf16 and int4 values exact in fp16 / bf16, so a product of such operands on the tensor cores with
+fp32 accumulation is exact per term; the only rounding left is fp32 accumulation order.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_export.ops.triton_utils import next_pow2
+
+# Triton's CPU interpreter (3.9) casts fp32 -> float8e4nv rounding ties away from zero (1.0625 -> 1.125,
+# where torch and the GPU's cvt.rn give 1.0) and returns garbage from 16-bit tl.dot: under it, fp8
+# rounding is done on the bits and 16-bit operands are widened (values unchanged). On the GPU the
+# hardware conversion (cvt.rn.satfinite.e4m3x2.f32) rounds to nearest even, as torch does.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+SOFT_FP8 = tl.constexpr(INTERPRET)
+UPCAST = tl.constexpr(INTERPRET)
+
+E4M3_MAX = 448.0
+# Decode (skinny) path up to this many rows: weight-read bound, quantization of x fused per tile.
+SKINNY_M = 32
+
+
+@triton.jit
+def e4m3_round(q):
+    """fp32 q in [-448, 448] rounded to the nearest e4m3 value (ties to even), still fp32: normals keep
+    3 mantissa bits (drop 20 bits of fp32's 23 with round-half-even on the bits), subnormals
+    (|q| < 2^-6) are multiples of 2^-9 (rounded through the 2^23 magic number)."""
+    a = tl.abs(q)
+    bits = a.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    normal = bits.to(tl.float32, bitcast=True)
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    r = tl.where(a < 0.015625, sub, normal)
+    return tl.where(q < 0, -r, r)
+
+
+@triton.jit
+def to_e4m3(q, SOFT: tl.constexpr):
+    """fp32 q (already clamped to +-448) -> float8e4nv, round to nearest even."""
+    if SOFT:
+        q = e4m3_round(q)
+    return q.to(tl.float8e4nv)
+
+
+@triton.jit
+def exact_dot(a, b, UP: tl.constexpr):
+    """a [BM, BK] @ b [BK, BN] -> fp32, for operands whose values are exact in a's dtype (bf16 / fp16
+    holding fp8 or int4 values, or fp32 on IEEE)."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    elif UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def finish_kernel(part, y, ws, s_in, bias, M, N, SPLIT: tl.constexpr, COL_SCALE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """y[m, n] = (sum_s part[s, m, n]) * (s_in * ws[n] if COL_SCALE) + bias[n], cast to y's dtype.
+    part [SPLIT, M, N] fp32 holds the split-K partial sums."""
+    i_b = tl.program_id(0)
+    o = i_b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < M * N
+    n = o % N
+    b_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i_s in range(SPLIT):
+        b_acc += tl.load(part + i_s * M * N + o, mask=m, other=0.0)
+    if COL_SCALE:
+        b_acc = b_acc * (tl.load(s_in) * tl.load(ws + n, mask=m, other=0.0))
+    if HAS_BIAS:
+        b_acc += tl.load(bias + n, mask=m, other=0.0).to(tl.float32)
+    tl.store(y + o, b_acc.to(y.dtype.element_ty), mask=m)
+
+
+def empty(*shape, dtype, device) -> torch.Tensor:
+    """Every buffer the launchers allocate (outputs, quantized x, split-K partials); the tests replace it
+    with a NaN-filled allocation so that an element no kernel writes fails loudly."""
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def finish(part, y, ws=None, s_in=None, bias=None) -> None:
+    """Launch finish_kernel over y [M, N] from part [SPLIT, M, N] fp32."""
+    SPLIT, M, N = part.shape
+    BLOCK = 1024
+    finish_kernel[(triton.cdiv(M * N, BLOCK),)](
+        part, y, ws if ws is not None else part, s_in if s_in is not None else part,
+        bias if bias is not None else part, M, N, SPLIT=SPLIT, COL_SCALE=ws is not None,
+        HAS_BIAS=bias is not None, BLOCK=BLOCK, num_warps=4)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    """Multiprocessors of CUDA device `index` (132 on the H200); 1 for CPU tensors (interpreter)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def device_sms(t: torch.Tensor) -> int:
+    return sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device()) \
+        if t.is_cuda else 4
+
+
+def split_k(tiles_mn: int, k_tiles: int, sms: int) -> int:
+    """Split-K factor for the skinny (decode) launches: about two programs per multiprocessor streaming
+    weights, never more splits than K tiles. A function of shapes only (CUDA-graph safe)."""
+    return max(1, min(k_tiles, round(2 * sms / max(tiles_mn, 1))))
+
+
+def skinny_block_m(M: int) -> int:
+    """Row block of the skinny launches: 16 (the smallest tl.dot) up to 32."""
+    return max(16, next_pow2(M))

@@ -1,0 +1,211 @@
+"""Triton kernels of the FP8 linear ops (contract: gdn_export/ops/quant_linear/__init__.py).
+
+- quant_tensor_kernel: x [M, K] -> e4m3(clamp(x / input_scale)) [M, K] and the [M, 1] row scale that
+  torch._scaled_mm's rowwise form wants (per-tensor activations, fp8_linear's prefill).
+- quant_group_kernel: x [M, K] -> per-token groups of 128: s[m, g] = max(amax, 1e-10) / 448,
+  e4m3(x / s) (fp8_block_linear's prefill).
+- fp8_gemm_kernel: y = x_q @ W^T with the scales, for both forms; skinny launches (decode, M <= 32)
+  quantize x inside each tile and may split K (partials finished by triton_common.finish_kernel),
+  prefill launches of the block form read the pre-quantized x.
+
+Division: fp32 x divides exactly (div_rn, the contract's x / s bit for bit); 16-bit x multiplies by
+the reciprocal (a different rounding in about 1 of 10^6 elements, far inside the 1e-2 bound).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_export.ops.quant_linear.triton_common import (
+    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish, skinny_block_m, split_k,
+    to_e4m3)
+from gdn_export.ops.quant_linear import triton_common as common
+from gdn_export.ops.triton_utils import cdiv, next_pow2
+
+GROUP = 128  # block size of the fine-grained format, both dims
+
+
+@triton.jit
+def _quantize(b_x, s, EXACT: tl.constexpr, SOFT: tl.constexpr):
+    """fp32 b_x / s (s broadcastable, fp32) clamped to +-448 and rounded to e4m3."""
+    if EXACT:
+        q = tl.math.div_rn(b_x, s)
+    else:
+        q = b_x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    return to_e4m3(q, SOFT)
+
+
+@triton.jit
+def _group_scale(b_x):
+    """Per-row scale of a [R, 128] fp32 group tile: max(amax, 1e-10) / 448 (IEEE division)."""
+    amax = tl.maximum(tl.max(tl.abs(b_x), axis=1), 1e-10)
+    return tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+
+
+@triton.jit
+def quant_tensor_kernel(x, xq, row_scale, s_in, M, K, stride_xm, EXACT: tl.constexpr, SOFT: tl.constexpr,
+                        BK: tl.constexpr):
+    i_m, i_k = tl.program_id(0), tl.program_id(1)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    s = tl.load(s_in)
+    b_x = tl.load(x + i_m.to(tl.int64) * stride_xm + o_k, mask=m_k, other=0.0).to(tl.float32)
+    tl.store(xq + i_m.to(tl.int64) * K + o_k, _quantize(b_x, s, EXACT, SOFT), mask=m_k)
+    if i_k == 0:
+        tl.store(row_scale + i_m, s)
+
+
+@triton.jit
+def quant_group_kernel(x, xq, xs, M, K, KB, stride_xm, EXACT: tl.constexpr, SOFT: tl.constexpr,
+                       G: tl.constexpr):
+    """Program (row m, G groups): x[m, 128 g : 128 g + 128] for G consecutive groups as a [G, 128] tile."""
+    i_m, i_g = tl.program_id(0), tl.program_id(1)
+    o_g = i_g * G + tl.arange(0, G)
+    o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]
+    m_k = o_k < K
+    b_x = tl.load(x + i_m.to(tl.int64) * stride_xm + o_k, mask=m_k, other=0.0).to(tl.float32)
+    s = _group_scale(b_x)
+    tl.store(xq + i_m.to(tl.int64) * K + o_k, _quantize(b_x, s[:, None], EXACT, SOFT), mask=m_k)
+    tl.store(xs + i_m.to(tl.int64) * KB + o_g, s, mask=o_g < KB)
+
+
+@triton.jit
+def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, TILES_PER_SPLIT,
+                    BLOCKWISE: tl.constexpr, X_FP8: tl.constexpr, DOT_FP8: tl.constexpr,
+                    EXACT: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr, SPLIT: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    GROUP_M: tl.constexpr):
+    """One [BM, BN] tile of y over K tiles [TILES_PER_SPLIT * i_s, ...) of BK.
+
+    BLOCKWISE: w's scale is ws [ceil(N/128), KB] per 128 x 128 block and x's is per token and
+    128-group (BK = 128: one group a K tile), applied to each tile's fp32 product; else ws [N] and the
+    per-tensor s_in, applied once at the end. X_FP8: x is already e4m3 with scales xs [M, KB]
+    (blockwise only); else x is quantized here. DOT_FP8: fp8 x fp8 tensor-core products, else the fp8
+    values widened to bf16 (exact) for a bf16 dot with fp32 accumulation.
+    """
+    i_mn, i_s = tl.program_id(0), tl.program_id(1)
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    # grouped order: GROUP_M row tiles share each column tile of W while it sits in L2
+    width = GROUP_M * n_n
+    first_m = (i_mn // width) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    i_m = first_m + (i_mn % width) % rows
+    i_n = (i_mn % width) // rows
+
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_m, m_n = o_m < M, o_n < N
+    o_m64, o_n64 = o_m.to(tl.int64), o_n.to(tl.int64)
+    if not BLOCKWISE:
+        s = tl.load(s_in)
+    b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+    t0 = i_s * TILES_PER_SPLIT
+    t1 = tl.minimum(t0 + TILES_PER_SPLIT, tl.cdiv(K, BK))
+    for t in range(t0, t1):
+        o_k = t * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_w = tl.load(w + o_n64[None, :] * K + o_k[:, None], mask=m_n[None, :] & m_k[:, None], other=0.0)
+        if X_FP8:
+            b_a = tl.load(x + o_m64[:, None] * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_s = tl.load(xs + o_m64 * KB + t, mask=m_m, other=0.0)
+        else:
+            b_x = tl.load(x + o_m64[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
+                          other=0.0).to(tl.float32)
+            if BLOCKWISE:
+                b_s = _group_scale(b_x)
+                b_a = _quantize(b_x, b_s[:, None], EXACT, SOFT)
+            else:
+                b_a = _quantize(b_x, s, EXACT, SOFT)
+        if DOT_FP8:
+            b_d = tl.dot(b_a, b_w)
+        else:
+            b_d = exact_dot(b_a.to(tl.bfloat16), b_w.to(tl.bfloat16), UP)
+        if BLOCKWISE:
+            b_ws = tl.load(ws + (o_n // 128) * KB + t, mask=m_n, other=0.0)
+            b_acc += b_d * b_s[:, None] * b_ws[None, :]
+        else:
+            b_acc += b_d
+    if SPLIT == 1:
+        if not BLOCKWISE:
+            b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))[None, :]
+        if HAS_BIAS:
+            b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(y + o_m64[:, None] * N + o_n64[None, :], b_acc.to(y.dtype.element_ty),
+                 mask=m_m[:, None] & m_n[None, :])
+    else:
+        tl.store(part + i_s * M * N + o_m64[:, None] * N + o_n64[None, :], b_acc,
+                 mask=m_m[:, None] & m_n[None, :])
+
+
+def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):
+    """x2 [M, K] -> (x_q [M, K] float8_e4m3fn, row scale [M, 1] fp32 = input_scale per row)."""
+    M, K = x2.shape
+    xq = common.empty(M, K, dtype=torch.float8_e4m3fn, device=x2.device)
+    rs = common.empty(M, 1, dtype=torch.float32, device=x2.device)
+    BK = min(1024, next_pow2(K))
+    if M:
+        quant_tensor_kernel[(M, cdiv(K, BK))](x2, xq, rs, input_scale, M, K, x2.stride(0),
+                                              EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8, BK=BK,
+                                              num_warps=4)
+    return xq, rs
+
+
+def quantize_groups(x2: torch.Tensor):
+    """x2 [M, K] -> (x_q [M, K] float8_e4m3fn, scales [M, ceil(K/128)] fp32), per token and group of 128."""
+    M, K = x2.shape
+    KB = cdiv(K, GROUP)
+    xq = common.empty(M, K, dtype=torch.float8_e4m3fn, device=x2.device)
+    xs = common.empty(M, KB, dtype=torch.float32, device=x2.device)
+    G = min(16, next_pow2(KB))
+    if M:
+        quant_group_kernel[(M, cdiv(KB, G))](x2, xq, xs, M, K, KB, x2.stride(0),
+                                             EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8, G=G,
+                                             num_warps=4)
+    return xq, xs
+
+
+def fp8_gemm(x2, weight, ws, s_in=None, bias=None, out_dtype=None, blockwise=False):
+    """y [M, N] = the contract's fp8_linear (blockwise=False: ws [N], s_in []) or fp8_block_linear
+    (blockwise=True: ws [ceil(N/128), ceil(K/128)]) on x2 [M, K] (fp32 / fp16 / bf16, unit column
+    stride), weight [N, K] float8_e4m3fn contiguous; bias [N] or None; y in out_dtype (x2's)."""
+    M, K = x2.shape
+    N = weight.shape[0]
+    out_dtype = out_dtype or x2.dtype
+    y = common.empty(M, N, dtype=out_dtype, device=x2.device)
+    if M == 0:
+        return y
+    KB = cdiv(K, GROUP)
+    exact = x2.dtype == torch.float32
+    if M <= SKINNY_M:
+        BM, BN, BK = skinny_block_m(M), 64, 128
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+        k_tiles = cdiv(K, BK)
+        split = split_k(tiles, k_tiles, device_sms(x2))
+        per = cdiv(k_tiles, split)
+        split = cdiv(k_tiles, per)
+        x_in, xs, x_fp8, dot_fp8, warps, stages = x2, x2, False, False, 4, 4
+    else:
+        split, per = 1, cdiv(K, 128)
+        if blockwise:
+            x_in, xs = quantize_groups(x2)
+            x_fp8, dot_fp8 = True, not exact
+        else:
+            x_in, xs, x_fp8, dot_fp8 = x2, x2, False, False
+        BM, BN, BK = (128, 128, 128) if dot_fp8 else (64, 128, 128)
+        warps, stages = 8, (4 if dot_fp8 else 2)
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+    part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
+    fp8_gemm_kernel[(tiles, split)](
+        x_in, xs, weight, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part,
+        M, N, K, KB, x_in.stride(0), per, BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=exact,
+        SOFT=SOFT_FP8, UP=UPCAST, SPLIT=split, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+        num_warps=warps, num_stages=stages)
+    if split > 1:
+        finish(part, y, None if blockwise else ws, s_in, bias)
+    return y
+
+
+__all__ = ["E4M3_MAX", "GROUP", "fp8_gemm", "quantize_groups", "quantize_tensor"]

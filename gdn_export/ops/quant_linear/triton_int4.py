@@ -1,0 +1,116 @@
+"""Triton kernel of the W4A16 linear op (contract: gdn_export/ops/quant_linear/__init__.py, int4_linear).
+
+qweight [N, ceil(K/2)] uint8 holds int4 (n, k) at byte k // 2, low nibble for even k, high for odd,
+two's complement; scales [N, ceil(K/group_size)]. Each tile unpacks [BN, BK/2] bytes into [BN, BK]
+int4 values in registers (sign-extended by shifts, interleaved low / high), widened to x's dtype
+(exact), one tensor-core dot with x's [BM, BK] tile in fp32 accumulation, then the group's scale per
+column (BK divides group_size, so a K tile lies in one group): y = sum_g scale[n, g] * (x . int4).
+Skinny launches (decode, M <= 32) split K across programs (partials finished by
+triton_common.finish_kernel) so that the weight stream fills the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_export.ops.quant_linear.triton_common import (
+    SKINNY_M, UPCAST, device_sms, exact_dot, finish, skinny_block_m, split_k)
+from gdn_export.ops.quant_linear import triton_common as common
+from gdn_export.ops.triton_utils import cdiv
+
+
+@triton.jit
+def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_PER_SPLIT,
+                     GS: tl.constexpr, UP: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    i_mn, i_s = tl.program_id(0), tl.program_id(1)
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    width = GROUP_M * n_n
+    first_m = (i_mn // width) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    i_m = first_m + (i_mn % width) % rows
+    i_n = (i_mn % width) // rows
+
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_m, m_n = o_m < M, o_n < N
+    o_m64, o_n64 = o_m.to(tl.int64), o_n.to(tl.int64)
+    cdt = x.dtype.element_ty
+    b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+    t0 = i_s * TILES_PER_SPLIT
+    t1 = tl.minimum(t0 + TILES_PER_SPLIT, tl.cdiv(K, BK))
+    for t in range(t0, t1):
+        o_k = t * BK + tl.arange(0, BK)
+        o_h = t * (BK // 2) + tl.arange(0, BK // 2)
+        b_x = tl.load(x + o_m64[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :],
+                      other=0.0)
+        b_q = tl.load(qw + o_n64[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :],
+                      other=0)
+        b_lo = (b_q << 4).to(tl.int8, bitcast=True) >> 4
+        b_hi = b_q.to(tl.int8, bitcast=True) >> 4
+        b_w = tl.interleave(b_lo, b_hi)  # [BN, BK], column k = 2 j + (0 low, 1 high)
+        # (the interpreter's int8 -> bf16 cast yields NaN: widen to fp32 there)
+        if UP:
+            b_w = b_w.to(tl.float32)
+        else:
+            b_w = b_w.to(cdt)
+        b_d = exact_dot(b_x, tl.trans(b_w), UP)
+        b_s = tl.load(sc + o_n64 * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
+        b_acc += b_d * b_s[None, :]
+    if SPLIT == 1:
+        if HAS_BIAS:
+            b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(y + o_m64[:, None] * N + o_n64[None, :], b_acc.to(y.dtype.element_ty),
+                 mask=m_m[:, None] & m_n[None, :])
+    else:
+        tl.store(part + i_s * M * N + o_m64[:, None] * N + o_n64[None, :], b_acc,
+                 mask=m_m[:, None] & m_n[None, :])
+
+
+def tile_k(group_size: int, cap: int = 128) -> int | None:
+    """The K tile: the largest power of two <= cap dividing group_size, at least 32 (a 16-wide dot
+    needs BK / 2 >= 16 bytes... and K >= 16 for tl.dot); None where group_size admits none."""
+    bk = cap
+    while bk >= 32:
+        if group_size % bk == 0:
+            return bk
+        bk //= 2
+    return None
+
+
+def int4_gemm(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias=None, group_size: int = 128):
+    """y [M, N] = x2 [M, K] @ W^T + bias, W from qweight [N, ceil(K/2)] uint8 and scales
+    [N, ceil(K/group_size)] (contract of int4_linear); x2 fp32 / fp16 / bf16 with unit column stride,
+    qweight and scales contiguous, group_size a multiple of 32. y in x2's dtype."""
+    M, K = x2.shape
+    N, KH = qweight.shape
+    G = scales.shape[1]
+    BK = tile_k(group_size)
+    if BK is None:
+        raise ValueError(f"int4 gemm: group_size {group_size} is not a multiple of 32")
+    y = common.empty(M, N, dtype=x2.dtype, device=x2.device)
+    if M == 0:
+        return y
+    k_tiles = cdiv(K, BK)
+    if M <= SKINNY_M:
+        BM, BN = skinny_block_m(M), 64
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+        split = split_k(tiles, k_tiles, device_sms(x2))
+        per = cdiv(k_tiles, split)
+        split = cdiv(k_tiles, per)
+        warps, stages = 4, 4
+    else:
+        fp32 = x2.dtype == torch.float32
+        BM, BN = (64, 64) if fp32 else (128, 128)
+        tiles, split, per = cdiv(M, BM) * cdiv(N, BN), 1, k_tiles
+        warps, stages = 8, (2 if fp32 else 3)
+    part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
+    int4_gemm_kernel[(tiles, split)](
+        x2, qweight, scales, bias if bias is not None else scales, y, part, M, N, K, KH, G, x2.stride(0), per,
+        GS=group_size, UP=UPCAST, SPLIT=split, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+        num_warps=warps, num_stages=stages)
+    if split > 1:
+        finish(part, y, bias=bias)
+    return y

@@ -1,0 +1,125 @@
+"""Independent fp64 references of the quantized-linear contract (gdn_export/ops/quant_linear) and input
+makers shared by the Triton (CPU interpreter) and GPU tests of gdn_export/ops/quant_linear/gpu.py.
+
+Written from the contract's text alone, not from naive.py: dequantize, fake-quantize activations with
+torch's float8_e4m3fn cast (round to nearest even), products in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+E4M3_MAX = 448.0
+
+
+def e4m3(t: torch.Tensor) -> torch.Tensor:
+    """fp32 t clamped to +-448 and rounded to e4m3 (nearest even), back in fp32."""
+    return t.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def ref_fp8_linear(x, weight, weight_scale, input_scale, bias=None):
+    xq = e4m3(x.float() / input_scale.float())
+    y = (xq.double() @ weight.double().t()) * (input_scale.float() * weight_scale.float()).double()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def ref_fp8_block_linear(x, weight, weight_scale_inv, bias=None):
+    K = x.shape[-1]
+    N = weight.shape[0]
+    G = math.ceil(K / 128)
+    xf = torch.nn.functional.pad(x.float().reshape(-1, K), (0, G * 128 - K)).view(-1, G, 128)
+    s = xf.abs().amax(-1).clamp_min(1e-10) / E4M3_MAX  # fp32, IEEE division
+    xq = e4m3(xf / s[..., None])
+    xd = (xq.double() * s[..., None].double()).reshape(-1, G * 128)[:, :K]
+    wsi = weight_scale_inv.float().double()
+    w = weight.double() * wsi.repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+    y = xd @ w.t()
+    if bias is not None:
+        y = y + bias.double()
+    return y.reshape(*x.shape[:-1], N)
+
+
+def unpack_int4(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    """qweight [N, ceil(K/2)] uint8 -> int4 values [N, K] int64 (low nibble even k, two's complement)."""
+    b = qweight.long()
+    lo, hi = b % 16, b // 16
+    q = torch.stack((lo, hi), dim=-1).reshape(b.shape[0], -1)[:, :K]
+    return torch.where(q >= 8, q - 16, q)
+
+
+def ref_int4_linear(x, qweight, scales, bias=None, group_size=128):
+    K = x.shape[-1]
+    w = unpack_int4(qweight, K).double() * scales.double().repeat_interleave(group_size, 1)[:, :K]
+    y = x.double() @ w.t()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+# ---------------------------------------------------------------- inputs
+
+def activations(M, K, dtype, kind, gen, device="cpu"):
+    """x [M, K]: 'random' standard normal, or 'model' (heavy tails and a few outlier channels x30,
+    as hidden states after RMSNorm look)."""
+    x = torch.randn(M, K, generator=gen)
+    if kind == "model":
+        x = x * torch.exp(0.6 * torch.randn(M, K, generator=gen))
+        idx = torch.randperm(K, generator=gen)[: max(1, K // 64)]
+        x[:, idx] *= 30.0
+    return x.to(device=device, dtype=dtype)
+
+
+def fp8_weights(N, K, gen, device="cpu"):
+    """weight [N, K] float8_e4m3fn and per-channel weight_scale [N] fp32 (absmax calibration)."""
+    w = torch.randn(N, K, generator=gen) * 0.02 * torch.exp(0.3 * torch.randn(N, 1, generator=gen))
+    ws = w.abs().amax(1).clamp_min(1e-8) / E4M3_MAX
+    q = (w / ws[:, None]).to(torch.float8_e4m3fn)
+    return q.to(device), ws.to(device)
+
+
+def block_weights(N, K, gen, device="cpu"):
+    """weight [N, K] float8_e4m3fn and weight_scale_inv [ceil(N/128), ceil(K/128)] fp32."""
+    q = (torch.randn(N, K, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    wsi = (torch.rand(math.ceil(N / 128), math.ceil(K / 128), generator=gen) + 0.1) * 1e-4
+    return q.to(device), wsi.to(device)
+
+
+def int4_weights(N, K, group_size, dtype, gen, device="cpu"):
+    """qweight [N, ceil(K/2)] uint8 (random nibbles, padding nibble random too) and scales
+    [N, ceil(K/group_size)] in dtype (fp32 for fp32 x)."""
+    qw = torch.randint(0, 256, (N, math.ceil(K / 2)), generator=gen, dtype=torch.int64).to(torch.uint8)
+    sc = (torch.rand(N, math.ceil(K / group_size), generator=gen) + 0.2) * 0.01
+    return qw.to(device), sc.to(device=device, dtype=dtype)
+
+
+def input_scale_for(x, clip=0.6):
+    """Static per-tensor activation scale as calibration gives it (clip < 1 clamps the outliers)."""
+    return (x.float().abs().amax() * clip / E4M3_MAX).reshape(())
+
+
+def rel_rms(actual, expected) -> float:
+    a, e = actual.double(), expected.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+# Contract tolerances (relative RMS against the fp32 reference of the same quantized op).
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def nan_empty(*shape, dtype, device):
+    """NaN-filled stand-in for triton_common.empty (ints: all ones)."""
+    t = torch.empty(*shape, dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        if dtype == torch.float8_e4m3fn:
+            t.view(torch.uint8).fill_(0x7F)
+        else:
+            t.fill_(float("nan"))
+    else:
+        t.fill_(-1)
+    return t
