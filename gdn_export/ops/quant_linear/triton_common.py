@@ -65,7 +65,7 @@ def exact_dot(a, b, UP: tl.constexpr):
 
 
 @triton.jit
-def finish_kernel(part, y, ws, s_in, bias, M, N, SPLIT: tl.constexpr, COL_SCALE: tl.constexpr,
+def finish_kernel(part, y, ws, s_in, bias, M, N, SPLIT, COL_SCALE: tl.constexpr,
                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     """y[m, n] = (sum_s part[s, m, n]) * (s_in * ws[n] if COL_SCALE) + bias[n], cast to y's dtype.
     part [SPLIT, M, N] fp32 holds the split-K partial sums."""

@@ -33,7 +33,7 @@ def _quantize(b_x, s, EXACT: tl.constexpr, SOFT: tl.constexpr):
     if EXACT:
         q = tl.math.div_rn(b_x, s)
     else:
-        q = b_x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+        q = b_x * (1.0 / s)
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     return to_e4m3(q, SOFT)
 
@@ -75,7 +75,7 @@ def quant_group_kernel(x, xq, xs, M, K, KB, stride_xm, EXACT: tl.constexpr, SOFT
 @triton.jit
 def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, TILES_PER_SPLIT,
                     BLOCKWISE: tl.constexpr, X_FP8: tl.constexpr, DOT_FP8: tl.constexpr,
-                    EXACT: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr, SPLIT: tl.constexpr,
+                    EXACT: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr, PARTIAL: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr):
     """One [BM, BN] tile of y over K tiles [TILES_PER_SPLIT * i_s, ...) of BK.
@@ -128,7 +128,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, T
             b_acc += b_d * b_s[:, None] * b_ws[None, :]
         else:
             b_acc += b_d
-    if SPLIT == 1:
+    if not PARTIAL:
         if not BLOCKWISE:
             b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))[None, :]
         if HAS_BIAS:
@@ -201,7 +201,7 @@ def fp8_gemm(x2, weight, ws, s_in=None, bias=None, out_dtype=None, blockwise=Fal
     fp8_gemm_kernel[(tiles, split)](
         x_in, xs, weight, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part,
         M, N, K, KB, x_in.stride(0), per, BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=exact,
-        SOFT=SOFT_FP8, UP=UPCAST, SPLIT=split, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+        SOFT=SOFT_FP8, UP=UPCAST, PARTIAL=split > 1, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
         num_warps=warps, num_stages=stages)
     if split > 1:
         finish(part, y, None if blockwise else ws, s_in, bias)

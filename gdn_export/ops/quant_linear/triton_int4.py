@@ -23,7 +23,7 @@ from gdn_export.ops.triton_utils import cdiv
 
 @triton.jit
 def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_PER_SPLIT,
-                     GS: tl.constexpr, UP: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     GS: tl.constexpr, UP: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     i_mn, i_s = tl.program_id(0), tl.program_id(1)
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
@@ -59,7 +59,7 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_
         b_d = exact_dot(b_x, tl.trans(b_w), UP)
         b_s = tl.load(sc + o_n64 * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
         b_acc += b_d * b_s[None, :]
-    if SPLIT == 1:
+    if not PARTIAL:
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
         tl.store(y + o_m64[:, None] * N + o_n64[None, :], b_acc.to(y.dtype.element_ty),
@@ -109,7 +109,7 @@ def int4_gemm(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bia
     part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     int4_gemm_kernel[(tiles, split)](
         x2, qweight, scales, bias if bias is not None else scales, y, part, M, N, K, KH, G, x2.stride(0), per,
-        GS=group_size, UP=UPCAST, SPLIT=split, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+        GS=group_size, UP=UPCAST, PARTIAL=split > 1, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
         num_warps=warps, num_stages=stages)
     if split > 1:
         finish(part, y, bias=bias)

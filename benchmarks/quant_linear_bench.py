@@ -1,0 +1,157 @@
+"""Quantized linear kernels against the bf16 GEMM on one GPU: per-call time of y = x @ W^T for
+bf16 (F.linear, cuBLAS), fp8_linear (auto route, and each route forced), fp8_block_linear and
+int4_linear (gdn_export/ops/quant_linear/gpu.py), at decode (M = 1, 32) and prefill (M = 4096) rows
+of the 1.66B Qwen3.5 projection shapes and a 9B-class MLP.
+
+    python benchmarks/quant_linear_bench.py [--m 1 32 4096] [--json OUT.json]
+
+Each op is captured in a CUDA graph that calls it once for each of R weight copies (R copies hold
+>= 512 MB, so weights stream from HBM rather than the 60 MB L2, as in a model's decode step); the
+time per call is the median over replays (triton.testing.do_bench) divided by R. Ratios are against
+bf16 on the same shape. Also probes torch._scaled_mm's blockwise (1x128 activations, 128x128
+weights) form on this GPU and prints whether it runs and agrees with the contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+import triton
+
+from gdn_export.ops.quant_linear import gpu, triton_fp8
+
+# (name, K, N): 1.66B Qwen3.5 (hidden 2048; GDN q+k+v 8192, z 4096, out 4096 -> 2048; attention
+# q+gate 8192, k / v 512, o 4096 -> 2048; MLP gate / up 6144, down 6144 -> 2048); 9B-class MLP.
+SHAPES = [
+    ("gdn_qkv|attn_q", 2048, 8192),
+    ("gdn_z", 2048, 4096),
+    ("gdn_out|attn_o", 4096, 2048),
+    ("attn_k|v", 2048, 512),
+    ("mlp_gate|up", 2048, 6144),
+    ("mlp_down", 6144, 2048),
+    ("9b_mlp_up", 4096, 12288),
+    ("9b_mlp_down", 12288, 4096),
+]
+
+
+def make_weights(K, N, dev):
+    w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02
+    ws = w.float().abs().amax(1) / 448
+    w8 = (w.float() / ws[:, None]).to(torch.float8_e4m3fn)
+    KB, NB = math.ceil(K / 128), math.ceil(N / 128)
+    wsi = torch.rand(NB, KB, device=dev) * 1e-4 + 1e-5
+    qw = torch.randint(0, 256, (N, math.ceil(K / 2)), device=dev, dtype=torch.uint8)
+    sc = (torch.rand(N, math.ceil(K / 128), device=dev) * 0.01 + 0.001).to(torch.bfloat16)
+    return dict(bf16=w, w8=w8, ws=ws, wsi=wsi, qw=qw, sc=sc)
+
+
+def forced_triton_fp8(x, w8, ws, s_in):
+    return triton_fp8.fp8_gemm(x, w8, ws, s_in, None, blockwise=False)
+
+
+def forced_scaled_mm(x, w8, ws, s_in):
+    xq, rs = triton_fp8.quantize_tensor(x, s_in)
+    return torch._scaled_mm(xq, w8.t(), scale_a=rs, scale_b=ws.view(1, -1), out_dtype=x.dtype)
+
+
+METHODS = {
+    "bf16": lambda x, W, s: torch.nn.functional.linear(x, W["bf16"]),
+    "fp8": lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s),
+    "fp8_triton": lambda x, W, s: forced_triton_fp8(x, W["w8"], W["ws"], s),
+    "fp8_scaled_mm": lambda x, W, s: forced_scaled_mm(x, W["w8"], W["ws"], s),
+    "fp8_block": lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]),
+    "int4": lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"]),
+}
+
+
+def time_method(fn, x, copies, s_in):
+    """Median time per call (us) of fn over the weight copies, replayed from one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for W in copies:
+            fn(x, W, s_in)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for W in copies:
+            fn(x, W, s_in)
+    ms = triton.testing.do_bench(lambda: graph.replay(), warmup=25, rep=150, return_mode="median")
+    return 1000 * ms / len(copies)
+
+
+def probe_blockwise_scaled_mm(dev):
+    """torch._scaled_mm with BlockWise1x128 x BlockWise128x128 scales: (works, rel err, note)."""
+    M, K, N = 256, 2048, 1024
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    W = make_weights(K, N, dev)
+    xq, xs = triton_fp8.quantize_groups(x)
+    ref = gpu.fp8_block_linear(x, W["w8"], W["wsi"]).float()
+    notes = []
+    for name, sa, sb in [("a contiguous, b = wsi.t()", xs, W["wsi"].t()),
+                         ("a M-major, b = wsi.t()", xs.t().contiguous().t(), W["wsi"].t()),
+                         ("a M-major, b contiguous", xs.t().contiguous().t(), W["wsi"].t().contiguous())]:
+        try:
+            y = torch._scaled_mm(xq, W["w8"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            notes.append(f"{name}: runs, rel err vs Triton {err:.2e}")
+        except Exception as exc:  # the probe reports whatever torch says
+            notes.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:140]}")
+    return notes
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--m", type=int, nargs="+", default=[1, 32, 4096], help="rows M (default 1 32 4096)")
+    p.add_argument("--json", help="write all timings here")
+    p.add_argument("--min-bytes", type=float, default=512e6, help="bf16 weight bytes the copies hold (default 512e6)")
+    args = p.parse_args(argv)
+    dev = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", file=sys.stderr)
+    for line in probe_blockwise_scaled_mm(dev):
+        print("blockwise _scaled_mm probe:", line)
+    rows = []
+    for name, K, N in SHAPES:
+        R = max(2, min(64, math.ceil(args.min_bytes / (2 * K * N))))
+        copies = [make_weights(K, N, dev) for _ in range(R)]
+        for M in args.m:
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            s_in = (x.float().abs().amax() / 448).reshape(())
+            res = {}
+            for meth, fn in METHODS.items():
+                try:
+                    res[meth] = time_method(fn, x, copies, s_in)
+                except Exception as exc:
+                    res[meth] = float("nan")
+                    print(f"{name} M={M} {meth}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                          file=sys.stderr)
+            rows.append(dict(shape=name, M=M, K=K, N=N, **res))
+            print(f"{name:16s} M={M:5d} " + " ".join(f"{k}={v:8.2f}" for k, v in res.items()), file=sys.stderr,
+                  flush=True)
+        del copies
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    # summary table: us per call and ratio to bf16
+    hdr = "| shape | K | N | M | bf16 us | fp8 | fp8 triton | fp8 _scaled_mm | fp8 block | int4 |"
+    print(hdr)
+    print("|" + "---|" * (hdr.count("|") - 1))
+    for r in rows:
+        b = r["bf16"]
+        cell = lambda k: f"{r[k]:.1f} ({r[k] / b:.2f}x)"  # noqa: E731
+        print(f"| {r['shape']} | {r['K']} | {r['N']} | {r['M']} | {b:.1f} | {cell('fp8')} | {cell('fp8_triton')} | "
+              f"{cell('fp8_scaled_mm')} | {cell('fp8_block')} | {cell('int4')} |")
+    for M in args.m:
+        sel = [r for r in rows if r["M"] == M and not r["shape"].startswith("9b")]
+        tot = {k: sum(r[k] for r in sel) for k in METHODS}
+        print(f"1.66B shapes, M={M}: sum over shapes, ratio to bf16: " +
+              ", ".join(f"{k} {tot[k] / tot['bf16']:.2f}" for k in METHODS if k != "bf16"))
+
+
+if __name__ == "__main__":
+    main()

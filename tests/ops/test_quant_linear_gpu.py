@@ -1,0 +1,139 @@
+"""GPU paths of the quantized linear ops (gdn_export/ops/quant_linear/gpu.py) on CUDA against the
+independent fp64 reference of the contract (tests/ops/quant_linear_cases.py): the Triton skinny
+(decode, split-K) and prefill launches, torch._scaled_mm's rowwise FP8 path, real model shapes,
+CUDA-graph capture and replay. Every buffer the Triton launchers allocate is NaN-filled first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import DTYPES, GPU_ONLY
+from tests.ops.quant_linear_cases import (
+    TOL, activations, block_weights, fp8_weights, input_scale_for, int4_weights, nan_empty, ref_fp8_block_linear,
+    ref_fp8_linear, ref_int4_linear, rel_rms)
+
+pytestmark = GPU_ONLY
+
+if torch.cuda.is_available():
+    from gdn_export.ops.quant_linear import gpu, triton_common
+
+# (M, K, N): odd small shapes, the decode range edges (1, 32), the first prefill size (33), and
+# model shapes of the 1.66B Qwen3.5 (hidden 2048, GDN value dim 4096, MLP 6144, k/v 512).
+SHAPES = {
+    "M1-K200-N63": (1, 200, 63),
+    "M3-K384-N130": (3, 384, 130),
+    "M65-K136-N1": (65, 136, 1),
+    "M65-K264-N130": (65, 264, 130),
+    "M1-K2048-N512": (1, 2048, 512),
+    "M32-K4096-N2048": (32, 4096, 2048),
+    "M33-K2048-N6144": (33, 2048, 6144),
+    "M300-K6144-N2048": (300, 6144, 2048),
+    "M257-K2048-N520": (257, 2048, 520),
+}
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(triton_common, "empty", nan_empty)
+
+
+def _check(y, ref, dtype, shape, name):
+    assert y.dtype == dtype and tuple(y.shape) == tuple(shape), f"{name}: {y.dtype} {tuple(y.shape)}"
+    err = rel_rms(y, ref.to(y.device))
+    assert err <= TOL[dtype], f"{name}: relative RMS {err:.3g} > {TOL[dtype]:g} ({dtype})"
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("kind", ["random", "model"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_fp8_linear_gpu(shape, dtype, kind):
+    M, K, N = shape
+    gen = _gen(M + K + N)
+    x = activations(M, K, dtype, kind, gen)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    b = torch.randn(N, generator=gen).to(dtype) if kind == "model" else None
+    ref = ref_fp8_linear(x, w, ws, s_in, b)
+    y = gpu.fp8_linear(*(t.cuda() if t is not None else None for t in (x, w, ws, s_in, b)))
+    _check(y, ref, dtype, (M, N), "fp8_linear")
+
+
+@pytest.mark.parametrize("kind", ["random", "model"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_fp8_block_linear_gpu(shape, dtype, kind):
+    M, K, N = shape
+    gen = _gen(M * 3 + K + N)
+    x = activations(M, K, dtype, kind, gen)
+    w, wsi = block_weights(N, K, gen)
+    b = torch.randn(N, generator=gen).to(dtype) if kind == "model" else None
+    ref = ref_fp8_block_linear(x, w, wsi, b)
+    y = gpu.fp8_block_linear(*(t.cuda() if t is not None else None for t in (x, w, wsi, b)))
+    _check(y, ref, dtype, (M, N), "fp8_block_linear")
+
+
+@pytest.mark.parametrize("kind", ["random", "model"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(SHAPES.values()) + [(3, 131, 63)], ids=list(SHAPES) + ["M3-K131-N63"])
+def test_int4_linear_gpu(shape, dtype, kind):
+    M, K, N = shape
+    gen = _gen(M * 5 + K + N)
+    x = activations(M, K, dtype, kind, gen)
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    b = torch.randn(N, generator=gen).to(dtype) if kind == "model" else None
+    ref = ref_int4_linear(x, qw, sc, b)
+    y = gpu.int4_linear(*(t.cuda() if t is not None else None for t in (x, qw, sc, b)))
+    _check(y, ref, dtype, (M, N), "int4_linear")
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 256, 48], ids=lambda g: f"g{g}")
+def test_int4_group_sizes_gpu(group_size):
+    M, K, N, dtype = 40, 1000, 300, torch.float16
+    gen = _gen(group_size)
+    x = activations(M, K, dtype, "model", gen)
+    qw, sc = int4_weights(N, K, group_size, dtype, gen)
+    y = gpu.int4_linear(x.cuda(), qw.cuda(), sc.cuda(), None, group_size=group_size)
+    _check(y, ref_int4_linear(x, qw, sc, None, group_size), dtype, (M, N), f"int4 g{group_size}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_scaled_mm_rowwise_is_available(dtype):
+    """torch._scaled_mm takes rowwise fp32 scales here (H200, torch 2.11): the FP8 prefill path is cuBLAS's."""
+    assert gpu._scaled_mm_ok(dtype, False, torch.device("cuda", torch.cuda.current_device())), \
+        f"torch {torch.__version__}: _scaled_mm rowwise with {dtype} output refused or wrong"
+
+
+@pytest.mark.parametrize("M", [1, 32, 200], ids=lambda m: f"M{m}")
+def test_cuda_graph_replay(M):
+    """All three ops captured in one CUDA graph, replayed on new inputs, equal the eager results."""
+    K, N, dtype = 2048, 520, torch.bfloat16
+    gen = _gen(M)
+    w8, ws = (t.cuda() for t in fp8_weights(N, K, gen))
+    wb, wsi = (t.cuda() for t in block_weights(N, K, gen))
+    qw, sc = (t.cuda() for t in int4_weights(N, K, 128, dtype, gen))
+    bias = torch.randn(N, generator=gen).to(dtype).cuda()
+    s_in = torch.tensor(0.02, device="cuda")
+    x = activations(M, K, dtype, "model", gen).cuda()
+
+    def run():
+        return (gpu.fp8_linear(x, w8, ws, s_in, bias), gpu.fp8_block_linear(x, wb, wsi, bias),
+                gpu.int4_linear(x, qw, sc, bias))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()  # compile and probe outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run()
+    x.copy_(activations(M, K, dtype, "random", gen).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, run()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
