@@ -22,7 +22,7 @@ import sys
 import torch
 import triton
 
-from gdn_export.ops.quant_linear import gpu, triton_fp8
+from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8
 
 # (name, K, N): 1.66B Qwen3.5 (hidden 2048; GDN q+k+v 8192, z 4096, out 4096 -> 2048; attention
 # q+gate 8192, k / v 512, o 4096 -> 2048; MLP gate / up 6144, down 6144 -> 2048); 9B-class MLP.
@@ -104,10 +104,34 @@ def probe_blockwise_scaled_mm(dev):
     return notes
 
 
+SWEEP = [dict(BN=bn, warps=w, stages=st, per_sm=ps) for bn, w, st, ps in
+         [(64, 4, 4, 2), (32, 4, 4, 2), (128, 4, 4, 2), (64, 4, 4, 4)]]
+
+
+def sweep(dev, min_bytes):
+    """(after the main table) Skinny-launch parameters (triton_common.SKINNY) timed for fp8, fp8_block and int4 at M = 1, 32."""
+    default = dict(triton_common.SKINNY)
+    print("| skinny config | shape | M | fp8 us | fp8 block us | int4 us |")
+    print("|---|---|---|---|---|---|")
+    for name, K, N in [("gdn_qkv|attn_q", 2048, 8192), ("gdn_out|attn_o", 4096, 2048), ("attn_k|v", 2048, 512)]:
+        R = max(2, min(64, math.ceil(min_bytes / (2 * K * N))))
+        copies = [make_weights(K, N, dev) for _ in range(R)]
+        for M in (1, 32):
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            s_in = (x.float().abs().amax() / 448).reshape(())
+            for cfg in SWEEP:
+                triton_common.SKINNY.update(cfg)
+                t = [time_method(METHODS[m], x, copies, s_in) for m in ("fp8", "fp8_block", "int4")]
+                print(f"| {cfg} | {name} | {M} | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} |", flush=True)
+        del copies
+    triton_common.SKINNY.update(default)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--m", type=int, nargs="+", default=[1, 32, 4096], help="rows M (default 1 32 4096)")
     p.add_argument("--json", help="write all timings here")
+    p.add_argument("--sweep", action="store_true", help="then time skinny-launch parameters (M = 1, 32)")
     p.add_argument("--min-bytes", type=float, default=512e6, help="bf16 weight bytes the copies hold (default 512e6)")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -151,6 +175,8 @@ def main(argv=None):
         tot = {k: sum(r[k] for r in sel) for k in METHODS}
         print(f"1.66B shapes, M={M}: sum over shapes, ratio to bf16: " +
               ", ".join(f"{k} {tot[k] / tot['bf16']:.2f}" for k in METHODS if k != "bf16"))
+    if args.sweep:
+        sweep(dev, args.min_bytes)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ UPCAST = tl.constexpr(INTERPRET)
 E4M3_MAX = 448.0
 # Decode (skinny) path up to this many rows: weight-read bound, quantization of x fused per tile.
 SKINNY_M = 32
+# Skinny launch parameters: column tile, warps, pipeline stages, programs per multiprocessor that
+# split K aims at (benchmarks/quant_linear_bench.py --sweep times alternatives).
+SKINNY = dict(BN=64, warps=4, stages=4, per_sm=2)
 
 
 @triton.jit
@@ -113,7 +116,7 @@ def device_sms(t: torch.Tensor) -> int:
 def split_k(tiles_mn: int, k_tiles: int, sms: int) -> int:
     """Split-K factor for the skinny (decode) launches: about two programs per multiprocessor streaming
     weights, never more splits than K tiles. A function of shapes only (CUDA-graph safe)."""
-    return max(1, min(k_tiles, round(2 * sms / max(tiles_mn, 1))))
+    return max(1, min(k_tiles, round(SKINNY["per_sm"] * sms / max(tiles_mn, 1))))
 
 
 def skinny_block_m(M: int) -> int:

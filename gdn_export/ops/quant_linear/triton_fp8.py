@@ -99,20 +99,27 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, T
     o_n = i_n * BN + tl.arange(0, BN)
     m_m, m_n = o_m < M, o_n < N
     o_m64, o_n64 = o_m.to(tl.int64), o_n.to(tl.int64)
+    # tile bases in int64, in-tile offsets in int32 (64-bit offset tensors cost registers and spill)
+    r_m, r_n = tl.arange(0, BM), tl.arange(0, BN)
+    p_x = x + (i_m * BM).to(tl.int64) * (K if X_FP8 else stride_xm)
+    p_w = w + (i_n * BN).to(tl.int64) * K
     if not BLOCKWISE:
         s = tl.load(s_in)
     b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+    if BLOCKWISE and not X_FP8:
+        tl.static_assert(BK == 128, "x quantized in the tile needs whole 128-groups")
     t0 = i_s * TILES_PER_SPLIT
     t1 = tl.minimum(t0 + TILES_PER_SPLIT, tl.cdiv(K, BK))
     for t in range(t0, t1):
         o_k = t * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_w = tl.load(w + o_n64[None, :] * K + o_k[:, None], mask=m_n[None, :] & m_k[:, None], other=0.0)
+        g = (t * BK) // 128  # the 128-group of this K tile (BK divides 128)
+        b_w = tl.load(p_w + r_n[None, :] * K + o_k[:, None], mask=m_n[None, :] & m_k[:, None], other=0.0)
         if X_FP8:
-            b_a = tl.load(x + o_m64[:, None] * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
-            b_s = tl.load(xs + o_m64 * KB + t, mask=m_m, other=0.0)
+            b_a = tl.load(p_x + r_m[:, None] * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_s = tl.load(xs + o_m64 * KB + g, mask=m_m, other=0.0)
         else:
-            b_x = tl.load(x + o_m64[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
+            b_x = tl.load(p_x + r_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
                           other=0.0).to(tl.float32)
             if BLOCKWISE:
                 b_s = _group_scale(b_x)
@@ -124,7 +131,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, T
         else:
             b_d = exact_dot(b_a.to(tl.bfloat16), b_w.to(tl.bfloat16), UP)
         if BLOCKWISE:
-            b_ws = tl.load(ws + (o_n // 128) * KB + t, mask=m_n, other=0.0)
+            b_ws = tl.load(ws + (o_n // 128) * KB + g, mask=m_n, other=0.0)
             b_acc += b_d * b_s[:, None] * b_ws[None, :]
         else:
             b_acc += b_d
@@ -180,21 +187,22 @@ def fp8_gemm(x2, weight, ws, s_in=None, bias=None, out_dtype=None, blockwise=Fal
     KB = cdiv(K, GROUP)
     exact = x2.dtype == torch.float32
     if M <= SKINNY_M:
-        BM, BN, BK = skinny_block_m(M), 64, 128
+        BM, BN, BK = skinny_block_m(M), common.SKINNY["BN"], 128
         tiles = cdiv(M, BM) * cdiv(N, BN)
         k_tiles = cdiv(K, BK)
         split = split_k(tiles, k_tiles, device_sms(x2))
         per = cdiv(k_tiles, split)
         split = cdiv(k_tiles, per)
-        x_in, xs, x_fp8, dot_fp8, warps, stages = x2, x2, False, False, 4, 4
+        x_in, xs, x_fp8, dot_fp8 = x2, x2, False, False
+        warps, stages = common.SKINNY["warps"], common.SKINNY["stages"]
     else:
-        split, per = 1, cdiv(K, 128)
+        split, per = 1, cdiv(K, 64)
         if blockwise:
             x_in, xs = quantize_groups(x2)
             x_fp8, dot_fp8 = True, not exact
         else:
             x_in, xs, x_fp8, dot_fp8 = x2, x2, False, False
-        BM, BN, BK = (128, 128, 128) if dot_fp8 else (64, 128, 128)
+        BM, BN, BK = (128, 128, 64) if dot_fp8 else (64, 128, 64)
         warps, stages = 8, (4 if dot_fp8 else 2)
         tiles = cdiv(M, BM) * cdiv(N, BN)
     part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y

@@ -37,6 +37,9 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_
     o_n = i_n * BN + tl.arange(0, BN)
     m_m, m_n = o_m < M, o_n < N
     o_m64, o_n64 = o_m.to(tl.int64), o_n.to(tl.int64)
+    r_m, r_n = tl.arange(0, BM), tl.arange(0, BN)
+    p_x = x + (i_m * BM).to(tl.int64) * stride_xm
+    p_q = qw + (i_n * BN).to(tl.int64) * KH
     cdt = x.dtype.element_ty
     b_acc = tl.zeros([BM, BN], dtype=tl.float32)
     t0 = i_s * TILES_PER_SPLIT
@@ -44,9 +47,9 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_
     for t in range(t0, t1):
         o_k = t * BK + tl.arange(0, BK)
         o_h = t * (BK // 2) + tl.arange(0, BK // 2)
-        b_x = tl.load(x + o_m64[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :],
+        b_x = tl.load(p_x + r_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & (o_k < K)[None, :],
                       other=0.0)
-        b_q = tl.load(qw + o_n64[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :],
+        b_q = tl.load(p_q + r_n[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :],
                       other=0)
         b_lo = (b_q << 4).to(tl.int8, bitcast=True) >> 4
         b_hi = b_q.to(tl.int8, bitcast=True) >> 4
@@ -93,14 +96,16 @@ def int4_gemm(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bia
     y = common.empty(M, N, dtype=x2.dtype, device=x2.device)
     if M == 0:
         return y
+    if M > SKINNY_M:
+        BK = tile_k(group_size, cap=64)  # 128-wide int4 tiles spill registers in the prefill tiles
     k_tiles = cdiv(K, BK)
     if M <= SKINNY_M:
-        BM, BN = skinny_block_m(M), 64
+        BM, BN = skinny_block_m(M), common.SKINNY["BN"]
         tiles = cdiv(M, BM) * cdiv(N, BN)
         split = split_k(tiles, k_tiles, device_sms(x2))
         per = cdiv(k_tiles, split)
         split = cdiv(k_tiles, per)
-        warps, stages = 4, 4
+        warps, stages = common.SKINNY["warps"], common.SKINNY["stages"]
     else:
         fp32 = x2.dtype == torch.float32
         BM, BN = (64, 64) if fp32 else (128, 128)
