@@ -8,8 +8,7 @@ of the 1.66B Qwen3.5 projection shapes and a 9B-class MLP.
 Each op is captured in a CUDA graph that calls it once for each of R weight copies (R copies hold
 >= 512 MB, so weights stream from HBM rather than the 60 MB L2, as in a model's decode step); the
 time per call is the median over replays (triton.testing.do_bench) divided by R. Ratios are against
-bf16 on the same shape. Also probes torch._scaled_mm's blockwise (1x128 activations, 128x128
-weights) form on this GPU and prints whether it runs and agrees with the contract.
+bf16 on the same shape. Also prints which torch._scaled_mm forms (rowwise, blockwise 1x128 x 128x128) gpu.py found usable.
 """
 
 from __future__ import annotations
@@ -22,16 +21,16 @@ import sys
 import torch
 import triton
 
-from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8
+from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8, triton_int4
 
 # (name, K, N): 1.66B Qwen3.5 (hidden 2048; GDN q+k+v 8192, z 4096, out 4096 -> 2048; attention
 # q+gate 8192, k / v 512, o 4096 -> 2048; MLP gate / up 6144, down 6144 -> 2048); 9B-class MLP.
 SHAPES = [
-    ("gdn_qkv|attn_q", 2048, 8192),
+    ("gdn_qkv/attn_q", 2048, 8192),
     ("gdn_z", 2048, 4096),
-    ("gdn_out|attn_o", 4096, 2048),
-    ("attn_k|v", 2048, 512),
-    ("mlp_gate|up", 2048, 6144),
+    ("gdn_out/attn_o", 4096, 2048),
+    ("attn_k/v", 2048, 512),
+    ("mlp_gate/up", 2048, 6144),
     ("mlp_down", 6144, 2048),
     ("9b_mlp_up", 4096, 12288),
     ("9b_mlp_down", 12288, 4096),
@@ -64,7 +63,9 @@ METHODS = {
     "fp8_triton": lambda x, W, s: forced_triton_fp8(x, W["w8"], W["ws"], s),
     "fp8_scaled_mm": lambda x, W, s: forced_scaled_mm(x, W["w8"], W["ws"], s),
     "fp8_block": lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]),
+    "fp8_block_triton": lambda x, W, s: triton_fp8.fp8_gemm(x, W["w8"], W["wsi"], None, None, blockwise=True),
     "int4": lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"]),
+    "int4_triton": lambda x, W, s: triton_int4.int4_gemm(x, W["qw"], W["sc"]),
 }
 
 
@@ -85,23 +86,10 @@ def time_method(fn, x, copies, s_in):
 
 
 def probe_blockwise_scaled_mm(dev):
-    """torch._scaled_mm with BlockWise1x128 x BlockWise128x128 scales: (works, rel err, note)."""
-    M, K, N = 256, 2048, 1024
-    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-    W = make_weights(K, N, dev)
-    xq, xs = triton_fp8.quantize_groups(x)
-    ref = gpu.fp8_block_linear(x, W["w8"], W["wsi"]).float()
-    notes = []
-    for name, sa, sb in [("a contiguous, b = wsi.t()", xs, W["wsi"].t()),
-                         ("a M-major, b = wsi.t()", xs.t().contiguous().t(), W["wsi"].t()),
-                         ("a M-major, b contiguous", xs.t().contiguous().t(), W["wsi"].t().contiguous())]:
-        try:
-            y = torch._scaled_mm(xq, W["w8"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            notes.append(f"{name}: runs, rel err vs Triton {err:.2e}")
-        except Exception as exc:  # the probe reports whatever torch says
-            notes.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:140]}")
-    return notes
+    """torch._scaled_mm's forms as gpu.py probes them (runs and agrees with the fp32 product)."""
+    return [f"{'blockwise' if bw else 'rowwise'} {str(dt)[6:]}{' +bias' if bias else ''}: "
+            f"{gpu._scaled_mm_ok(dt, bias, dev, blockwise=bw)}"
+            for bw in (False, True) for dt in (torch.bfloat16, torch.float16) for bias in (False, True)]
 
 
 SWEEP = [dict(BN=bn, warps=w, stages=st, per_sm=ps) for bn, w, st, ps in
@@ -113,7 +101,7 @@ def sweep(dev, min_bytes):
     default = dict(triton_common.SKINNY)
     print("| skinny config | shape | M | fp8 us | fp8 block us | int4 us |")
     print("|---|---|---|---|---|---|")
-    for name, K, N in [("gdn_qkv|attn_q", 2048, 8192), ("gdn_out|attn_o", 4096, 2048), ("attn_k|v", 2048, 512)]:
+    for name, K, N in [("gdn_qkv/attn_q", 2048, 8192), ("gdn_out/attn_o", 4096, 2048), ("attn_k/v", 2048, 512)]:
         R = max(2, min(64, math.ceil(min_bytes / (2 * K * N))))
         copies = [make_weights(K, N, dev) for _ in range(R)]
         for M in (1, 32):
@@ -137,7 +125,7 @@ def main(argv=None):
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", file=sys.stderr)
     for line in probe_blockwise_scaled_mm(dev):
-        print("blockwise _scaled_mm probe:", line)
+        print("_scaled_mm probe:", line)
     rows = []
     for name, K, N in SHAPES:
         R = max(2, min(64, math.ceil(args.min_bytes / (2 * K * N))))
@@ -162,14 +150,16 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     # summary table: us per call and ratio to bf16
-    hdr = "| shape | K | N | M | bf16 us | fp8 | fp8 triton | fp8 _scaled_mm | fp8 block | int4 |"
+    hdr = ("| shape | K | N | M | bf16 us | fp8 | fp8 triton | fp8 _scaled_mm | fp8 block | fp8 block triton | "
+           "int4 | int4 triton |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in rows:
         b = r["bf16"]
         cell = lambda k: f"{r[k]:.1f} ({r[k] / b:.2f}x)"  # noqa: E731
         print(f"| {r['shape']} | {r['K']} | {r['N']} | {r['M']} | {b:.1f} | {cell('fp8')} | {cell('fp8_triton')} | "
-              f"{cell('fp8_scaled_mm')} | {cell('fp8_block')} | {cell('int4')} |")
+              f"{cell('fp8_scaled_mm')} | {cell('fp8_block')} | {cell('fp8_block_triton')} | {cell('int4')} | "
+              f"{cell('int4_triton')} |")
     for M in args.m:
         sel = [r for r in rows if r["M"] == M and not r["shape"].startswith("9b")]
         tot = {k: sum(r[k] for r in sel) for k in METHODS}

@@ -118,3 +118,28 @@ def test_e4m3_rounding_matches_torch():
     y = gpu.fp8_linear(x, w, torch.ones(K), torch.tensor(1.0))
     expected = x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_triton_gemm_prefill_tiles(dtype):
+    """The Triton W4A16 prefill tiles (gpu.py takes them for fp32 x; 16-bit x dequantizes first)."""
+    from gdn_export.ops.quant_linear.triton_int4 import int4_gemm
+    M, K, N = 65, 264, 130
+    gen = torch.Generator().manual_seed(3)
+    x = activations(M, K, dtype, "model", gen)
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    b = torch.randn(N, generator=gen).to(dtype)
+    _check(int4_gemm(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_gemm")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_int4_dequant_kernel_exact(dtype):
+    """W = int4 * scale rounded once to x's dtype, every element written (odd K: padding nibble dropped)."""
+    from gdn_export.ops.quant_linear.triton_int4 import int4_dequant
+    from tests.ops.quant_linear_cases import unpack_int4
+    N, K, gs = 37, 131, 32
+    gen = torch.Generator().manual_seed(5)
+    qw, sc = int4_weights(N, K, gs, dtype, gen)
+    w = int4_dequant(qw, sc, K, gs, dtype)
+    expected = (unpack_int4(qw, K).float() * sc.float().repeat_interleave(gs, 1)[:, :K]).to(dtype)
+    torch.testing.assert_close(w, expected, rtol=0, atol=0)

@@ -16,7 +16,7 @@ from tests.ops.quant_linear_cases import (
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
-    from gdn_export.ops.quant_linear import gpu, triton_common
+    from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8, triton_int4
 
 # (M, K, N): odd small shapes, the decode range edges (1, 32), the first prefill size (33), and
 # model shapes of the 1.66B Qwen3.5 (hidden 2048, GDN value dim 4096, MLP 6144, k/v 512).
@@ -26,6 +26,7 @@ SHAPES = {
     "M65-K136-N1": (65, 136, 1),
     "M65-K264-N130": (65, 264, 130),
     "M1-K2048-N512": (1, 2048, 512),
+    "M8-K2048-N6144": (8, 2048, 6144),  # decode row count with N >= 6144: fp8_linear on _scaled_mm
     "M32-K4096-N2048": (32, 4096, 2048),
     "M33-K2048-N6144": (33, 2048, 6144),
     "M300-K6144-N2048": (300, 6144, 2048),
@@ -101,11 +102,33 @@ def test_int4_group_sizes_gpu(group_size):
     _check(y, ref_int4_linear(x, qw, sc, None, group_size), dtype, (M, N), f"int4 g{group_size}")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_scaled_mm_rowwise_is_available(dtype):
-    """torch._scaled_mm takes rowwise fp32 scales here (H200, torch 2.11): the FP8 prefill path is cuBLAS's."""
-    assert gpu._scaled_mm_ok(dtype, False, torch.device("cuda", torch.cuda.current_device())), \
-        f"torch {torch.__version__}: _scaled_mm rowwise with {dtype} output refused or wrong"
+@pytest.mark.parametrize("blockwise", [False, True], ids=["rowwise", "blockwise"])
+def test_scaled_mm_forms_are_available(blockwise):
+    """torch._scaled_mm takes rowwise fp32 scales and the 1x128 x 128x128 blockwise form with bf16 output
+    here (H200, torch 2.11): the FP8 prefill paths are cuBLAS's."""
+    assert gpu._scaled_mm_ok(torch.bfloat16, False, torch.device("cuda", torch.cuda.current_device()), blockwise), \
+        f"torch {torch.__version__}: _scaled_mm {'blockwise' if blockwise else 'rowwise'} refused or wrong"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(300, 2048, 1024), (129, 640, 200)], ids=["M300-K2048-N1024", "M129-K640-N200"])
+def test_triton_prefill_gemms_gpu(shape, dtype):
+    """The Triton prefill GEMMs called directly (gpu.py routes 16-bit x of aligned shapes to cuBLAS):
+    fp8 per-channel, fp8 128-block and W4A16."""
+    M, K, N = shape
+    gen = _gen(M + N)
+    x = activations(M, K, dtype, "model", gen)
+    b = torch.randn(N, generator=gen).to(dtype)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    y = triton_fp8.fp8_gemm(x.cuda(), w.cuda(), ws.cuda(), s_in.cuda(), b.cuda(), blockwise=False)
+    _check(y, ref_fp8_linear(x, w, ws, s_in, b), dtype, (M, N), "triton fp8 per-channel")
+    wb, wsi = block_weights(N, K, gen)
+    y = triton_fp8.fp8_gemm(x.cuda(), wb.cuda(), wsi.cuda(), None, b.cuda(), blockwise=True)
+    _check(y, ref_fp8_block_linear(x, wb, wsi, b), dtype, (M, N), "triton fp8 block")
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    y = triton_int4.int4_gemm(x.cuda(), qw.cuda(), sc.cuda(), b.cuda())
+    _check(y, ref_int4_linear(x, qw, sc, b), dtype, (M, N), "triton int4")
 
 
 @pytest.mark.parametrize("M", [1, 32, 200], ids=lambda m: f"M{m}")

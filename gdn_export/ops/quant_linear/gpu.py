@@ -5,15 +5,19 @@ tensors here).
 Every path is capturable in a CUDA graph: launch parameters, split factors and buffers depend on
 shapes and dtypes only, never on data, and nothing synchronises with the host.
 
-fp8_linear        M <= 32 (decode): Triton skinny GEMM reading fp8 weights, x quantized per tile,
-                  split K (triton_fp8.py). Larger M with 16-bit x and K, N multiples of 16:
-                  x quantized by one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise
-                  scales [M, 1] x [1, N], fp32 accumulation); otherwise the Triton GEMM.
-fp8_block_linear  Triton: per-token group-128 quantization fused in the skinny tiles (decode) or one
-                  pass before a block-scaled fp8 x fp8 GEMM (prefill), scales applied per 128 of K.
-int4_linear       Triton W4A16 (triton_int4.py): int4 tiles unpacked in registers, 16-bit tensor-core
-                  dots, group scales per K tile; split K for M <= 32. group_size not a multiple of 32
-                  dequantizes to x's dtype and calls torch.matmul.
+fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM reading fp8 weights, x quantized
+                  per tile, split K (triton_fp8.py). Otherwise, with 16-bit x and K, N multiples of
+                  16: x quantized by one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise
+                  scales [M, 1] x [1, N], fp32 accumulation); else the Triton GEMM.
+fp8_block_linear  M <= 32: Triton skinny GEMM, per-token group-128 quantization fused in the tiles.
+                  Larger M: one quantization pass, then torch._scaled_mm's blockwise form (1x128
+                  activation scales x 128x128 weight scales) where it runs (16-bit x, K and N
+                  multiples of 128), else the Triton block-scaled fp8 x fp8 GEMM.
+int4_linear       M <= 32 or fp32 x: Triton W4A16 (triton_int4.py), int4 tiles unpacked in registers,
+                  16-bit tensor-core dots, group scales per K tile, split K for M <= 32. Larger M
+                  with 16-bit x: W dequantized by one Triton pass, then the 16-bit GEMM. group_size
+                  not a multiple of 32: dequantized in fp32 and torch.matmul.
+The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from __future__ import annotations
 import torch
 
 from gdn_export.ops.quant_linear.triton_common import SKINNY_M
-from gdn_export.ops.quant_linear.triton_fp8 import GROUP, fp8_gemm, quantize_tensor
-from gdn_export.ops.quant_linear.triton_int4 import int4_gemm, tile_k
+from gdn_export.ops.quant_linear.triton_fp8 import GROUP, fp8_gemm, quantize_groups, quantize_tensor
+from gdn_export.ops.quant_linear.triton_int4 import int4_dequant, int4_gemm, tile_k
 from gdn_export.ops.triton_utils import cdiv
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-# (out dtype, bias) -> whether torch._scaled_mm's rowwise form runs here and matches; probed once.
+# (form, out dtype, bias, device) -> whether torch._scaled_mm's rowwise / blockwise form runs here and
+# matches the fp32 product; probed once.
 _SCALED_MM_OK: dict = {}
+# Decode rows with N at least this take _scaled_mm rather than the Triton skinny GEMM: on the H200
+# (torch 2.11, docs/perf/quant_linear.md) cuBLAS was faster at M = 1 and 32 for N = 6144 / 8192 / 12288
+# with K = 2048 / 4096, slower for N <= 2048.
+SCALED_MM_DECODE_MIN_N = 6144
 
 
 def _check_x(name: str, x: torch.Tensor, K: int) -> None:
@@ -55,24 +64,35 @@ def _bias_as(bias, dtype):
     return None if bias is None else _contig(bias.to(dtype))
 
 
-def _scaled_mm_ok(out_dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
-    """Whether torch._scaled_mm takes rowwise fp32 scales with this output dtype (and a bias) on this
-    GPU and agrees with the fp32 product. Probed once per key on a 32 x 64 x 48 case, outside CUDA-graph
-    capture (a capture that finds no answer yet uses the Triton GEMM)."""
-    key = (out_dtype, has_bias, device.index)
+def _scaled_mm_ok(out_dtype: torch.dtype, has_bias: bool, device: torch.device, blockwise: bool = False) -> bool:
+    """Whether torch._scaled_mm takes this form on this GPU with this output dtype (and a bias) and agrees
+    with the fp32 product: rowwise fp32 scales [M, 1] x [1, N], or blockwise 1x128 activations (scales
+    [M, K/128], M-major) x 128x128 weights (scales [K/128, N/128]). Probed once per key on a 37 x 384 x 256
+    case, outside CUDA-graph capture (a capture that finds no answer yet uses the Triton GEMM)."""
+    key = (blockwise, out_dtype, has_bias, device.index)
     if key not in _SCALED_MM_OK:
         if torch.cuda.is_current_stream_capturing():
             return False
         ok = False
         try:
+            M, K, N = 37, 384, 256
             gen = torch.Generator(device=device).manual_seed(0)
-            a = torch.randn(32, 64, device=device, generator=gen).to(torch.float8_e4m3fn)
-            b = torch.randn(48, 64, device=device, generator=gen).to(torch.float8_e4m3fn)
-            sa = torch.rand(32, 1, device=device, generator=gen) + 0.5
-            sb = torch.rand(1, 48, device=device, generator=gen) + 0.5
-            bias = torch.randn(48, device=device, generator=gen).to(out_dtype) if has_bias else None
-            y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
-            ref = (a.float() @ b.float().t()) * sa * sb + (bias.float() if has_bias else 0)
+            a = torch.randn(M, K, device=device, generator=gen).to(torch.float8_e4m3fn)
+            b = torch.randn(N, K, device=device, generator=gen).to(torch.float8_e4m3fn)
+            bias = torch.randn(N, device=device, generator=gen).to(out_dtype) if has_bias else None
+            if blockwise:
+                sa = (torch.rand(K // 128, M, device=device, generator=gen) + 0.5).t()
+                sb = torch.rand(N // 128, K // 128, device=device, generator=gen) + 0.5
+                y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb.t(), bias=bias, out_dtype=out_dtype)
+                ref = ((a.float() * sa.repeat_interleave(128, 1)) @
+                       (b.float() * sb.repeat_interleave(128, 0).repeat_interleave(128, 1)).t())
+            else:
+                sa = torch.rand(M, 1, device=device, generator=gen) + 0.5
+                sb = torch.rand(1, N, device=device, generator=gen) + 0.5
+                y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+                ref = (a.float() @ b.float().t()) * sa * sb
+            if has_bias:
+                ref = ref + bias.float()
             ok = y.dtype == out_dtype and ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
         except (RuntimeError, TypeError, ValueError):
             ok = False
@@ -98,8 +118,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     weight, ws = _contig(weight), _contig(weight_scale.float().reshape(N))
     s_in = input_scale.float().reshape(())
     b = _bias_as(bias, x.dtype)
-    if (M > SKINNY_M and x.dtype != torch.float32 and K % 16 == 0 and N % 16 == 0 and x2.is_cuda
-            and _scaled_mm_ok(x.dtype, b is not None, x2.device)):
+    if ((M > SKINNY_M or N >= SCALED_MM_DECODE_MIN_N) and x.dtype != torch.float32 and K % 16 == 0
+            and N % 16 == 0 and x2.is_cuda and _scaled_mm_ok(x.dtype, b is not None, x2.device)):
         xq, rs = quantize_tensor(x2, s_in)
         y = torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, N), bias=b, out_dtype=x.dtype)
     else:
@@ -125,8 +145,14 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
         raise ValueError(f"fp8_block_linear: weight_scale_inv {tuple(weight_scale_inv.shape)} must be "
                          f"[{cdiv(N, GROUP)}, {cdiv(K, GROUP)}] for weight [{N}, {K}]")
     x2 = _rows(x, K)
-    y = fp8_gemm(x2, _contig(weight), _contig(weight_scale_inv.float()), None, _bias_as(bias, x.dtype),
-                 blockwise=True)
+    M = x2.shape[0]
+    weight, wsi, b = _contig(weight), _contig(weight_scale_inv.float()), _bias_as(bias, x.dtype)
+    if (M > SKINNY_M and x.dtype != torch.float32 and K % GROUP == 0 and N % GROUP == 0 and x2.is_cuda
+            and _scaled_mm_ok(x.dtype, b is not None, x2.device, blockwise=True)):
+        xq, xs = quantize_groups(x2)  # xs [M, K/128] M-major, as cuBLAS's 1x128 form takes it
+        y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=wsi.t(), bias=b, out_dtype=x.dtype)
+    else:
+        y = fp8_gemm(x2, weight, wsi, None, b, blockwise=True)
     return y.view(*x.shape[:-1], N)
 
 
@@ -153,6 +179,11 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     b = _bias_as(bias, x.dtype)
     if tile_k(group_size) is None:
         y = _int4_dequant_matmul(x2, qweight, scales, b, group_size)
+    elif x2.shape[0] > SKINNY_M and x.dtype != torch.float32:
+        # prefill: W dequantized to x's dtype by one Triton pass, then the 16-bit GEMM (cuBLAS); the
+        # Triton W4A16 GEMM ran 3.8-4.7x bf16's time at M = 4096 on the H200 (docs/perf/quant_linear.md)
+        w = int4_dequant(_contig(qweight), _contig(scales), K, group_size, x.dtype)
+        y = torch.nn.functional.linear(x2, w, b)
     else:
         y = int4_gemm(x2, _contig(qweight), _contig(scales.to(x.dtype)), b, group_size)
     return y.view(*x.shape[:-1], N)

@@ -69,7 +69,7 @@ def quant_group_kernel(x, xq, xs, M, K, KB, stride_xm, EXACT: tl.constexpr, SOFT
     b_x = tl.load(x + i_m.to(tl.int64) * stride_xm + o_k, mask=m_k, other=0.0).to(tl.float32)
     s = _group_scale(b_x)
     tl.store(xq + i_m.to(tl.int64) * K + o_k, _quantize(b_x, s[:, None], EXACT, SOFT), mask=m_k)
-    tl.store(xs + i_m.to(tl.int64) * KB + o_g, s, mask=o_g < KB)
+    tl.store(xs + o_g.to(tl.int64) * M + i_m, s, mask=o_g < KB)  # M-major [KB, M]
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, T
 
     BLOCKWISE: w's scale is ws [ceil(N/128), KB] per 128 x 128 block and x's is per token and
     128-group (BK = 128: one group a K tile), applied to each tile's fp32 product; else ws [N] and the
-    per-tensor s_in, applied once at the end. X_FP8: x is already e4m3 with scales xs [M, KB]
+    per-tensor s_in, applied once at the end. X_FP8: x is already e4m3 with scales xs stored M-major ([KB, M])
     (blockwise only); else x is quantized here. DOT_FP8: fp8 x fp8 tensor-core products, else the fp8
     values widened to bf16 (exact) for a bf16 dot with fp32 accumulation.
     """
@@ -117,7 +117,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, T
         b_w = tl.load(p_w + r_n[None, :] * K + o_k[:, None], mask=m_n[None, :] & m_k[:, None], other=0.0)
         if X_FP8:
             b_a = tl.load(p_x + r_m[:, None] * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
-            b_s = tl.load(xs + o_m64 * KB + g, mask=m_m, other=0.0)
+            b_s = tl.load(xs + g.to(tl.int64) * M + o_m64, mask=m_m, other=0.0)
         else:
             b_x = tl.load(p_x + r_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
                           other=0.0).to(tl.float32)
@@ -161,17 +161,18 @@ def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):
 
 
 def quantize_groups(x2: torch.Tensor):
-    """x2 [M, K] -> (x_q [M, K] float8_e4m3fn, scales [M, ceil(K/128)] fp32), per token and group of 128."""
+    """x2 [M, K] -> (x_q [M, K] float8_e4m3fn, scales [M, ceil(K/128)] fp32), per token and group of 128.
+    The scales are M-major (strides (1, M)), the layout torch._scaled_mm's 1x128 blockwise form takes."""
     M, K = x2.shape
     KB = cdiv(K, GROUP)
     xq = common.empty(M, K, dtype=torch.float8_e4m3fn, device=x2.device)
-    xs = common.empty(M, KB, dtype=torch.float32, device=x2.device)
+    xs = common.empty(KB, M, dtype=torch.float32, device=x2.device)
     G = min(16, next_pow2(KB))
     if M:
         quant_group_kernel[(M, cdiv(KB, G))](x2, xq, xs, M, K, KB, x2.stride(0),
                                              EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8, G=G,
                                              num_warps=4)
-    return xq, xs
+    return xq, xs.t()
 
 
 def fp8_gemm(x2, weight, ws, s_in=None, bias=None, out_dtype=None, blockwise=False):

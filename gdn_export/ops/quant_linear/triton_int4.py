@@ -18,7 +18,7 @@ import triton.language as tl
 from gdn_export.ops.quant_linear.triton_common import (
     SKINNY_M, UPCAST, device_sms, exact_dot, finish, skinny_block_m, split_k)
 from gdn_export.ops.quant_linear import triton_common as common
-from gdn_export.ops.triton_utils import cdiv
+from gdn_export.ops.triton_utils import cdiv, to_state_dtype
 
 
 @triton.jit
@@ -70,6 +70,35 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_
     else:
         tl.store(part + i_s * M * N + o_m64[:, None] * N + o_n64[None, :], b_acc,
                  mask=m_m[:, None] & m_n[None, :])
+
+
+@triton.jit
+def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
+    """w [N, K] in w's dtype = int4(qw) * sc[n, k // GS], the product in fp32 and rounded once to
+    nearest even (to_state_dtype rounds bf16 on the bits, so the interpreter rounds as the GPU does)."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BN + tl.arange(0, BN)
+    o_h = i_h * BH + tl.arange(0, BH)
+    m = (o_n < N)[:, None] & (o_h < KH)[None, :]
+    b_q = tl.load(qw + o_n.to(tl.int64)[:, None] * KH + o_h[None, :], mask=m, other=0)
+    b_lo = ((b_q << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float32)
+    b_hi = (b_q.to(tl.int8, bitcast=True) >> 4).to(tl.float32)
+    o_k = tl.interleave(2 * o_h, 2 * o_h + 1)
+    b_v = tl.interleave(b_lo, b_hi)  # [BN, 2 BH], column k = 2 h + (0 low, 1 high)
+    m_k = (o_n < N)[:, None] & (o_k < K)[None, :]
+    b_s = tl.load(sc + o_n.to(tl.int64)[:, None] * G + o_k[None, :] // GS, mask=m_k, other=0.0).to(tl.float32)
+    tl.store(w + o_n.to(tl.int64)[:, None] * K + o_k[None, :], to_state_dtype(b_v * b_s, w.dtype.element_ty), mask=m_k)
+
+
+def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size: int, dtype: torch.dtype):
+    """W [N, K] in dtype from qweight [N, ceil(K/2)] uint8 and scales [N, ceil(K/group_size)] (contiguous)."""
+    N, KH = qweight.shape
+    w = common.empty(N, K, dtype=dtype, device=qweight.device)
+    BN, BH = 16, 64
+    if N and K:
+        int4_dequant_kernel[(cdiv(N, BN), cdiv(KH, BH))](qweight, scales, w, N, K, KH, scales.shape[1],
+                                                        GS=group_size, BN=BN, BH=BH, num_warps=4)
+    return w
 
 
 def tile_k(group_size: int, cap: int = 128) -> int | None:
