@@ -1,6 +1,7 @@
 """Quantized linear kernels against the bf16 GEMM on one GPU: per-call time of y = x @ W^T for
 bf16 (F.linear, cuBLAS), fp8_linear (auto route, and each route forced), fp8_block_linear and
-int4_linear (gdn_export/ops/quant_linear/gpu.py), at decode (M = 1, 32) and prefill (M = 4096) rows
+int4_linear (gdn_export/ops/quant_linear/gpu.py; as routed and their Triton GEMMs forced; the
+CUDA-core GEMV of triton_gemv.py at M = 1), at decode (M = 1, 32) and prefill (M = 4096) rows
 of the 1.66B Qwen3.5 projection shapes and a 9B-class MLP.
 
     python benchmarks/quant_linear_bench.py [--m 1 32 4096] [--json OUT.json]
@@ -21,7 +22,7 @@ import sys
 import torch
 import triton
 
-from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8, triton_int4
+from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8, triton_gemv, triton_int4
 
 # (name, K, N): 1.66B Qwen3.5 (hidden 2048; GDN q+k+v 8192, z 4096, out 4096 -> 2048; attention
 # q+gate 8192, k / v 512, o 4096 -> 2048; MLP gate / up 6144, down 6144 -> 2048); 9B-class MLP.
@@ -66,6 +67,10 @@ METHODS = {
     "fp8_block_triton": lambda x, W, s: triton_fp8.fp8_gemm(x, W["w8"], W["wsi"], None, None, blockwise=True),
     "int4": lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"]),
     "int4_triton": lambda x, W, s: triton_int4.int4_gemm(x, W["qw"], W["sc"]),
+    # CUDA-core GEMV (M = 1 only; NaN elsewhere)
+    "fp8_gemv": lambda x, W, s: triton_gemv.gemv(triton_gemv.FP8_TENSOR, x, W["w8"], W["ws"], s),
+    "fp8_block_gemv": lambda x, W, s: triton_gemv.gemv(triton_gemv.FP8_BLOCK, x, W["w8"], W["wsi"]),
+    "int4_gemv": lambda x, W, s: triton_gemv.gemv(triton_gemv.INT4, x, W["qw"], W["sc"]),
 }
 
 
@@ -135,6 +140,9 @@ def main(argv=None):
             s_in = (x.float().abs().amax() / 448).reshape(())
             res = {}
             for meth, fn in METHODS.items():
+                if meth.endswith("gemv") and M != 1:
+                    res[meth] = float("nan")
+                    continue
                 try:
                     res[meth] = time_method(fn, x, copies, s_in)
                 except Exception as exc:
@@ -151,7 +159,7 @@ def main(argv=None):
             json.dump(rows, f, indent=1)
     # summary table: us per call and ratio to bf16
     hdr = ("| shape | K | N | M | bf16 us | fp8 | fp8 triton | fp8 _scaled_mm | fp8 block | fp8 block triton | "
-           "int4 | int4 triton |")
+           "int4 | int4 triton | fp8 gemv | fp8 block gemv | int4 gemv |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in rows:
@@ -159,7 +167,7 @@ def main(argv=None):
         cell = lambda k: f"{r[k]:.1f} ({r[k] / b:.2f}x)"  # noqa: E731
         print(f"| {r['shape']} | {r['K']} | {r['N']} | {r['M']} | {b:.1f} | {cell('fp8')} | {cell('fp8_triton')} | "
               f"{cell('fp8_scaled_mm')} | {cell('fp8_block')} | {cell('fp8_block_triton')} | {cell('int4')} | "
-              f"{cell('int4_triton')} |")
+              f"{cell('int4_triton')} | {cell('fp8_gemv')} | {cell('fp8_block_gemv')} | {cell('int4_gemv')} |")
     for M in args.m:
         sel = [r for r in rows if r["M"] == M and not r["shape"].startswith("9b")]
         tot = {k: sum(r[k] for r in sel) for k in METHODS}

@@ -143,3 +143,22 @@ def test_int4_dequant_kernel_exact(dtype):
     w = int4_dequant(qw, sc, K, gs, dtype)
     expected = (unpack_int4(qw, K).float() * sc.float().repeat_interleave(gs, 1)[:, :K]).to(dtype)
     torch.testing.assert_close(w, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("KN", [(200, 63), (384, 130), (1000, 1)], ids=lambda kn: f"K{kn[0]}-N{kn[1]}")
+def test_gemv_route_all_formats(KN, dtype, bias, monkeypatch):
+    """One-row x through the CUDA-core GEMV (triton_gemv.py; gpu.py takes it when triton_common.GEMV)."""
+    monkeypatch.setattr(triton_common, "GEMV", True)
+    K, N = KN
+    gen = torch.Generator().manual_seed(K + N)
+    x = activations(1, K, dtype, "model", gen)
+    b = torch.randn(N, generator=gen).to(dtype) if bias else None
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    _check(gpu.fp8_linear(x, w, ws, s_in, b), ref_fp8_linear(x, w, ws, s_in, b), dtype, (1, N), "gemv fp8")
+    wb, wsi = block_weights(N, K, gen)
+    _check(gpu.fp8_block_linear(x, wb, wsi, b), ref_fp8_block_linear(x, wb, wsi, b), dtype, (1, N), "gemv block")
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    _check(gpu.int4_linear(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (1, N), "gemv int4")

@@ -131,9 +131,32 @@ def test_triton_prefill_gemms_gpu(shape, dtype):
     _check(y, ref_int4_linear(x, qw, sc, b), dtype, (M, N), "triton int4")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("KN", [(2048, 8192), (6144, 2048), (200, 63)], ids=lambda kn: f"K{kn[0]}-N{kn[1]}")
+def test_gemv_route_gpu(KN, dtype, monkeypatch):
+    """One-row x through the CUDA-core GEMV (triton_gemv.py) for the three formats, with bias."""
+    monkeypatch.setattr(triton_common, "GEMV", True)
+    K, N = KN
+    gen = _gen(K + N)
+    x = activations(1, K, dtype, "model", gen)
+    b = torch.randn(N, generator=gen).to(dtype)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    _check(gpu.fp8_linear(x.cuda(), w.cuda(), ws.cuda(), s_in.cuda(), b.cuda()),
+           ref_fp8_linear(x, w, ws, s_in, b), dtype, (1, N), "gemv fp8")
+    wb, wsi = block_weights(N, K, gen)
+    _check(gpu.fp8_block_linear(x.cuda(), wb.cuda(), wsi.cuda(), b.cuda()),
+           ref_fp8_block_linear(x, wb, wsi, b), dtype, (1, N), "gemv block")
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    _check(gpu.int4_linear(x.cuda(), qw.cuda(), sc.cuda(), b.cuda()), ref_int4_linear(x, qw, sc, b), dtype,
+           (1, N), "gemv int4")
+
+
+@pytest.mark.parametrize("gemv", [False, True], ids=["skinny", "gemv"])
 @pytest.mark.parametrize("M", [1, 32, 200], ids=lambda m: f"M{m}")
-def test_cuda_graph_replay(M):
+def test_cuda_graph_replay(M, gemv, monkeypatch):
     """All three ops captured in one CUDA graph, replayed on new inputs, equal the eager results."""
+    monkeypatch.setattr(triton_common, "GEMV", gemv)
     K, N, dtype = 2048, 520, torch.bfloat16
     gen = _gen(M)
     w8, ws = (t.cuda() for t in fp8_weights(N, K, gen))

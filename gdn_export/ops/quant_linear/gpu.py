@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from gdn_export.ops.quant_linear import triton_common, triton_gemv
 from gdn_export.ops.quant_linear.triton_common import SKINNY_M
 from gdn_export.ops.quant_linear.triton_fp8 import GROUP, fp8_gemm, quantize_groups, quantize_tensor
 from gdn_export.ops.quant_linear.triton_int4 import int4_dequant, int4_gemm, tile_k
@@ -118,7 +119,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     weight, ws = _contig(weight), _contig(weight_scale.float().reshape(N))
     s_in = input_scale.float().reshape(())
     b = _bias_as(bias, x.dtype)
-    if ((M > SKINNY_M or N >= SCALED_MM_DECODE_MIN_N) and x.dtype != torch.float32 and K % 16 == 0
+    if M == 1 and triton_common.GEMV:
+        y = triton_gemv.gemv(triton_gemv.FP8_TENSOR, x2, weight, ws, s_in, b)
+    elif ((M > SKINNY_M or N >= SCALED_MM_DECODE_MIN_N) and x.dtype != torch.float32 and K % 16 == 0
             and N % 16 == 0 and x2.is_cuda and _scaled_mm_ok(x.dtype, b is not None, x2.device)):
         xq, rs = quantize_tensor(x2, s_in)
         y = torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, N), bias=b, out_dtype=x.dtype)
@@ -147,7 +150,9 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     x2 = _rows(x, K)
     M = x2.shape[0]
     weight, wsi, b = _contig(weight), _contig(weight_scale_inv.float()), _bias_as(bias, x.dtype)
-    if (M > SKINNY_M and x.dtype != torch.float32 and K % GROUP == 0 and N % GROUP == 0 and x2.is_cuda
+    if M == 1 and triton_common.GEMV:
+        y = triton_gemv.gemv(triton_gemv.FP8_BLOCK, x2, weight, wsi, None, b)
+    elif (M > SKINNY_M and x.dtype != torch.float32 and K % GROUP == 0 and N % GROUP == 0 and x2.is_cuda
             and _scaled_mm_ok(x.dtype, b is not None, x2.device, blockwise=True)):
         xq, xs = quantize_groups(x2)  # xs [M, K/128] M-major, as cuBLAS's 1x128 form takes it
         y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=wsi.t(), bias=b, out_dtype=x.dtype)
@@ -177,7 +182,9 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
                          f"for group_size {group_size}")
     x2 = _rows(x, K)
     b = _bias_as(bias, x.dtype)
-    if tile_k(group_size) is None:
+    if x2.shape[0] == 1 and triton_common.GEMV and group_size % 128 == 0:
+        y = triton_gemv.gemv(triton_gemv.INT4, x2, _contig(qweight), _contig(scales.to(x.dtype)), None, b, group_size)
+    elif tile_k(group_size) is None:
         y = _int4_dequant_matmul(x2, qweight, scales, b, group_size)
     elif x2.shape[0] > SKINNY_M and x.dtype != torch.float32:
         # prefill: W dequantized to x's dtype by one Triton pass, then the 16-bit GEMM (cuBLAS); the

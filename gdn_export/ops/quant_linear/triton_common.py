@@ -31,6 +31,9 @@ SKINNY_M = 32
 # Skinny launch parameters: column tile, warps, pipeline stages, programs per multiprocessor that
 # split K aims at (benchmarks/quant_linear_bench.py --sweep times alternatives).
 SKINNY = dict(BN=64, warps=4, stages=4, per_sm=2)
+# gpu.py sends one-row x (M = 1) to the CUDA-core GEMV of triton_gemv.py when set; off until the GEMV
+# is timed against the skinny GEMM on the H200 (benchmarks/quant_linear_bench.py, column "gemv").
+GEMV = False
 
 
 @triton.jit
