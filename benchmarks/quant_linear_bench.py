@@ -120,11 +120,42 @@ def sweep(dev, min_bytes):
     triton_common.SKINNY.update(default)
 
 
+GEMV_SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=ps) for bn, bk, w, st, ps in
+              [(32, 128, 4, 2, 4), (16, 128, 4, 3, 4), (16, 256, 4, 3, 2), (8, 256, 2, 3, 4), (32, 256, 8, 3, 2),
+               (16, 128, 2, 4, 8), (64, 128, 8, 2, 2), (8, 512, 4, 2, 2)]]
+
+
+def sweep_gemv(dev, min_bytes):
+    """The one-row GEMV's launch parameters (triton_gemv.CFG) for fp8, fp8_block (BK 128 only) and int4."""
+    default = dict(triton_gemv.CFG)
+    print("| gemv config | shape | bf16 us | fp8 us | fp8 block us | int4 us |")
+    print("|---|---|---|---|---|---|")
+    for name, K, N in [("gdn_qkv/attn_q", 2048, 8192), ("gdn_out/attn_o", 4096, 2048), ("mlp_down", 6144, 2048),
+                       ("attn_k/v", 2048, 512)]:
+        R = max(2, min(64, math.ceil(min_bytes / (2 * K * N))))
+        copies = [make_weights(K, N, dev) for _ in range(R)]
+        x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
+        s_in = (x.float().abs().amax() / 448).reshape(())
+        b = time_method(METHODS["bf16"], x, copies, s_in)
+        for cfg in GEMV_SWEEP:
+            triton_gemv.CFG.update(cfg)
+            t = []
+            for m in ("fp8_gemv", "fp8_block_gemv", "int4_gemv"):
+                try:
+                    t.append(f"{time_method(METHODS[m], x, copies, s_in):.2f}")
+                except Exception as exc:  # a config that does not fit the shape / format
+                    t.append(type(exc).__name__)
+            print(f"| {cfg} | {name} | {b:.2f} | {t[0]} | {t[1]} | {t[2]} |", flush=True)
+        del copies
+    triton_gemv.CFG.update(default)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--m", type=int, nargs="+", default=[1, 32, 4096], help="rows M (default 1 32 4096)")
     p.add_argument("--json", help="write all timings here")
     p.add_argument("--sweep", action="store_true", help="then time skinny-launch parameters (M = 1, 32)")
+    p.add_argument("--sweep-gemv", action="store_true", help="then time one-row GEMV launch parameters")
     p.add_argument("--min-bytes", type=float, default=512e6, help="bf16 weight bytes the copies hold (default 512e6)")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -175,6 +206,8 @@ def main(argv=None):
               ", ".join(f"{k} {tot[k] / tot['bf16']:.2f}" for k in METHODS if k != "bf16"))
     if args.sweep:
         sweep(dev, args.min_bytes)
+    if args.sweep_gemv:
+        sweep_gemv(dev, args.min_bytes)
 
 
 if __name__ == "__main__":

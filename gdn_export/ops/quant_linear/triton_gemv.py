@@ -2,7 +2,9 @@
 layouts. Each program reads a [BN, BK] weight tile along K (16-byte loads of fp8, 8-byte of packed
 int4), widens it to fp32 in registers, multiplies by x's row (quantized in the tile for the fp8
 forms, exactly as the contract), reduces along K, and splits K over programs (partials finished by
-triton_common.finish_kernel). fp32 products of e4m3 or int4 values are exact, so only the fp32
+in the same launch: each program of a split stores its partial, and the last one to arrive, counted
+by an atomic per column tile, sums them, scales and stores y, then resets its counter to 0: one
+kernel a call, no finishing launch). fp32 products of e4m3 or int4 values are exact, so only the fp32
 summation order differs from the reference.
 
 Used by gpu.py for M = 1 when triton_common.GEMV is set (off until timed against the skinny GEMM on
@@ -16,18 +18,17 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.quant_linear import triton_common as common
-from gdn_export.ops.quant_linear.triton_common import SOFT_FP8, device_sms, finish, to_e4m3
+from gdn_export.ops.quant_linear.triton_common import SOFT_FP8, device_sms, to_e4m3
 from gdn_export.ops.triton_utils import cdiv
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
-# Launch: 32 columns x 128 of K a program, 4 warps, 2 stages: 159 registers a thread (fp8) in the
-# sm_90 compile report, no spills (64 columns with 4 warps spilled); split K towards 4 programs a
-# multiprocessor. Not yet timed.
-CFG = dict(BN=32, warps=4, stages=2, per_sm=4)
+# Launch: BN columns x BK of K a tile, split K towards per_sm programs a multiprocessor
+# (benchmarks/quant_linear_bench.py --sweep-gemv times alternatives).
+CFG = dict(BN=32, BK=128, warps=4, stages=2, per_sm=4)
 
 
 @triton.jit
-def gemv_kernel(x, w, ws, s_in, bias, y, part, N, K, KH, G, TILES_PER_SPLIT, FMT: tl.constexpr,
+def gemv_kernel(x, w, ws, s_in, bias, y, part, counter, N, K, KH, G, SPLIT, TILES_PER_SPLIT, FMT: tl.constexpr,
                 GS: tl.constexpr, EXACT: tl.constexpr, SOFT: tl.constexpr, PARTIAL: tl.constexpr,
                 HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     i_n, i_s = tl.program_id(0), tl.program_id(1)
@@ -72,14 +73,40 @@ def gemv_kernel(x, w, ws, s_in, bias, y, part, N, K, KH, G, TILES_PER_SPLIT, FMT
                 b_acc += b_d * sg * b_wsc
             else:
                 b_acc += b_d
-    if not PARTIAL:
-        if FMT == 0:
-            b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))
-        if HAS_BIAS:
-            b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)
-        tl.store(y + o_n, b_acc.to(y.dtype.element_ty), mask=m_n)
-    else:
+    if PARTIAL:
         tl.store(part + i_s * N + o_n, b_acc, mask=m_n)
+        tl.debug_barrier()  # every thread's partial issued before the (release) count
+        arrived = tl.atomic_add(counter + i_n, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:  # the last program of this column tile finishes it
+            b_acc = tl.zeros([BN], dtype=tl.float32)
+            for j in range(SPLIT):
+                b_acc += tl.load(part + j * N + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+            _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT, HAS_BIAS)
+            tl.atomic_xchg(counter + i_n, 0)
+    else:
+        _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT, HAS_BIAS)
+
+
+@triton.jit
+def _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    if FMT == 0:
+        b_acc = b_acc * (tl.load(s_in) * tl.load(ws + o_n, mask=m_n, other=0.0))
+    if HAS_BIAS:
+        b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)
+    tl.store(y + o_n, b_acc.to(y.dtype.element_ty), mask=m_n)
+
+
+_COUNTERS: dict = {}
+
+
+def _counter(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one per column tile, kept per device (each launch leaves them 0
+    again, so they are allocated once, outside any CUDA-graph capture that reuses them)."""
+    key = (device, n)
+    c = _COUNTERS.get(key)
+    if c is None:
+        c = _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return c
 
 
 def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=None, bias=None, group_size: int = 128):
@@ -90,9 +117,11 @@ def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=Non
     if M != 1:
         raise ValueError(f"gemv: x must have one row, got {M}")
     N = w.shape[0]
-    BN, BK = CFG["BN"], 128
+    BN, BK = CFG["BN"], CFG["BK"]
     if fmt == INT4 and group_size % BK:
-        raise ValueError(f"gemv: int4 group_size {group_size} must be a multiple of {BK}")
+        raise ValueError(f"gemv: int4 group_size {group_size} must be a multiple of the K tile {BK}")
+    if fmt == FP8_BLOCK and BK != 128:
+        raise ValueError(f"gemv: the 128-block fp8 form needs a K tile of 128, got {BK}")
     y = common.empty(1, N, dtype=x2.dtype, device=x2.device)
     k_tiles = cdiv(K, BK)
     split = max(1, min(k_tiles, round(CFG["per_sm"] * device_sms(x2) / cdiv(N, BN))))
@@ -100,10 +129,9 @@ def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=Non
     split = cdiv(k_tiles, per)
     part = common.empty(split, 1, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     G = ws.shape[1] if fmt != FP8_TENSOR else 1
+    counter = _counter(x2.device, cdiv(N, BN)) if split > 1 else ws
     gemv_kernel[(cdiv(N, BN), split)](
-        x2, w, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part, N, K,
-        w.shape[1], G, per, FMT=fmt, GS=group_size, EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8,
+        x2, w, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part, counter, N, K,
+        w.shape[1], G, split, per, FMT=fmt, GS=group_size, EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8,
         PARTIAL=split > 1, HAS_BIAS=bias is not None, BN=BN, BK=BK, num_warps=CFG["warps"], num_stages=CFG["stages"])
-    if split > 1:
-        finish(part, y, ws if fmt == FP8_TENSOR else None, s_in, bias)
     return y
