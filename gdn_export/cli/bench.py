@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import tempfile
 from pathlib import Path
 
-from gdn_export.cli.common import DTYPES, Progress, add_quiet, check_at_least, check_output_file, torch_dtype
+from gdn_export.cli.common import (Progress, add_dtype, add_overwrite, add_quiet, add_seed, check_at_least,
+                                   output_file, torch_dtype)
 from gdn_export.cli.runners import check_device
 from gdn_export.errors import GdnExportError, InputError
 
@@ -27,9 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="implementation of the gdn ops (default: reference on the CPU, triton on CUDA)")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="model precision (default bf16)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=512)
+    add_dtype(p, "bf16", help="model precision (default bf16)")
+    p.add_argument("--batch", type=int, default=1, help="rows per call")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per row")
     p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per run")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill in calls of at most N tokens per row (default: 4096 // batch on the GPU runner)")
@@ -48,8 +47,9 @@ def add_parser(sub) -> None:
                    help="compare the logits with the fp32 model's on the same prompts (and "
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
                    "runner against the eager runner")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed(p, "seed of the random prompts")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    add_overwrite(p, "the --json file")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -70,7 +70,7 @@ def run(args) -> int:
     if args.prefill_chunk is not None:
         check_at_least(args.prefill_chunk, 1, "--prefill-chunk")
     if args.json:
-        check_output_file(args.json, "--json")
+        output_file(args.json, "--json", args)
     if not Path(args.checkpoint).is_dir():
         raise InputError(f"{args.checkpoint}: checkpoint folder not found")
     device = torch.device(args.device)
@@ -248,10 +248,7 @@ def _write_json(result: dict, path: Path) -> None:
             return {k: clean(v) for k, v in x.items() if not k.startswith("_")}
         return x
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(clean(result), f, indent=2)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    from gdn_export.outputs import atomic_file
+
+    with atomic_file(path, f"--json {path}") as tmp:
+        tmp.write_text(json.dumps(clean(result), indent=2), encoding="utf-8")

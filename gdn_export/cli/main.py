@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
 from gdn_export import __version__
+from gdn_export.cli.args import ArgumentParser
 from gdn_export.cli import bench, build, demo, export, make_tiny, run, validate
 from gdn_export.errors import GdnExportError
 
@@ -14,10 +14,12 @@ SUBCOMMANDS = (demo, make_tiny, export, build, run, validate, bench)
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="gdn-export",
-        description="Export hybrid Gated DeltaNet language models (Qwen3-Next, Qwen3.5) to ONNX and "
-        "TensorRT, run them, and check their numerical parity.",
+        description="Export hybrid Gated DeltaNet language models (Qwen3-Next, Qwen3.5 dense and MoE, "
+        "their VL checkpoints' language model, OLMo-Hybrid) to ONNX and TensorRT, run them, and "
+        "check their numerical parity. Every command that writes refuses an existing output unless "
+        "--overwrite is given, and checks its outputs before the work.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")

@@ -9,6 +9,9 @@ Memory: each module tensor is built once, in the target dtype, and handed to the
 (`load_state_dict(assign=True)` on a meta-device model): the model holds the only copy. Per-expert
 tensors are written one at a time into their layer's preallocated stacked tensor.
 
+Stored dtypes: floats only (gdn_export.weights.dtypes: F32 / F16 / BF16 / F64); an integer or FP8
+tensor is refused by name before any data is read.
+
 dtype: every tensor is converted to the requested dtype (default: the checkpoint's torch_dtype),
 A_log, dt_bias and norm weights included, which is what transformers does when it loads in that
 dtype (these models keep no module in fp32). The decay g and the RMSNorms still compute in fp32.
@@ -28,7 +31,8 @@ from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
 from gdn_export.weights.mapping import report
-from gdn_export.weights.reader import CheckpointReader
+from gdn_export.weights.dtypes import allowed_dtypes, check_tensor_dtypes
+from gdn_export.weights.reader import CheckpointReader, check_readable
 
 log = logging.getLogger("gdn_export.weights")
 FAMILIES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5,
@@ -56,8 +60,7 @@ def load_checkpoint(
 ) -> HybridForCausalLM:
     """Build the model of `directory` (config.json + safetensors) in eval mode on `device`."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: checkpoint directory not found")
+    check_readable(directory, "checkpoint folder", folder=True)
     config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
     family = FAMILIES[config.family]
@@ -76,6 +79,8 @@ def load_checkpoint(
                 shapes.pop(key)
         plan = family.plan(shapes, expected, config)
         report(plan, str(directory))
+        used = {key for source in plan.sources.values() for key in source.keys}
+        check_tensor_dtypes({k: reader.dtypes[k] for k in used}, allowed_dtypes(config), str(directory))
         state = {}
         cache: dict[str, torch.Tensor] = {}
 

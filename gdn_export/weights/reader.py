@@ -10,6 +10,7 @@ data is read. A missing or corrupt file is a one-line CheckpointError naming it.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from gdn_export.errors import CheckpointError
+from gdn_export.outputs import os_reason
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -28,6 +30,34 @@ _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything is at `path`; a permission problem on the way is named, not read as "no"."""
+    try:
+        path.stat()
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot look at it ({os_reason(exc)})") from None
+
+
+def check_readable(path: Path, what: str, folder: bool = False) -> None:
+    """CheckpointError unless `path` is a readable file (or, with folder, a listable folder),
+    naming the reason: not found, permission denied, a folder where a file belongs, ..."""
+    try:
+        if folder:
+            os.listdir(path)
+        else:
+            with open(path, "rb"):
+                pass
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a folder, expected a {what}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the {what} ({os_reason(exc)})") from None
 
 
 class CheckpointReader:
@@ -41,6 +71,7 @@ class CheckpointReader:
         self._stack = ExitStack()
         self._handles: dict[Path, object] = {}
         self.files: dict[str, Path] = {}  # tensor name -> file
+        self.dtypes: dict[str, str] = {}  # tensor name -> safetensors dtype name ("BF16", "I8", ...)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self._headers: dict[Path, tuple[int, dict]] = {}  # file -> (data start, header)
         try:
@@ -51,8 +82,7 @@ class CheckpointReader:
 
     def _open(self, path: Path):
         if path not in self._handles:
-            if not path.is_file():
-                raise CheckpointError(f"{path}: safetensors file not found")
+            check_readable(path, "safetensors file")
             try:
                 self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
             except Exception as exc:  # safetensors raises its own error types for a bad header
@@ -61,7 +91,9 @@ class CheckpointReader:
 
     def _index(self) -> None:
         single, index = self.directory / SINGLE_FILE, self.directory / INDEX_FILE
-        if index.is_file():
+        check_readable(self.directory, "checkpoint folder", folder=True)
+        if _exists(index):
+            check_readable(index, "safetensors index")
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
                 if not isinstance(weight_map, dict):
@@ -79,7 +111,7 @@ class CheckpointReader:
                     if name not in present:
                         raise CheckpointError(f"{path}: tensor {name} listed in {INDEX_FILE} is not in the file")
                     self._add(name, path, handle)
-        elif single.is_file():
+        elif _exists(single):
             handle = self._open(single)
             for name in handle.keys():
                 self._add(name, single, handle)
@@ -90,11 +122,13 @@ class CheckpointReader:
 
     def _add(self, name: str, path: Path, handle) -> None:
         try:
-            shape = tuple(handle.get_slice(name).get_shape())
+            piece = handle.get_slice(name)
+            shape, dtype = tuple(piece.get_shape()), str(piece.get_dtype())
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
         self.files[name] = path
         self.shapes[name] = shape
+        self.dtypes[name] = dtype
 
     def get(self, name: str) -> torch.Tensor:
         """Tensor `name` on the CPU, in its stored dtype."""

@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
+from gdn_export.outputs import make_dir_mode_usual
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
@@ -226,6 +227,7 @@ def make_tiny_checkpoint(
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        make_dir_mode_usual(tmp)  # mkdtemp makes it 0700
     except OSError as exc:
         raise CheckpointError(f"{directory}: cannot create it ({exc.strerror})") from None
     try:
