@@ -24,4 +24,4 @@ class InputError(GdnExportError):
 
 class OutputError(GdnExportError):
     """An output path cannot be written: a missing or read-only folder, a folder in a file's place,
-    an existing output without --overwrite, too little free space (gdn_export.outputs)."""
+    an existing output without --overwrite, too little free space (gdn_export.paths)."""

@@ -12,7 +12,7 @@ For a new subcommand (or flag):
         out = output_file(args.output, "-o", args)           # before any slow work
         ids = parse_input_ids(args.input_ids)                 # strict: "1,2,3" only
 
-`output_file` / `output_dir` check that the output can be written (gdn_export.outputs): folder
+`output_file` / `output_dir` check that the output can be written (gdn_export.paths): folder
 exists and accepts files, free space, and an existing output refused unless --overwrite.
 """
 
@@ -22,7 +22,7 @@ import argparse
 import re
 
 from gdn_export.errors import InputError
-from gdn_export.outputs import check_output_dir, check_output_file
+from gdn_export.paths import check_output_dir, check_output_file, check_readable
 
 DTYPES = ("fp32", "fp16", "bf16")
 _TOKEN = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "1_0", " 1" and "１"
@@ -35,8 +35,8 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if "default" in text or default in (None, False, argparse.SUPPRESS) or default == [] \
-                or not action.option_strings:
+        if "default" in text or default is None or default is False or default is argparse.SUPPRESS \
+                or default == [] or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -79,16 +79,29 @@ def add_quiet(parser) -> None:
 
 def output_file(path, flag: str, args=None, *, need_bytes: int = 0, suffix: str | None = None,
                 also=()):
-    """gdn_export.outputs.check_output_file with the message naming `flag PATH` and the overwrite
+    """gdn_export.paths.check_output_file with the message naming `flag PATH` and the overwrite
     policy taken from args.overwrite (False when args has none)."""
     return check_output_file(path, f"{flag} {path}".strip(), overwrite=bool(getattr(args, "overwrite", False)),
                              need_bytes=need_bytes, suffix=suffix, also=also)
 
 
 def output_dir(path, flag: str, args=None, *, need_bytes: int = 0, replaceable=None):
-    """gdn_export.outputs.check_output_dir, named and with the overwrite policy as `output_file`."""
+    """gdn_export.paths.check_output_dir, named and with the overwrite policy as `output_file`."""
     return check_output_dir(path, f"{flag} {path}".strip(), overwrite=bool(getattr(args, "overwrite", False)),
                             need_bytes=need_bytes, replaceable=replaceable)
+
+
+# ------------------------------------------------------------------ inputs
+
+def checkpoint_dir(path) -> None:
+    """InputError unless `path` is a listable folder: "not found", "is a file", or "permission denied"
+    (Path.is_dir() would call an unreadable folder missing, or raise)."""
+    check_readable(path, "checkpoint folder", folder=True, error=InputError)
+
+
+def input_file(path, what: str) -> None:
+    """InputError unless `path` is a readable file (reason named, as checkpoint_dir)."""
+    check_readable(path, what, error=InputError)
 
 
 # ------------------------------------------------------------------ strict parsing
@@ -113,9 +126,10 @@ def parse_input_ids(rows: list[str], flag: str = "--input-ids"):
                 raise InputError(f"{flag} {row!r}: the {where} token id is empty (write ids as "
                                  f"1,2,3: one comma between ids, no spaces)")
             if not _TOKEN.fullmatch(tok):
-                kind = ("has spaces (write 1,2,3)" if tok.strip() != tok or " " in tok else
-                        "is negative" if re.fullmatch(r"-[0-9]+", tok) else "is not an integer")
-                raise InputError(f"{flag} {row!r}: token id {tok!r} {kind}; token ids are integers >= 0")
+                if re.fullmatch(r"-[0-9]+", tok):
+                    raise InputError(f"{flag} {row!r}: token ids must be >= 0, got {tok!r}")
+                spaces = " (no spaces: write 1,2,3)" if tok.strip() != tok or " " in tok else ""
+                raise InputError(f"{flag} {row!r}: token ids must be integers, got {tok!r}{spaces}")
         ids = [int(tok) for tok in row.split(",")]
         big = next((i for i in ids if i >= 2**63), None)
         if big is not None:  # numpy would raise OverflowError

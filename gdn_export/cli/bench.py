@@ -9,7 +9,7 @@ import gc
 import json
 from pathlib import Path
 
-from gdn_export.cli.common import (Progress, add_dtype, add_overwrite, add_quiet, add_seed, check_at_least,
+from gdn_export.cli.common import (checkpoint_dir, Progress, add_dtype, add_overwrite, add_quiet, add_seed, check_at_least,
                                    output_file, torch_dtype)
 from gdn_export.cli.runners import check_device
 from gdn_export.errors import GdnExportError, InputError
@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                    help="torch.compile the model before capturing (fuses the small ops)")
     p.add_argument("--compile-mode", choices=("default", "max-autotune"), default=None,
                    help="torch.compile mode (implies --compile); max-autotune times inductor's Triton "
-                   "GEMMs against cuBLAS per shape (minutes of compiling)")
+                   "GEMMs against cuBLAS per shape (minutes of compiling; default: default)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (default 3)")
     p.add_argument("--compare-hf", action="store_true",
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
                    "runner against the eager runner")
     add_seed(p, "seed of the random prompts")
-    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON (default: not written)")
     add_overwrite(p, "the --json file")
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -71,8 +71,7 @@ def run(args) -> int:
         check_at_least(args.prefill_chunk, 1, "--prefill-chunk")
     if args.json:
         output_file(args.json, "--json", args)
-    if not Path(args.checkpoint).is_dir():
-        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    checkpoint_dir(args.checkpoint)
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)
@@ -248,7 +247,7 @@ def _write_json(result: dict, path: Path) -> None:
             return {k: clean(v) for k, v in x.items() if not k.startswith("_")}
         return x
 
-    from gdn_export.outputs import atomic_file
+    from gdn_export.paths import atomic_file
 
     with atomic_file(path, f"--json {path}") as tmp:
         tmp.write_text(json.dumps(clean(result), indent=2), encoding="utf-8")

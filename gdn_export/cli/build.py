@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_export.cli.common import Progress, add_overwrite, add_plugins, add_quiet, check_at_least, output_file
-from gdn_export.errors import InputError
+from gdn_export.cli.common import input_file, Progress, add_overwrite, add_plugins, add_quiet, check_at_least, output_file
+from gdn_export.paths import check_free_space
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     add_plugins(p, "the gdn nodes")
     for which in ("min", "opt", "max"):
         p.add_argument(f"--trt-{which}-shapes", nargs="+", default=[], metavar="NAME:[d0,...]",
-                       help=f"{which} shapes of the prefill optimisation profile, e.g. input_ids:[1,1]")
+                       help=f"{which} shapes of the prefill optimisation profile, e.g. input_ids:[1,1] "
+                       "(default: from --max-batch, --max-prefill and the model's cache length)")
     p.add_argument("--max-batch", type=int, metavar="N", help="largest batch of both profiles (default 8)")
     p.add_argument("--max-prefill", type=int, metavar="N",
                    help="longest prompt chunk of the prefill profile (default min(512, cache length))")
@@ -40,12 +41,12 @@ def run(args) -> int:
 
     if args.workspace is not None:
         check_at_least(args.workspace, 1, "--workspace (MiB)")
+    output = output_file(args.output, "-o", args, also=(layers_path(Path(args.output)),))
     onnx = Path(args.onnx)
-    if not onnx.is_file():
-        raise InputError(f"{onnx}: no such ONNX file")
+    input_file(onnx, "ONNX file")
     # The engine holds the weights once more: about the size of the .onnx and its .data sidecar.
     weights = sum(f.stat().st_size for f in (onnx, onnx.with_name(onnx.name + ".data")) if f.is_file())
-    output_file(args.output, "-o", args, need_bytes=weights, also=(layers_path(Path(args.output)),))
+    check_free_space(output.parent, weights, f"-o {args.output}")
     progress = Progress("build", args.quiet)
     shapes = {w: parse_shape_specs(getattr(args, f"trt_{w}_shapes"), f"--trt-{w}-shapes")
               for w in ("min", "opt", "max")}

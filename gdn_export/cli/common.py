@@ -8,7 +8,8 @@ import time
 
 # Shared flags, strict parsers and output checks live in gdn_export.cli.args.
 from gdn_export.cli.args import (DTYPES, add_dtype, add_overwrite, add_plugins, add_quiet,  # noqa: F401
-                                 add_seed, output_dir, output_file, parse_input_ids)
+                                 add_seed, checkpoint_dir, input_file, output_dir, output_file,
+                                 parse_input_ids)
 from gdn_export.errors import InputError
 
 TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -35,9 +36,10 @@ class Progress:
 def add_tolerances(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("tolerances (|actual - expected| <= atol + rtol * |expected|)")
     g.add_argument("--atol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
-                   help="absolute tolerance; TENSOR:VALUE overrides one tensor (e.g. logits:1e-3)")
+                   help="absolute tolerance; TENSOR:VALUE overrides one tensor (e.g. logits:1e-3) "
+                   "(default: per dtype, gdn_export.validate.compare.default_tolerances)")
     g.add_argument("--rtol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
-                   help="relative tolerance, same form as --atol")
+                   help="relative tolerance, same form as --atol (default: per dtype)")
 
 
 def parse_tolerances(atol_args, rtol_args, default_atol: float, default_rtol: float):

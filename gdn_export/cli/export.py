@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_export.cli.common import (TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_quiet,
+from gdn_export.cli.common import (checkpoint_dir, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_quiet,
                                    output_file, torch_dtype)
 from gdn_export.errors import InputError
 
@@ -79,8 +79,7 @@ def run(args) -> int:
     # export_onnx checks the target too, but only after the (possibly minutes long) checkpoint load.
     output = output_file(args.output, "-o", args, suffix=".onnx", also=(_sidecar(args.output),))
     check_export_target(output, args.opset, layout)
-    if not Path(args.checkpoint).is_dir():
-        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    checkpoint_dir(args.checkpoint)
     output_file(output, "-o", args, also=(_sidecar(output),),
                 need_bytes=_export_bytes(args.checkpoint, args.dtype))
     progress = Progress("export", args.quiet)

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--save-logits", metavar="OUT.npz",
                    help="save generated [B, N], prompt_lengths [B] and the logits of every step: "
                    "step_0 = the prompt's ([B, 1, V] at each row's last prompt token, or [B, T, V] "
-                   "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V]")
+                   "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V] (default: not saved)")
     add_dtype(p, None, help="torch backend precision (default fp32; an exported model keeps the "
               "precision it was exported in)")
     p.add_argument("--device", help="torch backend device (default cpu; cuda, cuda:1, ...)")
@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from gdn_export.outputs import atomic_file
+    from gdn_export.paths import atomic_file
     from gdn_export.runtime.base import as_prompts, check_generation_fits, generate
     from gdn_export.runtime.memory import check_generation_memory
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from gdn_export.outputs import atomic_file, check_output_file
+from gdn_export.paths import atomic_file, check_output_file
 from gdn_export.validate.compare import Report
 
 

@@ -19,7 +19,8 @@ import torch
 from safetensors import safe_open
 
 from gdn_export.errors import CheckpointError
-from gdn_export.outputs import os_reason
+from gdn_export.paths import check_readable as _check_readable
+from gdn_export.paths import os_reason
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -44,20 +45,8 @@ def _exists(path: Path) -> bool:
 
 
 def check_readable(path: Path, what: str, folder: bool = False) -> None:
-    """CheckpointError unless `path` is a readable file (or, with folder, a listable folder),
-    naming the reason: not found, permission denied, a folder where a file belongs, ..."""
-    try:
-        if folder:
-            os.listdir(path)
-        else:
-            with open(path, "rb"):
-                pass
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: {what} not found") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a folder, expected a {what}") from None
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read the {what} ({os_reason(exc)})") from None
+    """gdn_export.paths.check_readable raising CheckpointError."""
+    _check_readable(path, what, folder=folder, error=CheckpointError)
 
 
 class CheckpointReader:

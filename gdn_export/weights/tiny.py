@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
-from gdn_export.outputs import make_dir_mode_usual
+from gdn_export.paths import make_dir_mode_usual
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next

@@ -1,4 +1,5 @@
-"""Output paths: checked before the work, written atomically, with the usual file modes.
+"""Paths the user gives: outputs checked before the work and written atomically with the usual
+file modes; inputs checked for reading with the reason named (`check_readable`).
 
 Every command that writes checks its output first (`check_output_file` / `check_output_dir`),
 before any checkpoint is read, graph traced or token generated:
@@ -30,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from gdn_export.errors import OutputError
+from gdn_export.errors import GdnExportError, OutputError
 
 # Free space kept beyond an output's own size (file system metadata, temporary copies of small files).
 SPACE_MARGIN = 16 << 20
@@ -47,6 +48,28 @@ def os_reason(exc: OSError) -> str:
     if exc.errno in reasons:
         return reasons[exc.errno]
     return (exc.strerror or type(exc).__name__).lower()
+
+
+def check_readable(path: str | os.PathLike, what: str, folder: bool = False,
+                   error: type[GdnExportError] = GdnExportError) -> None:
+    """`error` unless `path` is a readable file (with folder: a listable folder), naming the reason:
+    "<path>: no such <what>" ("<what> not found" for a folder), "... is a folder, expected a <what>", "cannot read the <what>
+    (permission denied)". Unlike Path.is_file(), a permission problem is never read as "missing"."""
+    path = Path(path)
+    try:
+        if folder:
+            if not os.path.isdir(path) and path.exists():
+                raise error(f"{path}: is a file, expected a {what}")
+            os.listdir(path)
+        else:
+            with open(path, "rb"):
+                pass
+    except (FileNotFoundError, NotADirectoryError):
+        raise error(f"{path}: {what} not found" if folder else f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, expected a {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what} ({os_reason(exc)})") from None
 
 
 def file_mode() -> int:
