@@ -438,8 +438,8 @@ __device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
 //! The reduction S^T [k~ q~] runs on the tensor cores: the tile as the 16-bit A operand, exact,
 //! against k~ and q~ each split into three 16-bit parts (hi + mid + lo carry fp32's mantissa), fp32
 //! accumulation; the update widens the tile to fp32 (exact) on the CUDA cores. On the CUDA cores
-//! the reduction was half the kernel's instructions (run 14: 42.6 us at B = 64, Hv 32, where the
-//! same grid moving its tiles without arithmetic takes 37.3). (Measured on the H200, run 8: a
+//! the reduction was half the kernel's instructions (H200: 42.6 us at B = 64, Hv 32, where the
+//! same grid moving its tiles without arithmetic takes 37.3). (Measured on the H200: a
 //! second, prefetched state buffer per block, or stages of rows waited for one by one, were slower
 //! or no faster: the bytes in flight bound the loads.)
 template <int32_t kDK, int32_t kBV_ = 64, int32_t kNW_ = 4, int32_t kMIN_BLOCKS_ = 1>

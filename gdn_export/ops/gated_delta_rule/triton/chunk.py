@@ -18,7 +18,7 @@ the input dtype (~4e-4 on o), Aqk v_new is TF32, and the update takes fk * v_new
 halves (wy.dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
 The state is transposed so that the update reads k in its stored layout: with h [Dk, BV] the
 update needs k^T, and a transposed 16-bit tile as the left operand gave NaN or illegal addresses
-on the H200 with Triton 3.6 (docs/perf/LOG.md, run 5).
+on the H200 with Triton 3.6.
 """
 
 from __future__ import annotations

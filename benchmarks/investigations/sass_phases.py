@@ -1,7 +1,7 @@
 """SASS instructions of a CUDA (plugin) kernel, phase by phase: where an instruction-bound kernel
 spends its issue slots, on a machine without a GPU.
 
-    python3 benchmarks/sass_phases.py [--kernel Prepare16KernelI13__nv_bfloat16Li128ELi128E]
+    python3 benchmarks/investigations/sass_phases.py [--kernel Prepare16KernelI13__nv_bfloat16Li128ELi128E]
                                       [--arch sm_90] [--cubin FILE] [--out-dir DIR]
 
 Compiles plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu to a cubin with nvcc (about two
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "plugins" / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu"
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
