@@ -62,6 +62,7 @@ def run(args) -> int:
     from gdn_export.runtime import bench as B
     from gdn_export.runtime.cuda_graph import GraphRunner
     from gdn_export.weights import load_checkpoint
+    from gdn_export.weights.loader import check_checkpoint
 
     for flag, value, low in (("--batch", args.batch, 1), ("--prompt-len", args.prompt_len, 1),
                              ("--decode-steps", args.decode_steps, 1), ("--warmup", args.warmup, 0),
@@ -72,6 +73,7 @@ def run(args) -> int:
     if args.json:
         output_file(args.json, "--json", args)
     checkpoint_dir(args.checkpoint)
+    check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)

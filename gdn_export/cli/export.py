@@ -63,12 +63,11 @@ def _sidecar(output) -> Path:
 
 
 def _export_bytes(checkpoint: str, dtype: str) -> int:
-    """The weights' size in the exported dtype (what the .onnx, or its .data sidecar, holds)."""
-    from gdn_export.weights.dtypes import stored_bytes
-    from gdn_export.weights.reader import CheckpointReader
+    """The weights' size in the exported dtype (what the .onnx, or its .data sidecar, holds), once
+    the checkpoint's files, names, shapes and dtypes are checked (headers only)."""
+    from gdn_export.weights.loader import check_checkpoint
 
-    with CheckpointReader(checkpoint) as reader:
-        return stored_bytes(reader.shapes, 4 if dtype == "fp32" else 2)
+    return check_checkpoint(checkpoint) * (4 if dtype == "fp32" else 2)
 
 
 def run(args) -> int:

@@ -55,6 +55,9 @@ def run(args) -> int:
         if path:
             input_file(path, "ONNX file" if flag == "--onnx" else "engine file")
     checkpoint_dir(args.checkpoint)
+    from gdn_export.weights.loader import check_checkpoint
+
+    check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     parse_tolerances(args.atol, args.rtol, 0.0, 0.0)  # their syntax; the defaults need the dtype
     progress = Progress("validate", args.quiet)
     candidates = {}  # what the user gave -> runner

@@ -21,6 +21,7 @@ With tie_word_embeddings, lm_head shares model.embed_tokens.weight (a stored lm_
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -53,6 +54,44 @@ def _dtype(dtype: torch.dtype | str | None, config: HybridConfig) -> torch.dtype
     return dtype
 
 
+def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, expected: dict):
+    """The family's plan for this checkpoint, names, shapes and stored dtypes checked (headers only)."""
+    shapes = dict(reader.shapes)
+    if config.tie_word_embeddings:
+        # transformers ties over a stored lm_head; do the same, quietly.
+        shapes.pop(LM_HEAD, None)
+    plan = FAMILIES[config.family].plan(shapes, expected, config)
+    report(plan, str(directory))
+    used = {key for source in plan.sources.values() for key in source.keys}
+    check_tensor_dtypes({k: reader.dtypes[k] for k in used}, allowed_dtypes(config), str(directory))
+    return plan
+
+
+def _expected(config: HybridConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        model = HybridForCausalLM(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop(LM_HEAD)
+    return expected
+
+
+def check_checkpoint(directory: str | Path) -> int:
+    """What `load_checkpoint` checks before it reads any tensor data (the folder and its files
+    readable, config.json, every tensor's name, shape and stored dtype), as a CheckpointError, for
+    commands that must fail before their slow part. Returns the number of weight elements."""
+    directory = Path(directory)
+    logging.disable(logging.WARNING)  # load_checkpoint says its warnings once, later
+    try:
+        check_readable(directory, "checkpoint folder", folder=True)
+        config = read_config(directory / "config.json")
+        with CheckpointReader(directory) as reader:
+            _plan(directory, reader, config, _expected(config))
+            return sum(math.prod(shape) for shape in reader.shapes.values())
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def load_checkpoint(
     directory: str | Path,
     dtype: torch.dtype | str | None = None,
@@ -63,7 +102,6 @@ def load_checkpoint(
     check_readable(directory, "checkpoint folder", folder=True)
     config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
-    family = FAMILIES[config.family]
 
     with torch.device("meta"):
         model = HybridForCausalLM(config)
@@ -72,15 +110,7 @@ def load_checkpoint(
         expected.pop(LM_HEAD)
 
     with CheckpointReader(directory) as reader:
-        shapes = dict(reader.shapes)
-        if config.tie_word_embeddings:
-            # transformers ties over a stored lm_head; do the same, quietly.
-            for key in [k for k in shapes if k == LM_HEAD]:
-                shapes.pop(key)
-        plan = family.plan(shapes, expected, config)
-        report(plan, str(directory))
-        used = {key for source in plan.sources.values() for key in source.keys}
-        check_tensor_dtypes({k: reader.dtypes[k] for k in used}, allowed_dtypes(config), str(directory))
+        plan = _plan(directory, reader, config, expected)
         state = {}
         cache: dict[str, torch.Tensor] = {}
 

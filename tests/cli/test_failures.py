@@ -208,6 +208,15 @@ def test_export_refuses_an_existing_sidecar(cli, tmp_path, tiny_ckpt):
     assert f"{tmp_path / 'm.onnx.data'} exists (pass --overwrite" in message
 
 
+def test_export_writes_the_usual_mode(cli, tmp_path, tiny_ckpt):
+    old = os.umask(0o022)
+    try:
+        assert cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "-q").code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.onnx").stat().st_mode) == 0o644
+
+
 def test_overwrite_replaces_with_the_usual_modes(cli, tmp_path, tiny_ckpt, tiny_onnx):
     out = tmp_path / "l.npz"
     out.write_text("earlier")
@@ -373,20 +382,30 @@ def test_generation_longer_than_memory_refused_with_numbers(cli, tiny_ckpt):
     assert "10000000000 new tokens: needs" in message and "available" in message and "GiB" in message
 
 
-@pytest.mark.parametrize("rows,new", [(1, 300), (4, 40), (2, 1)], ids=["long", "batch", "short-batch"])
-def test_generation_bound_uses_the_available_memory(cli, tiny_ckpt, monkeypatch, rows, new):
-    """With 1 MiB available the tiny model's states and logits fit for a few tokens only."""
+@pytest.mark.parametrize("rows,new", [(1, 300), (4, 40), (2, 1), (3, 0)],
+                         ids=["long", "batch", "short-batch", "prefill-only"])
+def test_generation_bound_is_exact(cli, tiny_ckpt, monkeypatch, rows, new):
+    """Refused with one byte less than the states, the K/V cache and the kept logits need; run
+    with exactly that much."""
+    import numpy as np
+
     import gdn_export.runtime.memory as memory
+    from gdn_export.cli.run import _torch_layout
+    from gdn_export.runtime.torch_runner import TorchRunner
+    from gdn_export.weights import load_checkpoint
 
-    monkeypatch.setattr(memory, "cpu_available_bytes", lambda: 1 << 20)
+    prompts = [np.array([1, 2, 3])] * rows
+    model = load_checkpoint(tiny_ckpt)
+    model.layout = _torch_layout(prompts, new)
+    need = sum(memory.generation_bytes(TorchRunner(model), prompts, new))
     argv = ["run", tiny_ckpt, "--max-new-tokens", new, "-q"] + ["--input-ids", "1,2,3"] * rows
+    monkeypatch.setattr(memory, "cpu_available_bytes", lambda: need - 1)
+    message = cli(*argv).error_line("run")
+    assert f"{new} new tokens: needs" in message and "but cpu has" in message
+    monkeypatch.setattr(memory, "cpu_available_bytes", lambda: need)
     result = cli(*argv)
-    from gdn_export.runtime.memory import generation_bytes  # noqa: F401  (what the bound adds up)
-
-    if rows == 2 and new == 1:
-        assert result.code == 0, result.err
-    else:
-        assert "but cpu has 1.0 MiB available" in result.error_line("run")
+    assert result.code == 0, result.err
+    assert len(result.out.splitlines()) == rows
 
 
 def test_generate_refuses_before_allocating(tiny_ckpt, monkeypatch):

@@ -109,8 +109,8 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
         block_v = 32
     BV = max(min(block_v, next_pow2(Dv)), 8)
     if num_warps is None and T == 1 and cu_seqlens is None:
-        # Decode: 128 fp32 state elements per thread, one warp at Dk = 128, BV = 32. Run 9 sweep
-        # (H200, B = 8 / 64 / 256, benchmarks/investigations/triton_decode_sweep.py): one warp beat two, the
+        # Decode: 128 fp32 state elements per thread, one warp at Dk = 128, BV = 32. Swept on the
+        # H200 (B = 8 / 64 / 256, benchmarks/investigations/triton_decode_sweep.py): one warp beat two, the
         # earlier choice, everywhere: fp32 state 70 / 86 / 93% of copy bandwidth (two: 65 / 83 /
         # 87%), bf16 state 51 / 56 / 56% (two: 38 / 47 / 49%); other widths and warps were slower.
         num_warps = max(1, BK * BV // 4096)
