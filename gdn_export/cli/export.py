@@ -6,7 +6,6 @@ from pathlib import Path
 
 from gdn_export.cli.common import (checkpoint_dir, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_quiet,
                                    output_file, torch_dtype)
-from gdn_export.errors import InputError
 
 
 def add_parser(sub) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from gdn_export.cli.common import (checkpoint_dir, input_file, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_plugins,
                                    add_quiet, add_seed, add_tolerances, output_file, parse_tolerances)

@@ -10,7 +10,6 @@ data is read. A missing or corrupt file is a one-line CheckpointError naming it.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from contextlib import ExitStack
 from pathlib import Path
