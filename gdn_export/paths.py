@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -122,6 +123,23 @@ def check_folder_writable(folder: Path, what: str) -> None:
     os.unlink(probe)
 
 
+# Longest suffix the writers add to a name for their temporary file or folder (".name.XXXXXXXX.tmp").
+TEMP_NAME_EXTRA = 24
+
+
+def check_name_length(path: Path, what: str) -> None:
+    """OutputError when the file name (with the temporary name's extra characters) is longer than
+    the folder's file system allows, which would only surface at the final rename."""
+    try:
+        limit = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return
+    length = len(os.fsencode(path.name))
+    if length + TEMP_NAME_EXTRA > limit:
+        raise OutputError(f"{what}: the file name is {length} bytes; {path.parent} allows {limit} "
+                          f"({limit - TEMP_NAME_EXTRA} with the temporary name written first)")
+
+
 def free_bytes(folder: Path) -> int | None:
     """Free bytes for an unprivileged user on `folder`'s file system; None where it cannot tell
     (a virtual file system reports a size of 0)."""
@@ -167,7 +185,11 @@ def check_output_file(path: str | os.PathLike, what: str | None = None, *, overw
     st = _stat(p, what)
     if st is not None and os.path.isdir(p):
         raise OutputError(f"{what}: is a folder, not a file name")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        # os.replace would put a regular file in place of a device, a pipe or a socket
+        raise OutputError(f"{what}: is not a regular file (a device, pipe or socket); give a file path")
     check_folder_writable(p.parent, what)
+    check_name_length(p, what)
     if not overwrite:
         for existing in (p, *also):
             if existing.exists() or existing.is_symlink():
@@ -206,6 +228,8 @@ def check_output_dir(path: str | os.PathLike, what: str | None = None, *, overwr
     while _stat(ancestor, what) is None and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     check_folder_writable(ancestor, what)
+    if ancestor == p.parent:
+        check_name_length(p, what)
     if need_bytes:
         check_free_space(ancestor, need_bytes, what)
     return p

@@ -42,11 +42,15 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse.ArgumentParser with HelpFormatter; subparsers inherit the class."""
+    """argparse.ArgumentParser with HelpFormatter whose usage errors are one line (`PROG: error:
+    MESSAGE`, exit 2, the usage left to --help); subparsers inherit the class."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 # ------------------------------------------------------------------ shared flags

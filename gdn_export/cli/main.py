@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -29,8 +30,19 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser, command: str):
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the subcommand's parser, so that the line names the command
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help, --version, a usage error (one line, see ArgumentParser)
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="gdn-export: %(levelname)s: %(message)s")
     try:

@@ -449,3 +449,43 @@ def test_top_level_description_names_the_families():
     text = make_parser().format_help().replace("\n", " ")
     for name in ("Qwen3-Next", "Qwen3.5", "OLMo-Hybrid", "VL"):
         assert name in text
+
+
+# ------------------------------------------------------------------ more output mistakes
+
+@pytest.mark.parametrize("writer", ["export", "run-save-logits", "validate-json", "bench-json", "build"])
+def test_file_name_too_long_for_the_file_system(cli, tmp_path, tiny_ckpt, tiny_onnx, writer):
+    """A name the final rename would reject (255 bytes on ext4) is refused first."""
+    build, name, _ = WRITERS[writer]
+    stem, suffix = os.path.splitext(name)
+    long_name = "n" * (os.pathconf(tmp_path, "PC_NAME_MAX") - len(suffix) - 2) + suffix
+    argv = [str(a).replace(str(tmp_path / name), str(tmp_path / long_name))
+            for a in build(tmp_path, tiny_ckpt, tiny_onnx)]
+    message = cli(*argv).error_line(command_of(argv))
+    assert "the file name is" in message and "allows" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["--json", "--save-logits"])
+def test_a_device_is_never_replaced(cli, tiny_ckpt, tiny_onnx, flag):
+    argv = (["bench", tiny_ckpt, "--json", "/dev/null", "--overwrite"] if flag == "--json" else
+            ["run", tiny_onnx, "--input-ids", "1", "--save-logits", "/dev/null", "--overwrite"])
+    message = cli(*argv).error_line(argv[0])
+    assert "/dev/null: is not a regular file" in message
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "m.onnx", "--input-ids", "1", "--max-new-tokens", "1e3"],
+    ["run", "m.onnx", "--input-ids", "1", "--max-new-tokens", ""],
+    ["run", "m.onnx", "--input-ids", "1", "--dtype", "float64"],
+    ["export", "ckpt", "-o", "m.onnx", "--state-dtype", "int8"],
+    ["bench", "ckpt", "--batch", "two"],
+    ["make-tiny", "d", "--shards", "1.5"],
+    ["validate", "ckpt", "--onnx", "m.onnx", "--no-such-flag"],
+    ["build", "m.onnx"],
+], ids=["exponent-int", "empty-int", "dtype-float64", "state-dtype-int8", "word-int", "float-int",
+        "unknown-flag", "missing-required"])
+def test_usage_mistakes_are_one_line_naming_the_command(cli, argv):
+    message = cli(*argv).error_line(argv[0])
+    assert f"see gdn-export {argv[0]} --help" in message
