@@ -60,77 +60,6 @@ __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, in
     }
 }
 
-//! The per-token vectors of one (token, value head), in shared memory, from two warps: warp 0 loads
-//! q and k of key head kh, L2-normalises them (when asked) and stores q~ = scale q, k and the
-//! scalars exp(g), beta, q~ . k; warp 1 loads the block's kBV columns of v.
-template <typename T, int32_t kDK, int32_t kBV>
-__device__ __forceinline__ void loadToken(GatedDeltaRuleParams const& p, int64_t tok, int32_t h, int32_t kh,
-    int32_t warp, int32_t lane, float (&sQ)[kDK], float (&sK)[kDK], float (&sV)[kBV], float (&sScalar)[3])
-{
-    constexpr int32_t kLANE_ELEMS = (kDK + kWARP - 1) / kWARP;
-    int32_t const dk = p.keyDim;
-    int32_t const dv = p.valueDim;
-    int32_t const hv = p.numValueHeads;
-    int32_t const hk = p.numKeyHeads;
-    T const* q = static_cast<T const*>(p.q);
-    T const* k = static_cast<T const*>(p.k);
-    T const* v = static_cast<T const*>(p.v);
-    T const* beta = static_cast<T const*>(p.beta);
-    if (warp == 0)
-    {
-        float qa[kLANE_ELEMS];
-        float ka[kLANE_ELEMS];
-        float ssq = 0.F;
-        float ssk = 0.F;
-        float sqk = 0.F;
-        int64_t const qkBase = (tok * hk + kh) * dk;
-#pragma unroll
-        for (int32_t j = 0; j < kLANE_ELEMS; ++j)
-        {
-            int32_t const d = lane + j * kWARP;
-            qa[j] = d < dk ? toFloat(q[qkBase + d]) : 0.F;
-            ka[j] = d < dk ? toFloat(k[qkBase + d]) : 0.F;
-            ssq += qa[j] * qa[j];
-            ssk += ka[j] * ka[j];
-            sqk += qa[j] * ka[j];
-        }
-        float rq = 1.F;
-        float rk = 1.F;
-        if (p.useQkL2norm)
-        {
-            rq = rsqrtf(warpSum(ssq) + kL2NORM_EPS);
-            rk = rsqrtf(warpSum(ssk) + kL2NORM_EPS);
-        }
-        sqk = warpSum(sqk);
-#pragma unroll
-        for (int32_t j = 0; j < kLANE_ELEMS; ++j)
-        {
-            int32_t const d = lane + j * kWARP;
-            if (d < kDK)
-            {
-                sQ[d] = qa[j] * rq * p.scale;
-                sK[d] = ka[j] * rk;
-            }
-        }
-        if (lane == 0)
-        {
-            int64_t const gi = tok * hv + h;
-            sScalar[0] = __expf(p.g[gi]);
-            sScalar[1] = toFloat(beta[gi]);
-            sScalar[2] = sqk * rq * rk * p.scale;
-        }
-    }
-    else if (warp == 1)
-    {
-#pragma unroll
-        for (int32_t j = lane; j < kBV; j += kWARP)
-        {
-            int32_t const c = blockIdx.x * kBV + j;
-            sV[j] = c < dv ? toFloat(v[(tok * hv + h) * dv + c]) : 0.F;
-        }
-    }
-}
-
 // At most 64 registers up to Dk = 128: 1024 threads per multiprocessor keep enough state loads in
 // flight for a bandwidth-bound decode step.
 template <typename T, typename S, int32_t kDK, typename Tile = RecurrentTile<S, kDK>>
@@ -141,6 +70,7 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
     constexpr int32_t kBV = Tile::kBV;
     constexpr int32_t kKGROUPS = Tile::kKGROUPS;
     constexpr int32_t kROWS = kDK / kKGROUPS;
+    constexpr int32_t kLANE_ELEMS = (kDK + kWARP - 1) / kWARP;
     static_assert(kDK % kKGROUPS == 0, "kDK must be a multiple of the row groups");
 
     __shared__ float sQ[kDK];
@@ -192,12 +122,68 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
         }
     }
 
+    T const* q = static_cast<T const*>(p.q);
+    T const* k = static_cast<T const*>(p.k);
+    T const* v = static_cast<T const*>(p.v);
+    T const* beta = static_cast<T const*>(p.beta);
     T* o = static_cast<T*>(p.o);
 
     for (int32_t t = 0; t < len; ++t)
     {
         int64_t const tok = bos + t;
-        loadToken<T, kDK, kBV>(p, tok, h, kh, warp, lane, sQ, sK, sV, sScalar);
+        if (warp == 0)
+        {
+            float qa[kLANE_ELEMS];
+            float ka[kLANE_ELEMS];
+            float ssq = 0.F;
+            float ssk = 0.F;
+            float sqk = 0.F;
+            int64_t const qkBase = (tok * hk + kh) * dk;
+#pragma unroll
+            for (int32_t j = 0; j < kLANE_ELEMS; ++j)
+            {
+                int32_t const d = lane + j * kWARP;
+                qa[j] = d < dk ? toFloat(q[qkBase + d]) : 0.F;
+                ka[j] = d < dk ? toFloat(k[qkBase + d]) : 0.F;
+                ssq += qa[j] * qa[j];
+                ssk += ka[j] * ka[j];
+                sqk += qa[j] * ka[j];
+            }
+            float rq = 1.F;
+            float rk = 1.F;
+            if (p.useQkL2norm)
+            {
+                rq = rsqrtf(warpSum(ssq) + kL2NORM_EPS);
+                rk = rsqrtf(warpSum(ssk) + kL2NORM_EPS);
+            }
+            sqk = warpSum(sqk);
+#pragma unroll
+            for (int32_t j = 0; j < kLANE_ELEMS; ++j)
+            {
+                int32_t const d = lane + j * kWARP;
+                if (d < kDK)
+                {
+                    sQ[d] = qa[j] * rq * p.scale;
+                    sK[d] = ka[j] * rk;
+                }
+            }
+            if (lane == 0)
+            {
+                int64_t const gi = tok * hv + h;
+                sScalar[0] = __expf(p.g[gi]);
+                sScalar[1] = toFloat(beta[gi]);
+                sScalar[2] = sqk * rq * rk * p.scale;
+            }
+        }
+        else if (warp == 1)
+        {
+#pragma unroll
+            for (int32_t j = lane; j < kBV; j += kWARP)
+            {
+                int32_t const c = blockIdx.x * kBV + j;
+                sV[j] = c < dv ? toFloat(v[(tok * hv + h) * dv + c]) : 0.F;
+            }
+        }
         __syncthreads();
 
         float const a = sScalar[0];
@@ -334,6 +320,81 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
                     dst[c] = fromFloat<S>(s[i][c]);
                 }
             }
+        }
+    }
+}
+
+//! For the 16-bit decode kernel below. gatedDeltaRuleRecurrentKernel repeats these steps inline on
+//! purpose: calling this function there (forceinline, by reference or by value, with the kernel's
+//! pointers and dims passed in) makes its sm_90 build of the fp32-state Dk = 128 decode spill (64
+//! registers, 0 -> 20 bytes of spill stores and 72 of loads per thread, ptxas -v, CUDA 13.0).
+//! The per-token vectors of one (token, value head), in shared memory, from two warps: warp 0 loads
+//! q and k of key head kh, L2-normalises them (when asked) and stores q~ = scale q, k and the
+//! scalars exp(g), beta, q~ . k; warp 1 loads the block's kBV columns of v.
+template <typename T, int32_t kDK, int32_t kBV>
+__device__ __forceinline__ void loadToken(GatedDeltaRuleParams const& p, int64_t tok, int32_t h, int32_t kh,
+    int32_t warp, int32_t lane, float (&sQ)[kDK], float (&sK)[kDK], float (&sV)[kBV], float (&sScalar)[3])
+{
+    constexpr int32_t kLANE_ELEMS = (kDK + kWARP - 1) / kWARP;
+    int32_t const dk = p.keyDim;
+    int32_t const dv = p.valueDim;
+    int32_t const hv = p.numValueHeads;
+    int32_t const hk = p.numKeyHeads;
+    T const* q = static_cast<T const*>(p.q);
+    T const* k = static_cast<T const*>(p.k);
+    T const* v = static_cast<T const*>(p.v);
+    T const* beta = static_cast<T const*>(p.beta);
+    if (warp == 0)
+    {
+        float qa[kLANE_ELEMS];
+        float ka[kLANE_ELEMS];
+        float ssq = 0.F;
+        float ssk = 0.F;
+        float sqk = 0.F;
+        int64_t const qkBase = (tok * hk + kh) * dk;
+#pragma unroll
+        for (int32_t j = 0; j < kLANE_ELEMS; ++j)
+        {
+            int32_t const d = lane + j * kWARP;
+            qa[j] = d < dk ? toFloat(q[qkBase + d]) : 0.F;
+            ka[j] = d < dk ? toFloat(k[qkBase + d]) : 0.F;
+            ssq += qa[j] * qa[j];
+            ssk += ka[j] * ka[j];
+            sqk += qa[j] * ka[j];
+        }
+        float rq = 1.F;
+        float rk = 1.F;
+        if (p.useQkL2norm)
+        {
+            rq = rsqrtf(warpSum(ssq) + kL2NORM_EPS);
+            rk = rsqrtf(warpSum(ssk) + kL2NORM_EPS);
+        }
+        sqk = warpSum(sqk);
+#pragma unroll
+        for (int32_t j = 0; j < kLANE_ELEMS; ++j)
+        {
+            int32_t const d = lane + j * kWARP;
+            if (d < kDK)
+            {
+                sQ[d] = qa[j] * rq * p.scale;
+                sK[d] = ka[j] * rk;
+            }
+        }
+        if (lane == 0)
+        {
+            int64_t const gi = tok * hv + h;
+            sScalar[0] = __expf(p.g[gi]);
+            sScalar[1] = toFloat(beta[gi]);
+            sScalar[2] = sqk * rq * rk * p.scale;
+        }
+    }
+    else if (warp == 1)
+    {
+#pragma unroll
+        for (int32_t j = lane; j < kBV; j += kWARP)
+        {
+            int32_t const c = blockIdx.x * kBV + j;
+            sV[j] = c < dv ? toFloat(v[(tok * hv + h) * dv + c]) : 0.F;
         }
     }
 }
