@@ -52,9 +52,9 @@ def os_reason(exc: OSError) -> str:
 
 
 def check_readable(path: str | os.PathLike, what: str, folder: bool = False,
-                   error: type[GdnExportError] = GdnExportError) -> None:
+                   error: type[GdnExportError] = GdnExportError, missing: str = "{path}: {what} not found") -> None:
     """`error` unless `path` is a readable file (with folder: a listable folder), naming the reason:
-    "<path>: no such <what>" ("<what> not found" for a folder), "... is a folder, expected a <what>", "cannot read the <what>
+    `missing` (formatted with path and what), "... is a folder, expected a <what>", "cannot read the <what>
     (permission denied)". Unlike Path.is_file(), a permission problem is never read as "missing"."""
     path = Path(path)
     try:
@@ -66,7 +66,7 @@ def check_readable(path: str | os.PathLike, what: str, folder: bool = False,
             with open(path, "rb"):
                 pass
     except (FileNotFoundError, NotADirectoryError):
-        raise error(f"{path}: {what} not found" if folder else f"{path}: no such {what}") from None
+        raise error(missing.format(path=path, what=what)) from None
     except IsADirectoryError:
         raise error(f"{path}: is a folder, expected a {what}") from None
     except OSError as exc:

@@ -105,7 +105,7 @@ def checkpoint_dir(path) -> None:
 
 def input_file(path, what: str) -> None:
     """InputError unless `path` is a readable file (reason named, as checkpoint_dir)."""
-    check_readable(path, what, error=InputError)
+    check_readable(path, what, error=InputError, missing="{path}: no such {what}")
 
 
 # ------------------------------------------------------------------ strict parsing

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+from gdn_export.errors import GdnExportError
 from gdn_export.paths import atomic_file, check_output_file
 from gdn_export.validate.compare import Report
 
@@ -41,6 +43,11 @@ def write_json(report: Report, path: str | os.PathLike) -> None:
     A missing folder, a folder in the file's place or an unwritable folder is a GdnExportError
     naming it.
     """
-    path = check_output_file(path, f"JSON report {path}", overwrite=True)
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise GdnExportError(f"{path.parent}: folder for the JSON report does not exist")
+    if path.is_dir():
+        raise GdnExportError(f"{path}: is a folder, not a file name for the JSON report")
+    check_output_file(path, f"JSON report {path}", overwrite=True)
     with atomic_file(path, f"JSON report {path}") as tmp:
         tmp.write_text(json.dumps(report.to_dict(), indent=2, allow_nan=True), encoding="utf-8")

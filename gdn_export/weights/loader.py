@@ -83,7 +83,7 @@ def check_checkpoint(directory: str | Path) -> int:
     directory = Path(directory)
     logging.disable(logging.WARNING)  # load_checkpoint says its warnings once, later
     try:
-        check_readable(directory, "checkpoint folder", folder=True)
+        check_readable(directory, "checkpoint directory", folder=True)
         config = read_config(directory / "config.json")
         with CheckpointReader(directory) as reader:
             _plan(directory, reader, config, _expected(config))
@@ -99,7 +99,7 @@ def load_checkpoint(
 ) -> HybridForCausalLM:
     """Build the model of `directory` (config.json + safetensors) in eval mode on `device`."""
     directory = Path(directory)
-    check_readable(directory, "checkpoint folder", folder=True)
+    check_readable(directory, "checkpoint directory", folder=True)
     config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
 

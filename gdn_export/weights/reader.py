@@ -79,7 +79,7 @@ class CheckpointReader:
 
     def _index(self) -> None:
         single, index = self.directory / SINGLE_FILE, self.directory / INDEX_FILE
-        check_readable(self.directory, "checkpoint folder", folder=True)
+        check_readable(self.directory, "checkpoint directory", folder=True)
         if _exists(index):
             check_readable(index, "safetensors index")
             try:
