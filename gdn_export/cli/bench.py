@@ -92,6 +92,7 @@ def run(args) -> int:
                     "compile": args.compile, "compile_mode": args.compile_mode or "default",
                     "warmup": args.warmup, "repeats": args.repeats}
     rng = np.random.default_rng(args.seed)
+    _check_memory(args, layout, dtype, device)  # before the first progress line and any allocation
 
     B.reset_peak_memory(device)
     progress(f"loading {args.checkpoint} ({args.dtype}, {device})")
@@ -137,6 +138,24 @@ def run(args) -> int:
         _write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0
+
+
+def _check_memory(args, layout, dtype, device) -> None:
+    """InputError, with the numbers, when the states and K/V cache of --batch rows of --prompt-len +
+    --decode-steps tokens exceed the device's memory (gdn_export.runtime.memory)."""
+    import numpy as np
+    import torch
+
+    from gdn_export.hf_config import read_config
+    from gdn_export.models.hybrid import HybridForCausalLM
+    from gdn_export.runtime.memory import check_generation_memory, model_plan
+
+    with torch.device("meta"):
+        model = HybridForCausalLM(read_config(Path(args.checkpoint) / "config.json")).to(dtype)
+    model.layout = layout
+    prompts = [np.zeros(args.prompt_len, np.int64)] * args.batch
+    check_generation_memory(model_plan(model, device), prompts, args.decode_steps, keep_logits=False,
+                            hint="lower --batch, --prompt-len or --decode-steps")
 
 
 def _accuracy(args, runner, prompts, device, dtype, op_backend, progress) -> dict:

@@ -15,6 +15,7 @@ neither can be read the check passes.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
@@ -65,6 +66,13 @@ def available_bytes(device) -> int | None:
     return cpu_available_bytes()
 
 
+def model_plan(model, device) -> SimpleNamespace:
+    """What `generation_bytes` reads from a runner, for a HybridForCausalLM (a meta-device one will
+    do) that is not loaded yet: its state specs, layout, vocab size and the device it will run on."""
+    return SimpleNamespace(state_specs=model.state_specs(), layout=model.layout,
+                           vocab_size=int(model.config.vocab_size), backend="torch", device=device)
+
+
 def runner_device(runner) -> str:
     """Where a runner keeps its states: its torch device, the GPU for TensorRT, else the CPU."""
     device = getattr(runner, "device", None)
@@ -73,8 +81,10 @@ def runner_device(runner) -> str:
     return "cuda" if runner.backend == "trt" else "cpu"
 
 
-def generation_bytes(runner, prompts: Sequence[np.ndarray], max_new_tokens: int) -> tuple[int, int]:
-    """(states bytes, logits bytes) that `generate(runner, prompts, max_new_tokens)` holds."""
+def generation_bytes(runner, prompts: Sequence[np.ndarray], max_new_tokens: int,
+                     keep_logits: bool = True) -> tuple[int, int]:
+    """(states bytes, logits bytes) that `generate(runner, prompts, max_new_tokens)` holds (logits
+    0 when the caller keeps none, as the benchmark)."""
     batch = len(prompts)
     longest = max(len(p) for p in prompts)
     past = longest + max(max_new_tokens - 1, 0)  # the concat layout's cache at its longest
@@ -83,21 +93,22 @@ def generation_bytes(runner, prompts: Sequence[np.ndarray], max_new_tokens: int)
         n = 1
         for d in spec.concrete_shape(batch, past):
             n *= int(d)
-        states += n * _ITEMSIZE.get(spec.dtype, 4)
+        states += n * _ITEMSIZE.get(str(spec.dtype).removeprefix("torch."), 4)
     prompt_positions = longest if runner.layout.logits == "all" else 1
     logits = 4 * batch * runner.vocab_size * (prompt_positions + max(max_new_tokens - 1, 0))
-    return states, logits
+    return states, logits if keep_logits else 0
 
 
-def check_generation_memory(runner, prompts: Sequence[np.ndarray], max_new_tokens: int) -> None:
+def check_generation_memory(runner, prompts: Sequence[np.ndarray], max_new_tokens: int,
+                            keep_logits: bool = True, hint: str = "lower --max-new-tokens or the batch") -> None:
     """InputError, with the numbers, when the states and kept logits of this generation exceed
     the memory available on the runner's device (module docstring)."""
-    states, logits = generation_bytes(runner, prompts, max_new_tokens)
+    states, logits = generation_bytes(runner, prompts, max_new_tokens, keep_logits)
     device = runner_device(runner)
     free = available_bytes(device)
     if free is None or states + logits <= free:
         return
     raise InputError(f"batch {len(prompts)}, prompts of up to {max(len(p) for p in prompts)} tokens, "
                      f"{max_new_tokens} new tokens: needs {_gib(states + logits)} (states and K/V cache "
-                     f"{_gib(states)}, logits of every step {_gib(logits)}), but {device} has "
-                     f"{_gib(free)} available; lower --max-new-tokens or the batch")
+                     f"{_gib(states)}" + (f", logits of every step {_gib(logits)}" if keep_logits else "")
+                     + f"), but {device} has {_gib(free)} available; {hint}")

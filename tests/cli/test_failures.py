@@ -489,3 +489,12 @@ def test_a_device_is_never_replaced(cli, tiny_ckpt, tiny_onnx, flag):
 def test_usage_mistakes_are_one_line_naming_the_command(cli, argv):
     message = cli(*argv).error_line(argv[0])
     assert f"see gdn-export {argv[0]} --help" in message
+
+
+@pytest.mark.parametrize("args", [["--prompt-len", 10**8, "--batch", 64], ["--decode-steps", 10**10]],
+                         ids=["long-prompts", "many-steps"])
+def test_bench_bound_before_loading(cli, tiny_ckpt, args):
+    """bench sizes its states from config.json on the meta device: refused before the first
+    progress line, so the error is the only stderr line."""
+    message = cli("bench", tiny_ckpt, *args).error_line("bench")
+    assert "needs" in message and "available; lower --batch, --prompt-len or --decode-steps" in message
