@@ -47,9 +47,9 @@ run_step() { # name, timeout seconds, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt"
 for s in $steps; do
     case $s in
-        # its build alone took ~150 s after the single-buffered walk's kernels came (run 13)
+        # its build alone takes ~150 s on the H200 host
         plugins) run_step plugins 480 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
-        # the mma.sync prefill walk's tests (test_chunk_walk_cuda.py, 82) take ~130 s with the build (run 13)
+        # the mma.sync prefill walk's tests (test_chunk_walk_cuda.py, 82) take ~130 s with the build (H200)
         cuda) run_step cuda 420 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda ;;
         models) run_step models 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
         runtime) run_step runtime 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
@@ -61,7 +61,7 @@ for s in $steps; do
         overhead) run_step overhead 90 python3 benchmarks/op_overhead.py --out "$out/overhead" ;;
         cudaprefill) run_step cudaprefill 90 python3 benchmarks/cuda_prefill_profile.py --out-dir "$out/cudaprefill" ;;
         e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
-        # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially (run 7)
+        # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially
         triton) run_step triton 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rf -n 4 tests/kernels ;;
         bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;
         moe) run_step moe_tests 300 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda/test_moe_cuda.py \

@@ -20,3 +20,8 @@ class ConfigError(CheckpointError):
 
 class InputError(GdnExportError):
     """Token ids, positions or state tensors given at run time are malformed."""
+
+
+class OutputError(GdnExportError):
+    """An output path cannot be written: a missing or read-only folder, a folder in a file's place,
+    an existing output without --overwrite, too little free space (gdn_export.paths)."""

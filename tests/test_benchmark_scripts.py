@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_state_dtype_drift_tiny(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'kernels'}")
-    out = subprocess.run([sys.executable, ROOT / "benchmarks/state_dtype_drift.py", "--prompt", "9", "23",
+    out = subprocess.run([sys.executable, ROOT / "benchmarks/investigations/state_dtype_drift.py", "--prompt", "9", "23",
                           "--steps", "12", "--out-dir", tmp_path], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -31,7 +31,7 @@ def test_state_dtype_drift_tiny(tmp_path):
 def test_peak_memory_probe_replays_the_allocator_trace():
     """peak_memory_probe.live_at_peak on a synthetic allocator history: the blocks live at the peak,
     grouped by their innermost gdn_export frame (the probe itself needs a GPU)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "investigations"))
     try:
         from peak_memory_probe import frame_of, live_at_peak
     finally:
@@ -51,7 +51,7 @@ def test_peak_memory_probe_replays_the_allocator_trace():
 def test_sass_phases_splits_at_barriers():
     """sass_phases.phases on a synthetic cuobjdump listing: predicated instructions count under their
     opcode, and every BAR closes a phase (the disassembly itself needs nvcc and cuobjdump)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "investigations"))
     try:
         from sass_phases import phases
     finally:

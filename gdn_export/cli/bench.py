@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import tempfile
 from pathlib import Path
 
-from gdn_export.cli.common import DTYPES, Progress, add_quiet, check_at_least, check_output_file, torch_dtype
+from gdn_export.cli.common import (checkpoint_dir, Progress, add_dtype, add_overwrite, add_quiet, add_seed, check_at_least,
+                                   output_file, torch_dtype)
 from gdn_export.cli.runners import check_device
 from gdn_export.errors import GdnExportError, InputError
 
@@ -27,9 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="implementation of the gdn ops (default: reference on the CPU, triton on CUDA)")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="model precision (default bf16)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=512)
+    add_dtype(p, "bf16", help="model precision (default bf16)")
+    p.add_argument("--batch", type=int, default=1, help="rows per call")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per row")
     p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per run")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill in calls of at most N tokens per row (default: 4096 // batch on the GPU runner)")
@@ -39,7 +38,7 @@ def add_parser(sub) -> None:
                    help="torch.compile the model before capturing (fuses the small ops)")
     p.add_argument("--compile-mode", choices=("default", "max-autotune"), default=None,
                    help="torch.compile mode (implies --compile); max-autotune times inductor's Triton "
-                   "GEMMs against cuBLAS per shape (minutes of compiling)")
+                   "GEMMs against cuBLAS per shape (minutes of compiling; default: default)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (default 3)")
     p.add_argument("--compare-hf", action="store_true",
@@ -48,8 +47,9 @@ def add_parser(sub) -> None:
                    help="compare the logits with the fp32 model's on the same prompts (and "
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
                    "runner against the eager runner")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    add_seed(p, "seed of the random prompts")
+    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON (default: not written)")
+    add_overwrite(p, "the --json file")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -62,6 +62,7 @@ def run(args) -> int:
     from gdn_export.runtime import bench as B
     from gdn_export.runtime.cuda_graph import GraphRunner
     from gdn_export.weights import load_checkpoint
+    from gdn_export.weights.loader import check_checkpoint
 
     for flag, value, low in (("--batch", args.batch, 1), ("--prompt-len", args.prompt_len, 1),
                              ("--decode-steps", args.decode_steps, 1), ("--warmup", args.warmup, 0),
@@ -70,9 +71,9 @@ def run(args) -> int:
     if args.prefill_chunk is not None:
         check_at_least(args.prefill_chunk, 1, "--prefill-chunk")
     if args.json:
-        check_output_file(args.json, "--json")
-    if not Path(args.checkpoint).is_dir():
-        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+        output_file(args.json, "--json", args)
+    checkpoint_dir(args.checkpoint)
+    check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)
@@ -91,6 +92,7 @@ def run(args) -> int:
                     "compile": args.compile, "compile_mode": args.compile_mode or "default",
                     "warmup": args.warmup, "repeats": args.repeats}
     rng = np.random.default_rng(args.seed)
+    _check_memory(args, layout, dtype, device)  # before the first progress line and any allocation
 
     B.reset_peak_memory(device)
     progress(f"loading {args.checkpoint} ({args.dtype}, {device})")
@@ -136,6 +138,24 @@ def run(args) -> int:
         _write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0
+
+
+def _check_memory(args, layout, dtype, device) -> None:
+    """InputError, with the numbers, when the states and K/V cache of --batch rows of --prompt-len +
+    --decode-steps tokens exceed the device's memory (gdn_export.runtime.memory)."""
+    import numpy as np
+    import torch
+
+    from gdn_export.hf_config import read_config
+    from gdn_export.models.hybrid import HybridForCausalLM
+    from gdn_export.runtime.memory import check_generation_memory, model_plan
+
+    with torch.device("meta"):
+        model = HybridForCausalLM(read_config(Path(args.checkpoint) / "config.json")).to(dtype)
+    model.layout = layout
+    prompts = [np.zeros(args.prompt_len, np.int64)] * args.batch
+    check_generation_memory(model_plan(model, device), prompts, args.decode_steps, keep_logits=False,
+                            hint="lower --batch, --prompt-len or --decode-steps")
 
 
 def _accuracy(args, runner, prompts, device, dtype, op_backend, progress) -> dict:
@@ -248,10 +268,7 @@ def _write_json(result: dict, path: Path) -> None:
             return {k: clean(v) for k, v in x.items() if not k.startswith("_")}
         return x
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(clean(result), f, indent=2)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    from gdn_export.paths import atomic_file
+
+    with atomic_file(path, f"--json {path}") as tmp:
+        tmp.write_text(json.dumps(clean(result), indent=2), encoding="utf-8")

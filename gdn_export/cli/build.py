@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gdn_export.cli.common import Progress, add_quiet, check_at_least
+from pathlib import Path
+
+from gdn_export.cli.common import input_file, Progress, add_overwrite, add_plugins, add_quiet, check_at_least, output_file
+from gdn_export.paths import check_free_space
 
 
 def add_parser(sub) -> None:
@@ -13,17 +16,19 @@ def add_parser(sub) -> None:
     p.add_argument("onnx", help="the exported .onnx file")
     p.add_argument("-o", "--output", "--save-engine", dest="output", required=True,
                    help="path of the engine file to write")
-    p.add_argument("--plugins", help="libgdn_plugins.so (default: $GDN_EXPORT_PLUGINS, then "
-                   "plugins/build/libgdn_plugins.so)")
+    add_plugins(p, "the gdn nodes")
     for which in ("min", "opt", "max"):
         p.add_argument(f"--trt-{which}-shapes", nargs="+", default=[], metavar="NAME:[d0,...]",
-                       help=f"{which} shapes of the prefill optimisation profile, e.g. input_ids:[1,1]")
+                       help=f"{which} shapes of the prefill optimisation profile, e.g. input_ids:[1,1] "
+                       "(default: from --max-batch, --max-prefill and the model's cache length)")
     p.add_argument("--max-batch", type=int, metavar="N", help="largest batch of both profiles (default 8)")
     p.add_argument("--max-prefill", type=int, metavar="N",
                    help="longest prompt chunk of the prefill profile (default min(512, cache length))")
     p.add_argument("--decode-batch", type=int, metavar="N",
                    help="batch the decode profile (seq = 1) is tuned for (default --max-batch)")
-    p.add_argument("--workspace", type=int, metavar="MiB", help="workspace memory pool limit")
+    p.add_argument("--workspace", type=int, metavar="MiB",
+                   help="workspace memory pool limit (default: TensorRT's, the GPU's memory)")
+    add_overwrite(p, "the engine file (and its .layers.json)")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -32,8 +37,16 @@ def run(args) -> int:
     from gdn_export.trt.build import build_engine
     from gdn_export.trt.profile import parse_shape_specs
 
+    from gdn_export.trt.build import layers_path
+
     if args.workspace is not None:
         check_at_least(args.workspace, 1, "--workspace (MiB)")
+    output = output_file(args.output, "-o", args, also=(layers_path(Path(args.output)),))
+    onnx = Path(args.onnx)
+    input_file(onnx, "ONNX file")
+    # The engine holds the weights once more: about the size of the .onnx and its .data sidecar.
+    weights = sum(f.stat().st_size for f in (onnx, onnx.with_name(onnx.name + ".data")) if f.is_file())
+    check_free_space(output.parent, weights, f"-o {args.output}")
     progress = Progress("build", args.quiet)
     shapes = {w: parse_shape_specs(getattr(args, f"trt_{w}_shapes"), f"--trt-{w}-shapes")
               for w in ("min", "opt", "max")}

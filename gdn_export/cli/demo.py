@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from gdn_export.cli.common import Progress, add_quiet
+from gdn_export.cli.common import Progress, add_overwrite, add_quiet, add_seed, output_dir, output_file
 from gdn_export.cli.make_tiny import FAMILIES, check_target
 
 
@@ -14,10 +14,11 @@ def add_parser(sub) -> None:
                        description="Write a tiny random checkpoint into a temporary folder, export "
                        "it to ONNX, run PyTorch and ONNX Runtime on the same prompts and print the "
                        "parity table. Exit status 1 if parity fails.")
-    p.add_argument("--family", choices=FAMILIES, default="qwen3_5")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", metavar="DIR", help="keep the checkpoint and ONNX file in DIR "
-                   "(replacing those of an earlier demo there)")
+    p.add_argument("--family", choices=FAMILIES, default="qwen3_5", help="model family")
+    add_seed(p, "seed of the random weights and prompts")
+    p.add_argument("--keep", metavar="DIR", help="keep the checkpoint DIR/tiny-FAMILY and ONNX file "
+                   "DIR/tiny-FAMILY.onnx (default: a temporary folder, removed at the end)")
+    add_overwrite(p, "the files an earlier --keep demo left in DIR")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -34,12 +35,15 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="gdn-export-demo-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         ckpt = root / f"tiny-{args.family}"
-        check_target(ckpt, overwrite=True)  # a rerun with the same --keep replaces its checkpoint
+        onnx_path = root / f"tiny-{args.family}.onnx"
+        if args.keep:  # both outputs checked before anything is written
+            output_dir(ckpt, "--keep", args, replaceable=lambda p: (p / "config.json").is_file())
+            output_file(onnx_path, "--keep", args)
+        check_target(ckpt, overwrite=args.overwrite or not args.keep)
         root.mkdir(parents=True, exist_ok=True)
         progress(f"writing a tiny random {args.family} checkpoint to {ckpt}")
         make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed, overwrite=True)
         model = load_checkpoint(ckpt)
-        onnx_path = root / f"tiny-{args.family}.onnx"
         export_onnx(model, onnx_path, progress=progress)
         progress("running PyTorch and ONNX Runtime on the same prompts")
         report = run_parity(TorchRunner(model), [OrtRunner(onnx_path)],

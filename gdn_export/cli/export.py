@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_export.cli.common import DTYPES, TORCH_DTYPE_NAMES, Progress, add_quiet, torch_dtype
-from gdn_export.errors import InputError
+from gdn_export.cli.common import (checkpoint_dir, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_quiet,
+                                   output_file, torch_dtype)
 
 
 def add_parser(sub) -> None:
@@ -15,10 +15,11 @@ def add_parser(sub) -> None:
                        "nodes of the 'gdn' domain that TensorRT maps to the gdn plugins.")
     p.add_argument("checkpoint", help="folder with config.json and *.safetensors")
     p.add_argument("-o", "--output", required=True, help="path of the .onnx file to write")
-    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="precision of the exported graph")
+    add_dtype(p, "fp32", help="precision of the exported graph")
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX opset (default 24 for the inplace kv cache, 18 for concat)")
     add_layout_flags(p)
+    add_overwrite(p, "the .onnx file (and its .data sidecar)")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -54,15 +55,31 @@ def layout_from_args(args):
                              state_dtype=TORCH_DTYPE_NAMES[args.state_dtype])
 
 
+def _sidecar(output) -> Path:
+    from gdn_export.onnx.export import external_data_name
+
+    return Path(output).parent / external_data_name(output)
+
+
+def _export_bytes(checkpoint: str, dtype: str) -> int:
+    """The weights' size in the exported dtype (what the .onnx, or its .data sidecar, holds), once
+    the checkpoint's files, names, shapes and dtypes are checked (headers only)."""
+    from gdn_export.weights.loader import check_checkpoint
+
+    return check_checkpoint(checkpoint) * (4 if dtype == "fp32" else 2)
+
+
 def run(args) -> int:
     from gdn_export.onnx.export import check_export_target, export_onnx
     from gdn_export.weights import load_checkpoint
 
     layout = layout_from_args(args)
     # export_onnx checks the target too, but only after the (possibly minutes long) checkpoint load.
-    check_export_target(args.output, args.opset, layout)
-    if not Path(args.checkpoint).is_dir():
-        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    output = output_file(args.output, "-o", args, suffix=".onnx", also=(_sidecar(args.output),))
+    check_export_target(output, args.opset, layout)
+    checkpoint_dir(args.checkpoint)
+    output_file(output, "-o", args, also=(_sidecar(output),),
+                need_bytes=_export_bytes(args.checkpoint, args.dtype))
     progress = Progress("export", args.quiet)
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))

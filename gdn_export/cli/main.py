@@ -7,6 +7,7 @@ import logging
 import sys
 
 from gdn_export import __version__
+from gdn_export.cli.args import ArgumentParser
 from gdn_export.cli import bench, build, demo, export, make_tiny, run, validate
 from gdn_export.errors import GdnExportError
 
@@ -14,10 +15,12 @@ SUBCOMMANDS = (demo, make_tiny, export, build, run, validate, bench)
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="gdn-export",
-        description="Export hybrid Gated DeltaNet language models (Qwen3-Next, Qwen3.5) to ONNX and "
-        "TensorRT, run them, and check their numerical parity.",
+        description="Export hybrid Gated DeltaNet language models (Qwen3-Next, Qwen3.5 dense and MoE, "
+        "their VL checkpoints' language model, OLMo-Hybrid) to ONNX and TensorRT, run them, and "
+        "check their numerical parity. Every command that writes refuses an existing output unless "
+        "--overwrite is given, and checks its outputs before the work.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -27,8 +30,19 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser, command: str):
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the subcommand's parser, so that the line names the command
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help, --version, a usage error (one line, see ArgumentParser)
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="gdn-export: %(levelname)s: %(message)s")
     try:

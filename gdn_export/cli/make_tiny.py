@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_export.cli.common import check_at_least
-from gdn_export.errors import InputError
+from gdn_export.cli.common import add_overwrite, add_seed, check_at_least, output_dir
 
 # gdn_export.weights.tiny.FAMILIES, spelled out so that `--help` needs no torch import.
 FAMILIES = ("qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid")
@@ -16,12 +15,11 @@ def add_parser(sub) -> None:
                        description="Write a tiny random checkpoint of a model family, in the layout "
                        "Hugging Face uses, for tests and demos. Nothing is downloaded.")
     p.add_argument("directory", help="output folder (must not exist, or be empty, unless --overwrite)")
-    p.add_argument("--family", choices=FAMILIES, default="qwen3_5")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--family", choices=FAMILIES, default="qwen3_5", help="model family")
+    add_seed(p, "seed of the random weights")
     p.add_argument("--shards", type=int, default=1,
                    help="write N safetensors shards with an index (at most one per tensor)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace DIRECTORY if it holds a checkpoint (a config.json)")
+    add_overwrite(p, "DIRECTORY if it holds a checkpoint (a config.json)")
     p.set_defaults(handler=run)
 
 
@@ -31,13 +29,15 @@ def run(args) -> int:
     # make_tiny_checkpoint checks both too (the target, shards >= 1 and <= the tensor count);
     # these two spell the flags the way the user typed them.
     check_at_least(args.shards, 1, "--shards")
-    directory = Path(args.directory)
-    if not args.overwrite and directory.is_dir() and any(directory.iterdir()):
-        raise InputError(f"{directory}: exists and is not empty (pass --overwrite to replace it)")
+    directory = output_dir(args.directory, "", args, replaceable=_holds_checkpoint)
     path = make_tiny_checkpoint(directory, family=args.family, seed=args.seed, shards=args.shards,
                                 overwrite=args.overwrite)
     print(f"wrote {args.family} checkpoint to {path}")
     return 0
+
+
+def _holds_checkpoint(directory: Path) -> bool:
+    return (directory / "config.json").is_file()
 
 
 def check_target(directory: Path, overwrite: bool) -> None:

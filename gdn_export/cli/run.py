@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
-from gdn_export.cli.common import DTYPES, Progress, add_quiet, check_output_file, parse_input_ids
+from gdn_export.cli.common import (Progress, add_dtype, add_overwrite, add_plugins, add_quiet, output_file,
+                                   parse_input_ids)
 from gdn_export.cli.runners import BACKENDS, guess_backend, open_runner
 from gdn_export.errors import InputError
 
@@ -17,23 +14,27 @@ def add_parser(sub) -> None:
                        "state, conv state and KV cache kept by the backend. Prints one line per "
                        "row: the prompt's ids, then the generated ids.")
     p.add_argument("model", help="checkpoint folder (torch), .onnx (ort) or .engine (trt)")
-    p.add_argument("--backend", choices=BACKENDS, help="default: from the MODEL path")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="default: from the MODEL path (folder: torch, .onnx: ort, .engine: trt)")
     p.add_argument("--input-ids", action="append", default=[], metavar="ID,ID,...", required=True,
                    help="prompt token ids; repeat the flag for a batch (rows may differ in length)")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=16,
+                   help="tokens to generate per row; the states, the K/V cache and every step's "
+                   "logits are allocated up front and refused when they exceed the device's memory")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill long prompts in calls of at most N tokens per row (default: as many "
                    "as the cache allows; 4096 // batch with --device cuda)")
     p.add_argument("--save-logits", metavar="OUT.npz",
                    help="save generated [B, N], prompt_lengths [B] and the logits of every step: "
                    "step_0 = the prompt's ([B, 1, V] at each row's last prompt token, or [B, T, V] "
-                   "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V]")
-    p.add_argument("--dtype", choices=DTYPES, help="torch backend precision (default fp32; an "
-                   "exported model keeps the precision it was exported in)")
+                   "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V] (default: not saved)")
+    add_dtype(p, None, help="torch backend precision (default fp32; an exported model keeps the "
+              "precision it was exported in)")
     p.add_argument("--device", help="torch backend device (default cpu; cuda, cuda:1, ...)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="torch backend: implementation of the gdn ops (default reference)")
-    p.add_argument("--plugins", help="trt backend: path of libgdn_plugins.so")
+    add_plugins(p, "the trt backend")
+    add_overwrite(p, "the --save-logits file")
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -41,7 +42,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
+    from gdn_export.paths import atomic_file
     from gdn_export.runtime.base import as_prompts, check_generation_fits, generate
+    from gdn_export.runtime.memory import check_generation_memory
 
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -49,7 +52,7 @@ def run(args) -> int:
         raise InputError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     ids = parse_input_ids(args.input_ids)
     if args.save_logits:
-        check_output_file(args.save_logits, "--save-logits")
+        output_file(args.save_logits, "--save-logits", args)
     backend = args.backend or guess_backend(args.model)
     _check_flags_apply(args, backend)
     progress = Progress("run", args.quiet)
@@ -59,6 +62,12 @@ def run(args) -> int:
     # Checked before the progress line, so that an error stays the only line on stderr.
     prompts = as_prompts(ids, runner.vocab_size)
     check_generation_fits(runner.layout, prompts, args.max_new_tokens)
+    check_generation_memory(runner, prompts, args.max_new_tokens)
+    if args.save_logits:
+        from gdn_export.runtime.memory import generation_bytes
+
+        output_file(args.save_logits, "--save-logits", args,
+                    need_bytes=generation_bytes(runner, prompts, args.max_new_tokens)[1])
     lengths = sorted({len(p) for p in prompts})
     size = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}..{lengths[-1]}"
     progress(f"{runner.backend}: prefill {size} tokens x {len(prompts)} rows, then greedy decoding of "
@@ -67,16 +76,11 @@ def run(args) -> int:
     for row in result.rows():
         print(" ".join(str(int(t)) for t in row))
     if args.save_logits:
-        path = Path(args.save_logits)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent or ".")
-        os.close(fd)
-        try:
-            np.savez(tmp, generated=result.generated, prompt_lengths=result.prompt_lengths,
-                     **{f"step_{i}": lg for i, lg in enumerate(result.step_logits)})
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        progress(f"saved {len(result.step_logits)} steps of logits to {path}")
+        with atomic_file(args.save_logits, f"--save-logits {args.save_logits}") as tmp:
+            with open(tmp, "wb") as f:  # a file object: savez would add .npz to another name
+                np.savez(f, generated=result.generated, prompt_lengths=result.prompt_lengths,
+                         **{f"step_{i}": lg for i, lg in enumerate(result.step_logits)})
+        progress(f"saved {len(result.step_logits)} steps of logits to {args.save_logits}")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gdn_export.cli.common import torch_dtype
+from gdn_export.cli.common import checkpoint_dir, input_file, torch_dtype
 from gdn_export.errors import InputError
 
 BACKENDS = ("torch", "ort", "trt")
@@ -29,14 +29,18 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
     model's cache and outputs (default: the export default). A checkpoint on a CUDA device runs on
     GraphRunner (gdn_export.runtime.cuda_graph), elsewhere on TorchRunner."""
     backend = backend or guess_backend(path)
-    if not Path(path).exists():
-        raise InputError(f"{path}: no such file or folder")
+    if backend == "torch" and os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"--backend torch needs a checkpoint folder, got {path}")
+    if backend in ("ort", "trt") and os.path.isdir(path):
+        raise InputError(f"--backend {backend} needs a .onnx / .engine file, got the folder {path}")
+    if backend == "torch":
+        checkpoint_dir(path)
+    else:
+        input_file(path, {"ort": "ONNX file", "trt": "engine file"}.get(backend, "model file"))
     if backend == "torch":
         from gdn_export.runtime.torch_runner import TorchRunner
         from gdn_export.weights import load_checkpoint
 
-        if not Path(path).is_dir():
-            raise InputError(f"--backend torch needs a checkpoint folder, got {path}")
         check_device(device, op_backend)
         model = load_checkpoint(path, dtype=torch_dtype(dtype))
         if layout is not None:
@@ -47,8 +51,6 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
 
             return GraphRunner(model, device=device, op_backend=op_backend)
         return TorchRunner(model, device=device, op_backend=op_backend)
-    if backend in ("ort", "trt") and Path(path).is_dir():
-        raise InputError(f"--backend {backend} needs a .onnx / .engine file, got the folder {path}")
     if backend == "ort":
         from gdn_export.runtime.ort_runner import OrtRunner
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from gdn_export.cli.common import (DTYPES, TORCH_DTYPE_NAMES, Progress, add_quiet, add_tolerances,
-                                   check_output_file, parse_tolerances)
+from gdn_export.cli.common import (checkpoint_dir, input_file, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_plugins,
+                                   add_quiet, add_seed, add_tolerances, output_file, parse_tolerances)
 from gdn_export.cli.runners import check_device, open_runner
 from gdn_export.errors import InputError
 
@@ -18,23 +17,23 @@ def add_parser(sub) -> None:
                        "prompts (prefill, then forced decode steps), print max abs / rel error of "
                        "the logits and of every state, and exit 1 when any is over tolerance.")
     p.add_argument("checkpoint", help="folder with config.json and *.safetensors (the reference)")
-    p.add_argument("--onnx", help="exported model to run in ONNX Runtime")
-    p.add_argument("--engine", help="TensorRT engine to run (needs TensorRT and a supported GPU)")
-    p.add_argument("--plugins", help="path of libgdn_plugins.so for --engine")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="reference precision (default: the ONNX file's, else fp32)")
+    p.add_argument("--onnx", help="exported model to run in ONNX Runtime (default: none; give --onnx and/or --engine)")
+    p.add_argument("--engine", help="TensorRT engine to run (needs TensorRT and a supported GPU; default: none)")
+    add_plugins(p, "--engine")
+    add_dtype(p, None, help="reference precision (default: the ONNX file's, else fp32)")
     p.add_argument("--device", default="cpu", help="device of the PyTorch reference")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, default=37)
+    p.add_argument("--batch", type=int, default=2, help="prompt rows")
+    p.add_argument("--prompt-len", type=int, default=37, help="tokens of the longest prompt")
     p.add_argument("--decode-steps", type=int, default=4,
                    help="forced decode steps after the prefill (well past the window to check "
                    "streaming)")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed(p, "seed of the random prompts")
     p.add_argument("--equal-lengths", action="store_true",
                    help="give every row --prompt-len tokens (default with the inplace kv cache: "
                    "ragged rows from --prompt-len down to 1 token)")
-    p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
+    p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON (default: not written)")
     p.add_argument("--logits-only", action="store_true", help="print only the logits rows")
+    add_overwrite(p, "the --json file")
     add_tolerances(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -49,13 +48,15 @@ def run(args) -> int:
     # run_parity and write_json check these too, but only after the (slow) model loads.
     check_parity_sizes(args.batch, args.prompt_len, args.decode_steps, spelling=_FLAGS)
     if args.json:
-        check_output_file(args.json, "--json")
+        output_file(args.json, "--json", args)
     check_device(args.device)
     for flag, path in (("--onnx", args.onnx), ("--engine", args.engine)):
-        if path and not Path(path).is_file():
-            raise InputError(f"{flag} {path}: no such file")
-    if not Path(args.checkpoint).is_dir():
-        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+        if path:
+            input_file(path, "ONNX file" if flag == "--onnx" else "engine file")
+    checkpoint_dir(args.checkpoint)
+    from gdn_export.weights.loader import check_checkpoint
+
+    check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     parse_tolerances(args.atol, args.rtol, 0.0, 0.0)  # their syntax; the defaults need the dtype
     progress = Progress("validate", args.quiet)
     candidates = {}  # what the user gave -> runner

@@ -235,7 +235,7 @@ def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, cu_s
 
 # ---------------------------------------------------------------- fast entries (the public ops' eager path)
 # A decode step's kernel takes a few microseconds, less than the checked entries above spend in
-# Python (their checks, casts and copies: ~26 us a call on the H200's host, run 13). Where the inputs
+# Python (their checks, casts and copies: ~26 us a call on the H200's host). Where the inputs
 # need no cast, the extension's own checks (every shape, dtype, device and layout; extension.cpp)
 # stand in for the Python ones: the fast entries test dtypes only, call the extension, and return
 # None where the checked entry must run instead (a cast, or a problem the extension reported, which

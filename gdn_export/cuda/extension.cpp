@@ -24,7 +24,7 @@ namespace
 // Python instead of throwing (the public op's fast entry calls it with no Python checks in front).
 // The messages are built by `cat` below, not c10::str: on the H200 image (torch 2.11+cu130)
 // formatting a shape with c10's operator<< ended the process with a segmentation fault, thrown or
-// not (run 13, calls A and B).
+// not.
 
 void append(std::string& s, char const* x)
 {

@@ -13,11 +13,11 @@ from types import ModuleType
 from gdn_export.ops.causal_conv1d import onnx as causal_conv1d_onnx
 from gdn_export.ops.gated_delta_rule import onnx as gated_delta_rule_onnx
 from gdn_export.ops.moe import onnx as moe_onnx
+from gdn_export.ops.onnx_common import DOMAIN_VERSION  # noqa: F401  (the gdn domain's version)
 
 # Every op of the gdn domain, as its ONNX contract module.
 OP_MODULES: tuple[ModuleType, ...] = (gated_delta_rule_onnx, causal_conv1d_onnx, moe_onnx)
 DOMAIN = gated_delta_rule_onnx.ONNX_DOMAIN
-DOMAIN_VERSION = gated_delta_rule_onnx.DOMAIN_VERSION
 
 
 def register_schemas() -> None:

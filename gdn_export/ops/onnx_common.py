@@ -54,3 +54,56 @@ def register_once(name: str, domain: str, make_schema) -> None:
     """Register make_schema() with the `onnx` package once (checker, shape inference, onnxscript)."""
     if not onnx.defs.has(name, DOMAIN_VERSION, domain):
         onnx.defs.register_schema(make_schema())
+
+
+def make_op_schema(name: str, domain: str, doc: str, inputs, outputs, type_constraints, attributes,
+                   infer) -> onnx.defs.OpSchema:
+    """The OpSchema of one gdn node (version DOMAIN_VERSION) with shape inference `infer`.
+
+    inputs / outputs: (name, type string, description) each; type_constraints as OpSchema takes
+    them; attributes: (name, OpSchema.AttrType, description) of the op's own fields, after which
+    the two plugin-identity strings every gdn node carries are added."""
+    P = onnx.defs.OpSchema.FormalParameter
+    A = onnx.defs.OpSchema.Attribute
+    string = onnx.defs.OpSchema.AttrType.STRING
+    schema = onnx.defs.OpSchema(
+        name, domain, DOMAIN_VERSION, doc,
+        inputs=[P(*i) for i in inputs], outputs=[P(*o) for o in outputs],
+        type_constraints=type_constraints,
+        attributes=[A(ATTR_PLUGIN_VERSION, string, "TensorRT plugin version"),
+                    A(ATTR_PLUGIN_NAMESPACE, string, "TensorRT plugin namespace"),
+                    *(A(*a) for a in attributes)],
+    )
+    schema.set_type_and_shape_inference_function(infer)
+    return schema
+
+
+def plugin_node(name: str, domain: str, version: str, namespace: str, *inputs, **fields):
+    """One gdn node in an onnxscript translation: `name` of `domain` on `inputs`, with the plugin
+    identity (version, namespace) and the op's own attribute `fields`; returns its outputs."""
+    import onnxscript
+
+    opset = onnxscript.values.Opset(domain, DOMAIN_VERSION)
+    return getattr(opset, name)(*inputs, plugin_version=version, plugin_namespace=namespace, **fields)
+
+
+def function_text(template: str, *, domain: str, opset: int, name: str, fields, inputs, outputs,
+                  **values) -> str:
+    """A reference function's ONNX text: `template` with its header filled in (domain, default
+    opset, name, the attributes: the op's `fields` and the plugin identity, inputs, outputs) and
+    the op's own `values`."""
+    return template.format(domain=domain, opset=opset, name=name,
+                           attrs=", ".join((*fields, ATTR_PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE)),
+                           inputs=", ".join(inputs), outputs=", ".join(outputs), **values)
+
+
+def unshape_loop_values(fn: onnx.FunctionProto, keep: set[str]) -> onnx.FunctionProto:
+    """The text format writes a Loop body's `float x` as a scalar: clear the shapes of its inputs
+    and outputs, all but `keep` (the iteration counter and condition)."""
+    for node in fn.node:
+        if node.op_type == "Loop":
+            graph = node.attribute[0].g
+            for value in list(graph.input) + list(graph.output):
+                if value.name not in keep:
+                    value.type.tensor_type.ClearField("shape")
+    return fn

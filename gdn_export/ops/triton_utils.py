@@ -55,7 +55,7 @@ def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:
 
     Only for head dims that are multiples of 64, the shapes the H200 test grid verified: with
     Dv = 16 or 24 Triton 3.6 computed u wrong and a 32-column state block past Dv = 16 faulted
-    (run 5, docs/perf/LOG.md). Other dims take the fp32-operand path (slower, same math)."""
+    (H200, Triton 3.6). Other dims take the fp32-operand path (slower, same math)."""
     return dtype != torch.float32 and Dk % 64 == 0 and Dv % 64 == 0
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from gdn_export.errors import InputError
 from gdn_export.layout import DeployLayout
 from gdn_export.modules.kv_cache import tokens_until_wrap
+from gdn_export.runtime.memory import check_generation_memory
 
 BATCH, PAST = "batch", "past"
 
@@ -269,6 +270,7 @@ def generate(runner: Runner, input_ids, max_new_tokens: int,
     if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or prefill_chunk < 1):
         raise InputError(f"prefill chunk must be an integer >= 1, got {prefill_chunk!r}")
     check_generation_fits(runner.layout, prompts, max_new_tokens)
+    check_generation_memory(runner, prompts, max_new_tokens)  # the cache is allocated whole, now
     lens = np.array([len(p) for p in prompts], np.int64)
     layout = runner.layout
     batch = len(prompts)

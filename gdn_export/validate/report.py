@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from gdn_export.errors import GdnExportError
+from gdn_export.paths import atomic_file, check_output_file
 from gdn_export.validate.compare import Report
 
 
@@ -48,14 +48,6 @@ def write_json(report: Report, path: str | os.PathLike) -> None:
         raise GdnExportError(f"{path.parent}: folder for the JSON report does not exist")
     if path.is_dir():
         raise GdnExportError(f"{path}: is a folder, not a file name for the JSON report")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as exc:
-        raise GdnExportError(f"{path.parent}: cannot write the JSON report there ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(report.to_dict(), f, indent=2, allow_nan=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    check_output_file(path, f"JSON report {path}", overwrite=True)
+    with atomic_file(path, f"JSON report {path}") as tmp:
+        tmp.write_text(json.dumps(report.to_dict(), indent=2, allow_nan=True), encoding="utf-8")

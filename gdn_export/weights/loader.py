@@ -9,6 +9,9 @@ Memory: each module tensor is built once, in the target dtype, and handed to the
 (`load_state_dict(assign=True)` on a meta-device model): the model holds the only copy. Per-expert
 tensors are written one at a time into their layer's preallocated stacked tensor.
 
+Stored dtypes: floats only (gdn_export.weights.dtypes: F32 / F16 / BF16 / F64); an integer or FP8
+tensor is refused by name before any data is read.
+
 dtype: every tensor is converted to the requested dtype (default: the checkpoint's torch_dtype),
 A_log, dt_bias and norm weights included, which is what transformers does when it loads in that
 dtype (these models keep no module in fp32). The decay g and the RMSNorms still compute in fp32.
@@ -18,6 +21,7 @@ With tie_word_embeddings, lm_head shares model.embed_tokens.weight (a stored lm_
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -28,7 +32,8 @@ from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
 from gdn_export.weights.mapping import report
-from gdn_export.weights.reader import CheckpointReader
+from gdn_export.weights.dtypes import allowed_dtypes, check_tensor_dtypes
+from gdn_export.weights.reader import CheckpointReader, check_readable
 
 log = logging.getLogger("gdn_export.weights")
 FAMILIES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5,
@@ -49,6 +54,44 @@ def _dtype(dtype: torch.dtype | str | None, config: HybridConfig) -> torch.dtype
     return dtype
 
 
+def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, expected: dict):
+    """The family's plan for this checkpoint, names, shapes and stored dtypes checked (headers only)."""
+    shapes = dict(reader.shapes)
+    if config.tie_word_embeddings:
+        # transformers ties over a stored lm_head; do the same, quietly.
+        shapes.pop(LM_HEAD, None)
+    plan = FAMILIES[config.family].plan(shapes, expected, config)
+    report(plan, str(directory))
+    used = {key for source in plan.sources.values() for key in source.keys}
+    check_tensor_dtypes({k: reader.dtypes[k] for k in used}, allowed_dtypes(config), str(directory))
+    return plan
+
+
+def _expected(config: HybridConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        model = HybridForCausalLM(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop(LM_HEAD)
+    return expected
+
+
+def check_checkpoint(directory: str | Path) -> int:
+    """What `load_checkpoint` checks before it reads any tensor data (the folder and its files
+    readable, config.json, every tensor's name, shape and stored dtype), as a CheckpointError, for
+    commands that must fail before their slow part. Returns the number of weight elements."""
+    directory = Path(directory)
+    logging.disable(logging.WARNING)  # load_checkpoint says its warnings once, later
+    try:
+        check_readable(directory, "checkpoint directory", folder=True)
+        config = read_config(directory / "config.json")
+        with CheckpointReader(directory) as reader:
+            _plan(directory, reader, config, _expected(config))
+            return sum(math.prod(shape) for shape in reader.shapes.values())
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def load_checkpoint(
     directory: str | Path,
     dtype: torch.dtype | str | None = None,
@@ -56,11 +99,9 @@ def load_checkpoint(
 ) -> HybridForCausalLM:
     """Build the model of `directory` (config.json + safetensors) in eval mode on `device`."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: checkpoint directory not found")
+    check_readable(directory, "checkpoint directory", folder=True)
     config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
-    family = FAMILIES[config.family]
 
     with torch.device("meta"):
         model = HybridForCausalLM(config)
@@ -69,13 +110,7 @@ def load_checkpoint(
         expected.pop(LM_HEAD)
 
     with CheckpointReader(directory) as reader:
-        shapes = dict(reader.shapes)
-        if config.tie_word_embeddings:
-            # transformers ties over a stored lm_head; do the same, quietly.
-            for key in [k for k in shapes if k == LM_HEAD]:
-                shapes.pop(key)
-        plan = family.plan(shapes, expected, config)
-        report(plan, str(directory))
+        plan = _plan(directory, reader, config, expected)
         state = {}
         cache: dict[str, torch.Tensor] = {}
 

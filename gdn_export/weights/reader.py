@@ -18,6 +18,8 @@ import torch
 from safetensors import safe_open
 
 from gdn_export.errors import CheckpointError
+from gdn_export.paths import check_readable as _check_readable
+from gdn_export.paths import os_reason
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -28,6 +30,22 @@ _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything is at `path`; a permission problem on the way is named, not read as "no"."""
+    try:
+        path.stat()
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot look at it ({os_reason(exc)})") from None
+
+
+def check_readable(path: Path, what: str, folder: bool = False) -> None:
+    """gdn_export.paths.check_readable raising CheckpointError."""
+    _check_readable(path, what, folder=folder, error=CheckpointError)
 
 
 class CheckpointReader:
@@ -41,6 +59,7 @@ class CheckpointReader:
         self._stack = ExitStack()
         self._handles: dict[Path, object] = {}
         self.files: dict[str, Path] = {}  # tensor name -> file
+        self.dtypes: dict[str, str] = {}  # tensor name -> safetensors dtype name ("BF16", "I8", ...)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self._headers: dict[Path, tuple[int, dict]] = {}  # file -> (data start, header)
         try:
@@ -51,8 +70,7 @@ class CheckpointReader:
 
     def _open(self, path: Path):
         if path not in self._handles:
-            if not path.is_file():
-                raise CheckpointError(f"{path}: safetensors file not found")
+            check_readable(path, "safetensors file")
             try:
                 self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
             except Exception as exc:  # safetensors raises its own error types for a bad header
@@ -61,7 +79,9 @@ class CheckpointReader:
 
     def _index(self) -> None:
         single, index = self.directory / SINGLE_FILE, self.directory / INDEX_FILE
-        if index.is_file():
+        check_readable(self.directory, "checkpoint directory", folder=True)
+        if _exists(index):
+            check_readable(index, "safetensors index")
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
                 if not isinstance(weight_map, dict):
@@ -79,7 +99,7 @@ class CheckpointReader:
                     if name not in present:
                         raise CheckpointError(f"{path}: tensor {name} listed in {INDEX_FILE} is not in the file")
                     self._add(name, path, handle)
-        elif single.is_file():
+        elif _exists(single):
             handle = self._open(single)
             for name in handle.keys():
                 self._add(name, single, handle)
@@ -90,11 +110,13 @@ class CheckpointReader:
 
     def _add(self, name: str, path: Path, handle) -> None:
         try:
-            shape = tuple(handle.get_slice(name).get_shape())
+            piece = handle.get_slice(name)
+            shape, dtype = tuple(piece.get_shape()), str(piece.get_dtype())
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
         self.files[name] = path
         self.shapes[name] = shape
+        self.dtypes[name] = dtype
 
     def get(self, name: str) -> torch.Tensor:
         """Tensor `name` on the CPU, in its stored dtype."""

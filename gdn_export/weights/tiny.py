@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
+from gdn_export.paths import file_mode, make_dir_mode_usual
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
@@ -226,6 +227,7 @@ def make_tiny_checkpoint(
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        make_dir_mode_usual(tmp)  # mkdtemp makes it 0700
     except OSError as exc:
         raise CheckpointError(f"{directory}: cannot create it ({exc.strerror})") from None
     try:
@@ -242,6 +244,8 @@ def make_tiny_checkpoint(
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        for f in tmp.iterdir():
+            f.chmod(file_mode())  # safetensors writes 0600
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old.{os.getpid()}")
             os.replace(directory, old)

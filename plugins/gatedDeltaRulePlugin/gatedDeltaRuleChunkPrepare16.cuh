@@ -2,8 +2,8 @@
  * The chunk-local half of the chunked prefill for 16-bit inputs (fp16 / bf16) on mma.sync:
  * gatedDeltaRulePrepare16Kernel. The same products, splits, workspace layout and precision as
  * gatedDeltaRulePrepareKernel (gatedDeltaRuleChunk.cuh, which stays for fp32 inputs; only the order
- * of some fp32 sums differs), in half the instructions (benchmarks/sass_phases.py): wmma there loaded its fragments through generic addresses and transposed the row-
- * major B operands with extra moves (about half the kernel's instructions, run 14's counters showed
+ * of some fp32 sums differs), in half the instructions (benchmarks/investigations/sass_phases.py): wmma there loaded its fragments through generic addresses and transposed the row-
+ * major B operands with extra moves (about half the kernel's instructions; its H200 counters showed
  * it instruction-bound), staged every result through shared memory and rebuilt the inverse as two
  * 16-bit tiles per product. Here, one block per (chunk, value head), 8 warps:
  *

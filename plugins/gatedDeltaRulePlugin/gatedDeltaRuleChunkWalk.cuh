@@ -35,7 +35,7 @@
  * A warp's chain of products per chunk is about halved (222 mma.sync instead of 444 at Dk 128) for
  * 8 KB of exchange a warp and one more barrier, and the grid has twice the blocks (32 columns
  * each): the launcher takes it where the 64-column grid leaves half the multiprocessors idle (one
- * long sequence at few heads; H200 run 15: 1 x 16K tokens at Hv 32, walk 0.97 -> 0.83 ms).
+ * long sequence at few heads; H200: 1 x 16K tokens at Hv 32, walk 0.97 -> 0.83 ms).
  */
 #pragma once
 

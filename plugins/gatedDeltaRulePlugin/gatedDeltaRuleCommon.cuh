@@ -219,7 +219,7 @@ __device__ __forceinline__ void mmaTile(AccFragT<T>& acc, T const* a, int32_t ld
         {
             // 3xTF32: a b = a_hi b_hi + a_hi b_lo + a_lo b_hi (+ a_lo b_lo, below fp32 rounding). One
             // TF32 product keeps 10 mantissa bits, which put a whole tiny fp32 model over its 2e-3
-            // bound on model-shaped keys (run 4); fp32 inputs ask for fp32 results.
+            // bound on model-shaped keys (H200); fp32 inputs ask for fp32 results.
             decltype(fa) faLo;
             decltype(fb) fbLo;
             splitTf32(fa, faLo);

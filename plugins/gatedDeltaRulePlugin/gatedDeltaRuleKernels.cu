@@ -188,12 +188,12 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
     {
         if (p.seqLen == 1 && p.cuSeqlens == nullptr)
         {
-            // Tile by grid size (H200, runs 11 and 14, benchmarks/cuda/decode16_tiles.cu; 64-column
+            // Tile by grid size (H200, benchmarks/investigations/cuda/decode16_tiles.cu; 64-column
             // tiles per multiprocessor at Hv = 32, Dv = 128: B = 1 is 0.5, B = 8 is 3.9): a grid of
             // half a tile per multiprocessor finishes soonest with 4 warps on 32 columns (3.3 us at
             // B = 1, 2 warps 3.9); up to 4 tiles each, 2 warps on 32 columns (5.5 vs 6.0 us at B = 4,
             // 7.8 vs 8.1 at 8); beyond, 4 warps on 64 columns with registers capped for 8 resident
-            // blocks (run 14, with the reduction on the tensor cores: 41.7 vs 44.0 us for 2 warps at
+            // blocks (with the reduction on the tensor cores: 41.7 vs 44.0 us for 2 warps at
             // B = 64, 23.3 vs 26.1 at 32, 282 vs 281 at 512; 10 blocks spill and are slower).
             int64_t const sms = multiprocessors();
             int64_t const tiles64 = static_cast<int64_t>((p.valueDim + 63) / 64) * p.numValueHeads * numSequences(p);
@@ -403,13 +403,13 @@ int32_t walkResidents()
 }
 
 //! The walk on kNW warps: double-buffered, unless a batch of equal sequences needs more than one
-//! wave of it and the single-buffered block fits more often per multiprocessor (H200, run 13, 4
+//! wave of it and the single-buffered block fits more often per multiprocessor (H200, 4
 //! warps: 186 KB double-buffered is one block a multiprocessor, 99 KB single-buffered two; 8 x 8K
 //! tokens at Hv 48 (768 blocks) 2.88 -> 2.47 ms single-buffered, 1 x 16K at Hv 32 (64 blocks) 0.97
 //! double-buffered against 1.01), or the double-buffered block does not fit (99 KB / 163 KB GPUs).
 //! Packed sequences stay double-buffered: the longest one bounds the walk, and a block that shares
 //! its multiprocessor runs slower (a ragged pack of 1 to 12000 tokens took 1.97 ms single-buffered,
-//! 1.81 double-buffered in run 12).
+//! 1.81 double-buffered, H200).
 //! 1 and 2 warps only single-buffered: the 4-warp block fits wherever they do (99 KB at Dk 128), so
 //! they run only when pinned (tests, benchmarks), and each variant costs build time.
 //! Unpinned (split), a grid of 4-warp blocks that covers at most half the multiprocessors runs the
@@ -446,7 +446,7 @@ cudaError_t launchWalkWidth(
 
 //! The mma.sync walk (16-bit inputs), or cudaErrorNotSupported where it does not fit (the caller
 //! then runs the wmma walk). Unpinned: the widest block that fits (launchWalkWidth picks its
-//! buffering); 4 warps on the H200 (run 12: fastest on every shape class, even where the grid then
+//! buffering); 4 warps on the H200 (fastest on every shape class, even where the grid then
 //! covers only half the multiprocessors, 1 x 16K tokens at Hv 32: 0.98 ms against 1.05 on 2 warps
 //! and 2.56 on 1: the block's warps share the chunk's loads); single-buffered 4 warps with 99 KB
 //! (sm_86 / 89 / 120) or 163 KB (A100) of shared memory, where the double-buffered block does not fit.

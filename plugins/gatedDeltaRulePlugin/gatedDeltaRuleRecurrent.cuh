@@ -324,8 +324,11 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
     }
 }
 
-//! For the 16-bit decode kernel below (the recurrent kernel keeps these steps inline: as shared
-//! functions they cost it register spills, measured with ptxas -v). The per-token vectors of one (token, value head), in shared memory, from two warps: warp 0 loads
+//! For the 16-bit decode kernel below. gatedDeltaRuleRecurrentKernel repeats these steps inline on
+//! purpose: calling this function there (forceinline, by reference or by value, with the kernel's
+//! pointers and dims passed in) makes its sm_90 build of the fp32-state Dk = 128 decode spill (64
+//! registers, 0 -> 20 bytes of spill stores and 72 of loads per thread, ptxas -v, CUDA 13.0).
+//! The per-token vectors of one (token, value head), in shared memory, from two warps: warp 0 loads
 //! q and k of key head kh, L2-normalises them (when asked) and stores q~ = scale q, k and the
 //! scalars exp(g), beta, q~ . k; warp 1 loads the block's kBV columns of v.
 template <typename T, int32_t kDK, int32_t kBV>
@@ -438,8 +441,8 @@ __device__ __forceinline__ uint32_t narrowPair16(float lo, float hi)
 //! The reduction S^T [k~ q~] runs on the tensor cores: the tile as the 16-bit A operand, exact,
 //! against k~ and q~ each split into three 16-bit parts (hi + mid + lo carry fp32's mantissa), fp32
 //! accumulation; the update widens the tile to fp32 (exact) on the CUDA cores. On the CUDA cores
-//! the reduction was half the kernel's instructions (run 14: 42.6 us at B = 64, Hv 32, where the
-//! same grid moving its tiles without arithmetic takes 37.3). (Measured on the H200, run 8: a
+//! the reduction was half the kernel's instructions (H200: 42.6 us at B = 64, Hv 32, where the
+//! same grid moving its tiles without arithmetic takes 37.3). (Measured on the H200: a
 //! second, prefetched state buffer per block, or stages of rows waited for one by one, were slower
 //! or no faster: the bytes in flight bound the loads.)
 template <int32_t kDK, int32_t kBV_ = 64, int32_t kNW_ = 4, int32_t kMIN_BLOCKS_ = 1>

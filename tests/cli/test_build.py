@@ -9,7 +9,7 @@ import pytest
     ("{tmp}/missing.onnx", ["--plugins", "{tmp}/lib.so"], "missing.onnx: no such ONNX file"),
     ("{onnx}", ["--plugins", "{tmp}/nowhere/libgdn_plugins.so"], "plugin library not found: "),
     ("{onnx}", ["--plugins", "{tmp}"], "plugin library not found: {tmp}/libgdn_plugins.so (--plugins)"),
-    ("{onnx}", ["-o", "{tmp}/no/m.engine"], "output folder does not exist"),
+    ("{onnx}", ["-o", "{tmp}/no/m.engine"], "folder {tmp}/no does not exist"),
     ("{onnx}", ["--workspace", "0"], "--workspace (MiB) must be >= 1, got 0"),
     ("{onnx}", ["--trt-min-shapes", "input_ids[1,1]"],
      "--trt-min-shapes: 'input_ids[1,1]' is not NAME:[d0,d1,...]"),

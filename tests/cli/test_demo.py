@@ -9,7 +9,7 @@ import pytest
 @pytest.mark.parametrize("keep,fragment", [
     ("a-file", "a-file is a file, not a folder"),
     ("a-file/sub", "a-file is a file, not a folder"),
-    ("taken", "taken/tiny-qwen3_5: holds no config.json"),
+    ("taken", "taken/tiny-qwen3_5: exists and is not empty (pass --overwrite"),
 ], ids=["keep-is-a-file", "keep-under-a-file", "someone-elses-folder-in-the-way"])
 def test_keep_target_in_the_way(cli, tmp_path, keep, fragment):
     (tmp_path / "a-file").write_text("x")

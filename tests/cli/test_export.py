@@ -109,7 +109,7 @@ def test_late_failure_leaves_the_old_file_and_no_temp(cli, tmp_path, tiny_ckpt, 
 
     monkeypatch.setattr(export_module, "_verify", reject)
     (tmp_path / "m.onnx").write_bytes(b"the previous export")
-    message = cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "-q").error_line("export")
+    message = cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "-q", "--overwrite").error_line("export")
     assert message == "injected checker failure"
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
     assert (tmp_path / "m.onnx").read_bytes() == b"the previous export"

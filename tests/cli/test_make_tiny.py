@@ -58,7 +58,7 @@ def test_empty_folder_is_fine(cli, tmp_path):
 
 
 @pytest.mark.parametrize("target,args,fragment", [
-    ("a-file", [], "exists and is not a folder"),
+    ("a-file", [], "is a file, not a folder"),
     ("a-file/sub", [], "a-file is a file, not a folder"),
     ("ckpt", ["--shards", "0"], "--shards must be >= 1, got 0"),
 ], ids=["target-is-a-file", "parent-is-a-file", "zero-shards"])

@@ -60,7 +60,7 @@ def test_stdout_is_the_token_table(cli, tiny_onnx, both_backends):
 
 
 def test_zero_new_tokens_prints_the_prompt(cli, tiny_onnx, tmp_path):
-    result = cli("run", tiny_onnx, "--input-ids", "1 2 3", "--max-new-tokens", 0, "-q",
+    result = cli("run", tiny_onnx, "--input-ids", "1,2,3", "--max-new-tokens", 0, "-q",
                  "--save-logits", tmp_path / "l.npz")
     assert result.code == 0 and result.out == "1 2 3\n"
     saved = np.load(tmp_path / "l.npz")
@@ -69,15 +69,15 @@ def test_zero_new_tokens_prints_the_prompt(cli, tiny_onnx, tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--input-ids", ""], "--input-ids is empty"),
-    (["--input-ids", ","], "--input-ids is empty"),
+    (["--input-ids", ""], "--input-ids '' is empty"),
+    (["--input-ids", ","], "--input-ids ',' is empty"),
     (["--input-ids", "1,x,3"], "--input-ids '1,x,3': token ids must be integers"),
     (["--input-ids", "1.5"], "token ids must be integers, got '1.5'"),
     (["--input-ids", "1_0"], "token ids must be integers, got '1_0'"),
     (["--input-ids", "2,\uff11"], "token ids must be integers, got '\uff11'"),
     (["--input-ids", "99999999999999999999"], "token id 99999999999999999999 is out of range"),
     (["--input-ids", "1,256"], "token id 256 is out of range for vocab size 256 (0 .. 255)"),
-    (["--input-ids", "-1"], "token id -1 is out of range"),
+    (["--input-ids", "-1"], "token ids must be >= 0, got '-1'"),
     (["--input-ids", "1", "--max-new-tokens", "4100"], "needs 4100 cache slots; the model has 4096"),
     (["--input-ids", "1", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1, got 0"),
     (["--input-ids", "1", "--max-new-tokens", "-1"], "--max-new-tokens must be >= 0, got -1"),
@@ -94,7 +94,7 @@ def test_bad_prompt_or_flag(cli, tiny_onnx, args, fragment):
 @pytest.mark.parametrize("model,args,fragment", [
     ("{tmp}/model.bin", [], "cannot tell the backend"),
     ("{onnx}", ["--backend", "torch"], "--backend torch needs a checkpoint folder"),
-    ("{tmp}/gone.onnx", [], "no such file or folder"),
+    ("{tmp}/gone.onnx", [], "gone.onnx: no such ONNX file"),
     ("{ckpt}", ["--device", "nonsense"], "--device 'nonsense' is not a torch device"),
     ("{ckpt}", ["--op-backend", "cuda"], "--op-backend cuda needs --device cuda"),
     ("{ckpt}", ["--backend", "ort"], "--backend ort needs a .onnx / .engine file, got the folder"),

@@ -77,8 +77,8 @@ def test_parse_tolerances_rejects(atol, fragment):
     (["--onnx", "{onnx}", "--decode-steps", "-1"], "--decode-steps must be >= 0, got -1"),
     (["--onnx", "{onnx}", "--batch", "0"], "--batch must be >= 1, got 0"),
     (["--onnx", "{onnx}", "--json", "{tmp}/no/r.json"], "does not exist"),
-    (["--onnx", "{tmp}/gone.onnx"], "--onnx {tmp}/gone.onnx: no such file"),
-    (["--onnx", "{onnx}", "--engine", "{tmp}/gone.engine"], "--engine {tmp}/gone.engine: no such file"),
+    (["--onnx", "{tmp}/gone.onnx"], "{tmp}/gone.onnx: no such ONNX file"),
+    (["--onnx", "{onnx}", "--engine", "{tmp}/gone.engine"], "{tmp}/gone.engine: no such engine file"),
 ], ids=["no-target", "bad-atol", "negative-decode-steps", "zero-batch", "json-folder-missing",
         "missing-onnx", "missing-engine"])
 def test_mistakes_exit_2_before_running(cli, tmp_path, tiny_ckpt, tiny_onnx, args, fragment):

@@ -152,8 +152,8 @@ def test_backend_entry_point_and_fresh_outputs():
 def test_extension_names_problems_without_raising():
     """The extension names each bad input's problem and returns it rather than raising (the op's fast
     entries rely on these checks). Its failing checks had ended the process with a segmentation
-    fault on the H200 image since 2026-11-30: c10's operator<< formatting a shape (run 13, calls A
-    and B); the messages are now built without it."""
+    fault on the H200 image since 2026-11-30: c10's operator<< formatting a shape (torch 2.11+cu130); the
+    messages are now built without it."""
     x = _inputs(1, 4, 2, 2, 64, 64, torch.float32)
     bad = {"initial_state": x["initial_state"][:, :1].contiguous(), "g": x["g"].half(),
            "q": x["q"].transpose(1, 2).contiguous().transpose(1, 2), "beta": x["beta"].cpu(),

@@ -15,7 +15,7 @@ SOURCES = [
     PLUGINS / "causalConv1dPlugin" / "causalConv1dKernels.cu",
     PLUGINS / "moePlugin" / "moeKernels.cu",
     # the decode16 tile study (a device-only benchmark): it instantiates tiles the launcher does not
-    PLUGINS.parent / "benchmarks" / "cuda" / "decode16_tiles.cu",
+    PLUGINS.parent / "benchmarks" / "investigations" / "cuda" / "decode16_tiles.cu",
 ]
 ARCHS = ["80", "90"]
 

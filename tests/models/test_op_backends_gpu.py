@@ -5,7 +5,7 @@ states must agree within the fp32 kernel bound (relative RMS 2e-3).
 
 bf16 / fp16: a half-precision tensor-core kernel must round its dot operands, and on these tiny
 models rounding just the L2-normalised q and k to bf16 already moves the logits by 1.1-1.3%
-relative RMS (benchmarks/precision_floor.py), over the 1e-2 op bound, while the bf16 model on exact
+relative RMS (benchmarks/investigations/precision_floor.py), over the 1e-2 op bound, while the bf16 model on exact
 fp32 ops is itself 1.4-1.7% away from the fp32 model. So in half precision, logits within the op
 bound of the reference ops pass; beyond it, both backends are measured against the fp32 model on the
 reference ops (the truth), and the fast backend may not be more than 1.5x farther from it than the

@@ -31,8 +31,9 @@ from gdn_export.ops.causal_conv1d import (
     PLUGIN_NAMESPACE,
     PLUGIN_VERSION,
 )
-from gdn_export.ops.onnx_common import (ACTIVATION_TYPES as _ACTIVATION_TYPES, ATTR_PLUGIN_NAMESPACE,
-                                        ATTR_PLUGIN_VERSION, DOMAIN_VERSION, node_attributes, register_once)
+from gdn_export.ops.onnx_common import ACTIVATION_TYPES as _ACTIVATION_TYPES
+from gdn_export.ops.onnx_common import (function_text, make_op_schema, node_attributes, plugin_node,
+                                        register_once)
 from gdn_export.ops.onnx_common import dim as _dim
 from gdn_export.ops.onnx_common import rank as _rank
 from gdn_export.ops.onnx_common import static as _static
@@ -76,27 +77,17 @@ def _infer(ctx) -> None:
 
 def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.CausalConv1d (version DOMAIN_VERSION), with shape inference."""
-    P = onnx.defs.OpSchema.FormalParameter
-    A = onnx.defs.OpSchema.Attribute
     shapes = dict(zip(INPUT_NAMES, ("[B, T, C]", "[C, K]", "[C]", "[B, C, K-1]", "[B] real tokens per row")))
-    schema = onnx.defs.OpSchema(
-        PLUGIN_NAME,
-        ONNX_DOMAIN,
-        DOMAIN_VERSION,
-        "Depthwise causal conv1d with a rolling state (see gdn_export.ops.causal_conv1d).",
-        inputs=[P(n, "I" if n == "seq_lens" else "T", shapes[n]) for n in INPUT_NAMES],
-        outputs=[P(OUTPUT_NAMES[0], "T", "[B, T, C]"), P(OUTPUT_NAMES[1], "T", "[B, C, K-1]")],
+    return make_op_schema(
+        PLUGIN_NAME, ONNX_DOMAIN, "Depthwise causal conv1d with a rolling state (see gdn_export.ops.causal_conv1d).",
+        inputs=[(n, "I" if n == "seq_lens" else "T", shapes[n]) for n in INPUT_NAMES],
+        outputs=[(OUTPUT_NAMES[0], "T", "[B, T, C]"), (OUTPUT_NAMES[1], "T", "[B, C, K-1]")],
         type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
                           ("I", ["tensor(int32)"], "row lengths")],
-        attributes=[
-            A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
-            A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
-            A(FIELD_ACTIVATION, onnx.defs.OpSchema.AttrType.INT,
-              f"{ACTIVATION_NONE} none, {ACTIVATION_SILU} SiLU"),
-        ],
+        attributes=[(FIELD_ACTIVATION, onnx.defs.OpSchema.AttrType.INT,
+                     f"{ACTIVATION_NONE} none, {ACTIVATION_SILU} SiLU")],
+        infer=_infer,
     )
-    schema.set_type_and_shape_inference_function(_infer)
-    return schema
 
 
 def register_schema() -> None:
@@ -113,11 +104,9 @@ def translation(x, weight, bias, conv_state, silu, seq_lens=None):
     Emits one gdn.CausalConv1d node; None bias / conv_state become zeros in x's dtype, None seq_lens
     becomes T for every row ([B] int32).
     """
-    import onnxscript
     from onnxscript import opset18 as op
 
     register_schema()
-    gdn = onnxscript.values.Opset(ONNX_DOMAIN, DOMAIN_VERSION)
     # Zeros as a scalar in x's dtype expanded to the shape: ConstantOfShape would be folded by
     # the exporter's optimizer into a bfloat16 ConstantOfShape, which opsets < 20 reject.
     zero = op.CastLike(op.Constant(value_float=0.0), x)
@@ -138,13 +127,9 @@ def translation(x, weight, bias, conv_state, silu, seq_lens=None):
     weight, bias, conv_state = (
         t if t.dtype == x.dtype else op.CastLike(t, x) for t in (weight, bias, conv_state)
     )
-    y, new_state = getattr(gdn, PLUGIN_NAME)(
-        x, weight, bias, conv_state, seq_lens,
-        plugin_version=PLUGIN_VERSION,
-        plugin_namespace=PLUGIN_NAMESPACE,
-        activation=ACTIVATION_SILU if silu else ACTIVATION_NONE,
-    )
-    return y, new_state
+    return plugin_node(PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, PLUGIN_NAMESPACE,
+                       x, weight, bias, conv_state, seq_lens,
+                       activation=ACTIVATION_SILU if silu else ACTIVATION_NONE)
 
 
 def torch_target():
@@ -227,10 +212,8 @@ _FUNCTION_TEXT = """
 
 def function_proto(opset: int) -> onnx.FunctionProto:
     """gdn.CausalConv1d in standard ONNX (default domain version `opset`), for ONNX Runtime."""
-    text = _FUNCTION_TEXT.format(
-        domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
-        attrs=", ".join((FIELD_ACTIVATION, ATTR_PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE)),
-        inputs=", ".join(INPUT_NAMES), outputs=", ".join(OUTPUT_NAMES),
+    return onnx.parser.parse_function(function_text(
+        _FUNCTION_TEXT, domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME, fields=(FIELD_ACTIVATION,),
+        inputs=INPUT_NAMES, outputs=OUTPUT_NAMES,
         y=OUTPUT_NAMES[0], state=OUTPUT_NAMES[1], actattr=FIELD_ACTIVATION, silu=ACTIVATION_SILU,
-    )
-    return onnx.parser.parse_function(text)
+    ))

@@ -33,8 +33,9 @@ from gdn_export.ops.gated_delta_rule import (
     PLUGIN_VERSION,
 )
 from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
-from gdn_export.ops.onnx_common import (ACTIVATION_TYPES as _ACTIVATION_TYPES, ATTR_PLUGIN_NAMESPACE,
-                                        ATTR_PLUGIN_VERSION, DOMAIN_VERSION, node_attributes, register_once)
+from gdn_export.ops.onnx_common import ACTIVATION_TYPES as _ACTIVATION_TYPES
+from gdn_export.ops.onnx_common import (function_text, make_op_schema, node_attributes, plugin_node,
+                                        register_once, unshape_loop_values)
 from gdn_export.ops.onnx_common import dim as _dim
 from gdn_export.ops.onnx_common import rank as _rank
 from gdn_export.ops.onnx_common import static as _static
@@ -72,30 +73,19 @@ def _infer(ctx) -> None:
 
 def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.GatedDeltaRule (version DOMAIN_VERSION), with shape inference."""
-    P = onnx.defs.OpSchema.FormalParameter
-    A = onnx.defs.OpSchema.Attribute
     kinds = dict(zip(INPUT_NAMES, ("T", "T", "T", "tensor(float)", "T", "S")))
     shapes = dict(zip(INPUT_NAMES, ("[B, T, Hk, Dk]", "[B, T, Hk, Dk]", "[B, T, Hv, Dv]",
                                     "[B, T, Hv] log decay", "[B, T, Hv]", "[B, Hv, Dk, Dv]")))
-    schema = onnx.defs.OpSchema(
-        PLUGIN_NAME,
-        ONNX_DOMAIN,
-        DOMAIN_VERSION,
-        "Gated delta rule over T tokens (see gdn_export.ops.gated_delta_rule).",
-        inputs=[P(n, kinds[n], shapes[n]) for n in INPUT_NAMES],
-        outputs=[P(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"),
-                 P(OUTPUT_NAMES[1], "S", "[B, Hv, Dk, Dv]")],
+    return make_op_schema(
+        PLUGIN_NAME, ONNX_DOMAIN, "Gated delta rule over T tokens (see gdn_export.ops.gated_delta_rule).",
+        inputs=[(n, kinds[n], shapes[n]) for n in INPUT_NAMES],
+        outputs=[(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"), (OUTPUT_NAMES[1], "S", "[B, Hv, Dk, Dv]")],
         type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
                           ("S", list(_STATE_TYPES), "recurrent state storage dtype (math is fp32)")],
-        attributes=[
-            A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
-            A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
-            A(FIELD_SCALE, onnx.defs.OpSchema.AttrType.FLOAT, "multiplies q"),
-            A(FIELD_USE_QK_L2NORM, onnx.defs.OpSchema.AttrType.INT, "0/1: L2-normalise q and k"),
-        ],
+        attributes=[(FIELD_SCALE, onnx.defs.OpSchema.AttrType.FLOAT, "multiplies q"),
+                    (FIELD_USE_QK_L2NORM, onnx.defs.OpSchema.AttrType.INT, "0/1: L2-normalise q and k")],
+        infer=_infer,
     )
-    schema.set_type_and_shape_inference_function(_infer)
-    return schema
 
 
 def register_schema() -> None:
@@ -112,14 +102,12 @@ def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlen
     Emits one gdn.GatedDeltaRule node; a None initial_state becomes zeros [B, Hv, Dk, Dv] fp32,
     a given one keeps its dtype (fp32, fp16 or bf16: the state's storage dtype; float64 -> fp32).
     """
-    import onnxscript
     from onnxscript import ir
     from onnxscript import opset18 as op
 
     if cu_seqlens is not None:
         raise ValueError("gdn.GatedDeltaRule has no cu_seqlens input: export padded batches (B, T)")
     register_schema()
-    gdn = onnxscript.values.Opset(ONNX_DOMAIN, DOMAIN_VERSION)
     if g.dtype != ir.DataType.FLOAT:
         g = op.Cast(g, to=TensorProto.FLOAT)
     if initial_state is None:
@@ -131,14 +119,9 @@ def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlen
         initial_state = op.ConstantOfShape(shape, value=zero)
     elif initial_state.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         initial_state = op.Cast(initial_state, to=TensorProto.FLOAT)
-    o, final_state = getattr(gdn, PLUGIN_NAME)(
-        q, k, v, g, beta, initial_state,
-        plugin_version=PLUGIN_VERSION,
-        plugin_namespace=PLUGIN_NAMESPACE,
-        scale=float(scale),
-        use_qk_l2norm=int(bool(use_qk_l2norm)),
-    )
-    return o, final_state
+    return plugin_node(PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, PLUGIN_NAMESPACE,
+                       q, k, v, g, beta, initial_state,
+                       scale=float(scale), use_qk_l2norm=int(bool(use_qk_l2norm)))
 
 
 def torch_target():
@@ -243,24 +226,12 @@ _FUNCTION_TEXT = """
 """
 
 
-def _unshape_subgraph_values(graph: onnx.GraphProto, keep: set[str]) -> None:
-    """The text format writes `float x` as a scalar; the loop state and outputs are 4-D/3-D."""
-    for value in list(graph.input) + list(graph.output):
-        if value.name not in keep:
-            value.type.tensor_type.ClearField("shape")
-
-
 def function_proto(opset: int) -> onnx.FunctionProto:
     """gdn.GatedDeltaRule in standard ONNX (default domain version `opset`), for ONNX Runtime."""
-    text = _FUNCTION_TEXT.format(
-        domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
-        attrs=", ".join((FIELD_SCALE, FIELD_USE_QK_L2NORM, ATTR_PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE)),
-        inputs=", ".join(INPUT_NAMES), outputs=", ".join(OUTPUT_NAMES),
+    text = function_text(
+        _FUNCTION_TEXT, domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
+        fields=(FIELD_SCALE, FIELD_USE_QK_L2NORM), inputs=INPUT_NAMES, outputs=OUTPUT_NAMES,
         o=OUTPUT_NAMES[0], state=OUTPUT_NAMES[1],
         l2attr=FIELD_USE_QK_L2NORM, scaleattr=FIELD_SCALE, eps=repr(L2NORM_EPS),
     )
-    fn = onnx.parser.parse_function(text)
-    for node in fn.node:
-        if node.op_type == "Loop":
-            _unshape_subgraph_values(node.attribute[0].g, keep={"i", "c_in", "c_out"})
-    return fn
+    return unshape_loop_values(onnx.parser.parse_function(text), keep={"i", "c_in", "c_out"})

@@ -32,8 +32,9 @@ from gdn_export.ops.moe import (
     PLUGIN_NAMESPACE,
     PLUGIN_VERSION,
 )
-from gdn_export.ops.onnx_common import (ACTIVATION_TYPES as _ACTIVATION_TYPES, ATTR_PLUGIN_NAMESPACE,
-                                        ATTR_PLUGIN_VERSION, DOMAIN_VERSION, node_attributes, register_once)
+from gdn_export.ops.onnx_common import ACTIVATION_TYPES as _ACTIVATION_TYPES
+from gdn_export.ops.onnx_common import (function_text, make_op_schema, node_attributes, plugin_node,
+                                        register_once, unshape_loop_values)
 from gdn_export.ops.onnx_common import static as _static
 
 NODE_ATTRIBUTES, NODE_ATTRIBUTE_VALUES = node_attributes(PLUGIN_VERSION, PLUGIN_NAMESPACE, {
@@ -85,26 +86,16 @@ def _infer(ctx) -> None:
 
 def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.MoE (version DOMAIN_VERSION), with shape inference."""
-    P = onnx.defs.OpSchema.FormalParameter
-    A = onnx.defs.OpSchema.Attribute
     shapes = dict(zip(INPUT_NAMES, ("[N, H]", "[N, E]", "[E, 2I, H]", "[E, H, I]")))
-    schema = onnx.defs.OpSchema(
-        PLUGIN_NAME,
-        ONNX_DOMAIN,
-        DOMAIN_VERSION,
-        "Top-k routed SwiGLU experts (see gdn_export.ops.moe).",
-        inputs=[P(n, "T", shapes[n]) for n in INPUT_NAMES],
-        outputs=[P(OUTPUT_NAMES[0], "T", "[N, H]")],
+    return make_op_schema(
+        PLUGIN_NAME, ONNX_DOMAIN, "Top-k routed SwiGLU experts (see gdn_export.ops.moe).",
+        inputs=[(n, "T", shapes[n]) for n in INPUT_NAMES],
+        outputs=[(OUTPUT_NAMES[0], "T", "[N, H]")],
         type_constraints=[("T", list(_ACTIVATION_TYPES), "activation and weight dtype")],
-        attributes=[
-            A(ATTR_PLUGIN_VERSION, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin version"),
-            A(ATTR_PLUGIN_NAMESPACE, onnx.defs.OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
-            A(FIELD_TOP_K, onnx.defs.OpSchema.AttrType.INT, "experts per token, 1..E"),
-            A(FIELD_NORM_TOPK_PROB, onnx.defs.OpSchema.AttrType.INT, "1: renormalise the top-k weights"),
-        ],
+        attributes=[(FIELD_TOP_K, onnx.defs.OpSchema.AttrType.INT, "experts per token, 1..E"),
+                    (FIELD_NORM_TOPK_PROB, onnx.defs.OpSchema.AttrType.INT, "1: renormalise the top-k weights")],
+        infer=_infer,
     )
-    schema.set_type_and_shape_inference_function(_infer)
-    return schema
 
 
 def register_schema() -> None:
@@ -117,22 +108,15 @@ def register_schema() -> None:
 
 def translation(hidden, router_logits, gate_up, down, top_k, norm_topk_prob):
     """onnxscript translation of torch.ops.gdn.moe.default for the dynamo exporter: one gdn.MoE node."""
-    import onnxscript
-
-    register_schema()
     from onnxscript import opset18 as op
 
-    gdn = onnxscript.values.Opset(ONNX_DOMAIN, DOMAIN_VERSION)
+    register_schema()
     router_logits, gate_up, down = (
         t if t.dtype == hidden.dtype else op.CastLike(t, hidden) for t in (router_logits, gate_up, down)
     )
-    return getattr(gdn, PLUGIN_NAME)(
-        hidden, router_logits, gate_up, down,
-        plugin_version=PLUGIN_VERSION,
-        plugin_namespace=PLUGIN_NAMESPACE,
-        top_k=int(top_k),
-        norm_topk_prob=int(bool(norm_topk_prob)),
-    )
+    return plugin_node(PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, PLUGIN_NAMESPACE,
+                       hidden, router_logits, gate_up, down,
+                       top_k=int(top_k), norm_topk_prob=int(bool(norm_topk_prob)))
 
 
 def torch_target():
@@ -224,17 +208,10 @@ _FUNCTION_TEXT = """
 
 def function_proto(opset: int) -> onnx.FunctionProto:
     """gdn.MoE in standard ONNX (default domain version `opset`), for ONNX Runtime."""
-    text = _FUNCTION_TEXT.format(
-        domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
-        attrs=", ".join((FIELD_TOP_K, FIELD_NORM_TOPK_PROB, ATTR_PLUGIN_VERSION, ATTR_PLUGIN_NAMESPACE)),
-        inputs=", ".join(INPUT_NAMES), outputs=", ".join(OUTPUT_NAMES),
+    text = function_text(
+        _FUNCTION_TEXT, domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
+        fields=(FIELD_TOP_K, FIELD_NORM_TOPK_PROB), inputs=INPUT_NAMES, outputs=OUTPUT_NAMES,
         out=OUTPUT_NAMES[0], topk=FIELD_TOP_K, normattr=FIELD_NORM_TOPK_PROB,
     )
-    fn = onnx.parser.parse_function(text)
-    for node in fn.node:
-        if node.op_type == "Loop":
-            # the text format writes `float acc_in` as a scalar; the accumulator is [N, H]
-            for value in list(node.attribute[0].g.input) + list(node.attribute[0].g.output):
-                if value.name not in ("s", "c_in", "c_out"):
-                    value.type.tensor_type.ClearField("shape")
-    return fn
+    # the accumulator of the Loop is [N, H], not the scalar the text format writes
+    return unshape_loop_values(onnx.parser.parse_function(text), keep={"s", "c_in", "c_out"})

@@ -18,7 +18,7 @@ the input dtype (~4e-4 on o), Aqk v_new is TF32, and the update takes fk * v_new
 halves (wy.dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
 The state is transposed so that the update reads k in its stored layout: with h [Dk, BV] the
 update needs k^T, and a transposed 16-bit tile as the left operand gave NaN or illegal addresses
-on the H200 with Triton 3.6 (docs/perf/LOG.md, run 5).
+on the H200 with Triton 3.6.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     o = out if out is not None else q.new_empty(B, T, Hv, Dv)
     ht = final_state if final_state is not None else torch.empty(
         N, Hv, Dk, Dv, dtype=torch.float32 if initial_state is None else initial_state.dtype, device=u.device)
-    # Run 5 sweep (H200, bf16, Hv=32, 128 x 128): 32 value columns, 4 warps, 3 stages is the
+    # Swept on the H200 (bf16, Hv=32, 128 x 128): 32 value columns, 4 warps, 3 stages is the
     # fastest at B=1 T=16384 (0.46 ms; 0.69 at 2 stages, 0.87 at BV=64) and at B=8 T=8192 (1.83
     # ms; 1.92 at BV=64 4 warps 2 stages, 2.74 at BV=64 8 warps).
     block_v = 32 if block_v is None else block_v

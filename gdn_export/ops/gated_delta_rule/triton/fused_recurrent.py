@@ -103,14 +103,14 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
     BK = max(next_pow2(Dk), 16)
     if block_v is None:
         # 32 fp32 columns = 128-byte rows: full cache lines, and 4 tiles per 128-wide head.
-        # Run 1 sweep (H200, Hv=32, 128 x 128): within 1% of the best of BV 8..128 x 1..8
-        # warps at B = 1, 64 and 256. For a 16-bit state 64 columns (the same bytes per program)
-        # measured 3-5% slower than 32 at B = 64..512 (run 6, call 4), so 32 stays.
+        # H200, Hv = 32, 128 x 128: within 1% of the best of BV 8..128 x 1..8 warps at B = 1, 64
+        # and 256. For a 16-bit state 64 columns (the same bytes per program) measured 3-5%
+        # slower than 32 at B = 64..512, so 32 stays.
         block_v = 32
     BV = max(min(block_v, next_pow2(Dv)), 8)
     if num_warps is None and T == 1 and cu_seqlens is None:
-        # Decode: 128 fp32 state elements per thread, one warp at Dk = 128, BV = 32. Run 9 sweep
-        # (H200, B = 8 / 64 / 256, benchmarks/triton_decode_sweep.py): one warp beat two, the
+        # Decode: 128 fp32 state elements per thread, one warp at Dk = 128, BV = 32. Swept on the
+        # H200 (B = 8 / 64 / 256, benchmarks/investigations/triton_decode_sweep.py): one warp beat two, the
         # earlier choice, everywhere: fp32 state 70 / 86 / 93% of copy bandwidth (two: 65 / 83 /
         # 87%), bf16 state 51 / 56 / 56% (two: 38 / 47 / 49%); other widths and warps were slower.
         num_warps = max(1, BK * BV // 4096)

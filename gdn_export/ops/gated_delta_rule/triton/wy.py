@@ -126,7 +126,7 @@ def _unit_lower_inverse(A, IEEE: tl.constexpr):
     #     (I + A)^-1 = (I - N)(I + N^2) Xd        (four 64^3 products).
     # Products of powers of A itself, (I - A)(I + A^2)...(I + A^32), cancel catastrophically when
     # keys are correlated (post-conv SiLU keys), in TF32 and in fp32 alike; the entries of Xd and
-    # N stay bounded, so this keeps < 1e-3 in TF32 (benchmarks/inverse_stability.py).
+    # N stay bounded, so this keeps < 1e-3 in TF32 (benchmarks/investigations/inverse_stability.py).
     o_t = tl.arange(0, 64)
     Xd = _diagonal_block_inverses(A)
     N = dot(Xd, tl.where(o_t[:, None] // 16 > o_t[None, :] // 16, A, 0.0), IEEE)

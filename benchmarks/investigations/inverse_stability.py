@@ -1,6 +1,6 @@
 """Accuracy of (I + A)^-1 for the WY form's strictly lower A, by method and product precision (CPU).
 
-    python benchmarks/inverse_stability.py
+    python benchmarks/investigations/inverse_stability.py
 
 A_ij = beta_i k_i.k_j exp(G_i - G_j) (i > j) over one 64-token chunk, with keys as a model makes
 them: SiLU(randn + c * common direction), L2-normalised (c = 0: independent Gaussian keys), strong

@@ -1,6 +1,6 @@
 """Launch configurations of the Triton decode kernel (fused_recurrent_fwd, T = 1) per state dtype (H200).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/triton_decode_sweep.py [--out-dir DIR]
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/investigations/triton_decode_sweep.py [--out-dir DIR]
 
 Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, L2-normalised q / k, in place. For each state dtype
 (fp32, bf16) and B in {8, 64, 256}: value columns per program (BV 16..128) x warps (1..8), each
@@ -19,7 +19,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import copy_tbps, graph_ms, save_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/gpu_timing.py
+from gpu_timing import copy_tbps, graph_ms, save_table  # noqa: E402
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 

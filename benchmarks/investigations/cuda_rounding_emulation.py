@@ -1,6 +1,6 @@
 """CPU emulation of the CUDA chunked (WY) gated delta rule kernels, with a switch per rounding.
 
-    python benchmarks/cuda_rounding_emulation.py
+    python benchmarks/investigations/cuda_rounding_emulation.py
 
 Follows plugins/gatedDeltaRulePlugin/gatedDeltaRuleChunk.cuh step by step (64-token chunks, fp32
 products and accumulation, the same row factors and decays) and rounds values where the kernel
@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule  # noqa: E402
 from tests.conftest import gdn_inputs  # noqa: E402
 

@@ -7,7 +7,7 @@ Prints, per family and prompt length, the relative RMS distance of the logits of
 (b) is the floor under which no bf16 kernel can bring the whole-model comparison against the
 reference ops; tests/models/test_op_backends_gpu.py is calibrated on it.
 
-    python benchmarks/precision_floor.py
+    python benchmarks/investigations/precision_floor.py
 """
 
 import tempfile

@@ -1,7 +1,7 @@
 """SASS instructions of a CUDA (plugin) kernel, phase by phase: where an instruction-bound kernel
 spends its issue slots, on a machine without a GPU.
 
-    python3 benchmarks/sass_phases.py [--kernel Prepare16KernelI13__nv_bfloat16Li128ELi128E]
+    python3 benchmarks/investigations/sass_phases.py [--kernel Prepare16KernelI13__nv_bfloat16Li128ELi128E]
                                       [--arch sm_90] [--cubin FILE] [--out-dir DIR]
 
 Compiles plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu to a cubin with nvcc (about two
@@ -9,7 +9,7 @@ minutes; --cubin reuses one), disassembles the first kernel whose mangled name c
 with cuobjdump (the CUDA toolkit's, or the one Triton ships), and splits its instructions at every
 block barrier (BAR): one row per phase with its instruction count and most frequent opcodes. Counts
 are static (an unrolled loop counts once per copy, a rolled one once), so they compare versions of a
-kernel, they do not time it. Run 15 read the wmma prepare kernel's for bf16 (8.9K instructions; two
+kernel, they do not time it. It read the wmma prepare kernel's for bf16 (8.9K instructions; two
 product phases of ~2050 each, mostly generic loads, MOVM transposes and address arithmetic; built
 from commit 0aeeedb, before the 16-bit inputs moved to the mma.sync kernel) against the mma.sync
 one's (4.5K): docs/perf/runs/2026-12-02-run15/sass/.
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "plugins" / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu"
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 

@@ -1,7 +1,7 @@
 """What is live at the CUDA allocator's peak of a prefill (or of setup, or of a decode run): the
 memory above weights + states, by the Python line that allocated it (issue 9's peak-memory target).
 
-    python benchmarks/peak_memory_probe.py CHECKPOINT [--batch 1] [--prompt-len 4096] [--compile]
+    python benchmarks/investigations/peak_memory_probe.py CHECKPOINT [--batch 1] [--prompt-len 4096] [--compile]
                                            [--phase prefill|setup|decode] [--out DIR]
 
 Loads the checkpoint as `gdn-export bench` does (bf16, GraphRunner, triton ops), runs the phases once
@@ -15,12 +15,15 @@ history: blocks that a CUDA graph's private pool holds were allocated at capture
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections import defaultdict
 
 import numpy as np
 import torch
 
-from gpu_timing import save_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/gpu_timing.py
+from gpu_timing import save_table  # noqa: E402
 
 
 def frame_of(frames) -> str:

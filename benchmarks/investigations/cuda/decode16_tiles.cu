@@ -3,11 +3,11 @@
 // number of resident blocks (bvCOLSwWARPSmBLOCKS), the public launcher (launchGatedDeltaRule, what
 // the op and the plugin call, which picks a tile by grid size), and two floors for the bytes a step
 // moves: the decode grid staging its tiles and writing them back with no arithmetic (copytile), and a
-// device copy (memcpy). Results and what else was tried: docs/perf/LOG.md, runs 8, 11 and 14.
+// device copy (memcpy). Results and what else was tried: docs/perf/LOG.md ("Recurrent state dtype").
 // Hk 16, Hv 32, Dk = Dv = 128, bf16 activations and state, L2-normalised q / k, in place, as the
 // model's decode step runs it.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I plugins -o decode16_tiles benchmarks/cuda/decode16_tiles.cu \
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I plugins -o decode16_tiles benchmarks/investigations/cuda/decode16_tiles.cu \
 //        plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu
 //   ./decode16_tiles [--no-rotate] [--only launcher,bv64,copytile]
 //

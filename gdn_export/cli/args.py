@@ -1,0 +1,142 @@
+"""Flags every subcommand spells the same way, their strict parsers, and the output checks.
+
+For a new subcommand (or flag):
+
+    p = sub.add_parser(...)                  # help shows every flag's default (HelpFormatter)
+    add_dtype(p, default="fp32")             # --dtype {fp32,fp16,bf16}
+    add_seed(p)                              # --seed N
+    add_plugins(p, "the engine")             # --plugins PATH
+    add_overwrite(p)                         # --overwrite: the one overwrite policy
+    ...
+    def run(args):
+        out = output_file(args.output, "-o", args)           # before any slow work
+        ids = parse_input_ids(args.input_ids)                 # strict: "1,2,3" only
+
+`output_file` / `output_dir` check that the output can be written (gdn_export.paths): folder
+exists and accepts files, free space, and an existing output refused unless --overwrite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from gdn_export.errors import InputError
+from gdn_export.paths import check_output_dir, check_output_file, check_readable
+
+DTYPES = ("fp32", "fp16", "bf16")
+_TOKEN = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "1_0", " 1" and "１"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to every flag's help unless the help already names its default or
+    there is none to name (a switch that is off, a flag whose absence means "not given")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default is argparse.SUPPRESS \
+                or default == [] or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse.ArgumentParser with HelpFormatter whose usage errors are one line (`PROG: error:
+    MESSAGE`, exit 2, the usage left to --help); subparsers inherit the class."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ------------------------------------------------------------------ shared flags
+
+def add_dtype(parser, default: str | None = "fp32", help: str = "model precision") -> None:
+    """--dtype {fp32,fp16,bf16}; default None when the precision comes from elsewhere (say so in help)."""
+    parser.add_argument("--dtype", choices=DTYPES, default=default, help=help)
+
+
+def add_seed(parser, help: str = "random seed") -> None:
+    parser.add_argument("--seed", type=int, default=0, help=help)
+
+
+def add_plugins(parser, used_for: str = "the TensorRT engine") -> None:
+    parser.add_argument("--plugins", metavar="PATH",
+                        help=f"libgdn_plugins.so for {used_for} (default: $GDN_EXPORT_PLUGINS, then "
+                        "plugins/build/libgdn_plugins.so)")
+
+
+def add_overwrite(parser, what: str = "the output") -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace {what} if it exists (without it, an existing output is an error)")
+
+
+def add_quiet(parser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+
+# ------------------------------------------------------------------ outputs
+
+def output_file(path, flag: str, args=None, *, need_bytes: int = 0, suffix: str | None = None,
+                also=()):
+    """gdn_export.paths.check_output_file with the message naming `flag PATH` and the overwrite
+    policy taken from args.overwrite (False when args has none)."""
+    return check_output_file(path, f"{flag} {path}".strip(), overwrite=bool(getattr(args, "overwrite", False)),
+                             need_bytes=need_bytes, suffix=suffix, also=also)
+
+
+def output_dir(path, flag: str, args=None, *, need_bytes: int = 0, replaceable=None):
+    """gdn_export.paths.check_output_dir, named and with the overwrite policy as `output_file`."""
+    return check_output_dir(path, f"{flag} {path}".strip(), overwrite=bool(getattr(args, "overwrite", False)),
+                            need_bytes=need_bytes, replaceable=replaceable)
+
+
+# ------------------------------------------------------------------ inputs
+
+def checkpoint_dir(path) -> None:
+    """InputError unless `path` is a listable folder: "not found", "is a file", or "permission denied"
+    (Path.is_dir() would call an unreadable folder missing, or raise)."""
+    check_readable(path, "checkpoint folder", folder=True, error=InputError)
+
+
+def input_file(path, what: str) -> None:
+    """InputError unless `path` is a readable file (reason named, as checkpoint_dir)."""
+    check_readable(path, what, error=InputError, missing="{path}: no such {what}")
+
+
+# ------------------------------------------------------------------ strict parsing
+
+def parse_input_ids(rows: list[str], flag: str = "--input-ids"):
+    """`--input-ids 1,2,3 --input-ids 4,5` into a list of int64 arrays, one per row (any lengths).
+
+    Strict: each row is ID[,ID...] with every ID a non-negative ASCII integer; an empty row, an
+    empty item (`1,,2`, `1,2,`), spaces (`1, 2`), signs, non-integers are an InputError naming the
+    row and the item (the ids' upper bound, the vocab size, is checked by the runner)."""
+    import numpy as np
+
+    if not rows:
+        raise InputError(f"{flag} is empty: give at least one token id")
+    parsed = []
+    for row in rows:
+        if not row.strip(", \t"):
+            raise InputError(f"{flag} {row!r} is empty: give token ids such as 1,2,3")
+        for i, tok in enumerate(row.split(",")):
+            if tok == "":
+                where = "first" if i == 0 else "last" if i == row.count(",") else f"{i + 1}."
+                raise InputError(f"{flag} {row!r}: the {where} token id is empty (write ids as "
+                                 f"1,2,3: one comma between ids, no spaces)")
+            if not _TOKEN.fullmatch(tok):
+                if re.fullmatch(r"-[0-9]+", tok):
+                    raise InputError(f"{flag} {row!r}: token ids must be >= 0, got {tok!r}")
+                spaces = " (no spaces: write 1,2,3)" if tok.strip() != tok or " " in tok else ""
+                raise InputError(f"{flag} {row!r}: token ids must be integers, got {tok!r}{spaces}")
+        ids = [int(tok) for tok in row.split(",")]
+        big = next((i for i in ids if i >= 2**63), None)
+        if big is not None:  # numpy would raise OverflowError
+            raise InputError(f"{flag} {row!r}: token id {big} is out of range")
+        parsed.append(np.asarray(ids, dtype=np.int64))
+    return parsed
