@@ -1,5 +1,5 @@
 """Triton pieces shared by the quantized-linear kernels (triton_fp8.py, triton_int4.py): e4m3 rounding,
-the 16-bit / fp32 product, the split-K finishing kernel and the launch heuristics.
+the 16-bit / fp32 product, the split-K arrival counters and the launch heuristics.
 
 The arithmetic is the contract's (gdn_export/ops/quant_linear/__init__.py): fp8 values are exact in
 bf16 and int4 values exact in fp16 / bf16, so a product of such operands on the tensor cores with
@@ -71,38 +71,38 @@ def exact_dot(a, b, UP: tl.constexpr):
 
 
 @triton.jit
-def finish_kernel(part, y, ws, s_in, bias, M, N, SPLIT, COL_SCALE: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """y[m, n] = (sum_s part[s, m, n]) * (s_in * ws[n] if COL_SCALE) + bias[n], cast to y's dtype.
-    part [SPLIT, M, N] fp32 holds the split-K partial sums."""
-    i_b = tl.program_id(0)
-    o = i_b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = o < M * N
-    n = o % N
-    b_acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i_s in range(SPLIT):
-        b_acc += tl.load(part + i_s * M * N + o, mask=m, other=0.0)
-    if COL_SCALE:
-        b_acc = b_acc * (tl.load(s_in) * tl.load(ws + n, mask=m, other=0.0))
-    if HAS_BIAS:
-        b_acc += tl.load(bias + n, mask=m, other=0.0).to(tl.float32)
-    tl.store(y + o, b_acc.to(y.dtype.element_ty), mask=m)
+def arrive_last(counter, tile, SPLIT):
+    """After a program stored its split-K partial of `tile`: True in the last of the SPLIT programs to
+    arrive (an acq_rel atomic count after a block barrier, so every partial is visible to it). That
+    program sums the partials, stores y and calls `release(counter, tile)`."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter + tile, 1, sem="acq_rel") == SPLIT - 1
+
+
+@triton.jit
+def release(counter, tile):
+    """Leave `tile`'s arrival counter at 0 for the next launch."""
+    tl.atomic_xchg(counter + tile, 0)
+
+
+_COUNTERS: dict = {}
+
+
+def counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one per output tile, kept per (device, n): every launch leaves them
+    at 0 again, so they are allocated once (on the first, uncaptured call) and reused by later launches
+    and CUDA-graph replays of one stream."""
+    key = (device, n)
+    c = _COUNTERS.get(key)
+    if c is None:
+        c = _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return c
 
 
 def empty(*shape, dtype, device) -> torch.Tensor:
     """Every buffer the launchers allocate (outputs, quantized x, split-K partials); the tests replace it
     with a NaN-filled allocation so that an element no kernel writes fails loudly."""
     return torch.empty(*shape, dtype=dtype, device=device)
-
-
-def finish(part, y, ws=None, s_in=None, bias=None) -> None:
-    """Launch finish_kernel over y [M, N] from part [SPLIT, M, N] fp32."""
-    SPLIT, M, N = part.shape
-    BLOCK = 1024
-    finish_kernel[(triton.cdiv(M * N, BLOCK),)](
-        part, y, ws if ws is not None else part, s_in if s_in is not None else part,
-        bias if bias is not None else part, M, N, SPLIT=SPLIT, COL_SCALE=ws is not None,
-        HAS_BIAS=bias is not None, BLOCK=BLOCK, num_warps=4)
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,7 +5,7 @@
 - quant_group_kernel: x [M, K] -> per-token groups of 128: s[m, g] = max(amax, 1e-10) / 448,
   e4m3(x / s) (fp8_block_linear's prefill).
 - fp8_gemm_kernel: y = x_q @ W^T with the scales, for both forms; skinny launches (decode, M <= 32)
-  quantize x inside each tile and may split K (partials finished by triton_common.finish_kernel),
+  quantize x inside each tile and may split K (partials summed in the same launch by the last program of each tile),
   prefill launches of the block form read the pre-quantized x.
 
 Division: fp32 x divides exactly (div_rn, the contract's x / s bit for bit); 16-bit x multiplies by
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.quant_linear.triton_common import (
-    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish, skinny_block_m, split_k,
+    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, arrive_last, device_sms, exact_dot, release, skinny_block_m, split_k,
     to_e4m3)
 from gdn_export.ops.quant_linear import triton_common as common
 from gdn_export.ops.triton_utils import cdiv, next_pow2
@@ -73,7 +73,7 @@ def quant_group_kernel(x, xq, xs, M, K, KB, stride_xm, EXACT: tl.constexpr, SOFT
 
 
 @triton.jit
-def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, TILES_PER_SPLIT,
+def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, counter, M, N, K, KB, stride_xm, SPLIT, TILES_PER_SPLIT,
                     BLOCKWISE: tl.constexpr, X_FP8: tl.constexpr, DOT_FP8: tl.constexpr,
                     EXACT: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr, PARTIAL: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -135,16 +135,23 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, M, N, K, KB, stride_xm, T
             b_acc += b_d * b_s[:, None] * b_ws[None, :]
         else:
             b_acc += b_d
-    if not PARTIAL:
+    mask = m_m[:, None] & m_n[None, :]
+    o_y = o_m64[:, None] * N + o_n64[None, :]
+    last = True
+    if PARTIAL:
+        tl.store(part + i_s * M * N + o_y, b_acc, mask=mask)
+        last = arrive_last(counter, i_mn, SPLIT)
+        if last:
+            b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+            for j in range(SPLIT):
+                b_acc += tl.load(part + j * M * N + o_y, mask=mask, other=0.0, cache_modifier=".cg")
+            release(counter, i_mn)
+    if last:
         if not BLOCKWISE:
             b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))[None, :]
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y + o_m64[:, None] * N + o_n64[None, :], b_acc.to(y.dtype.element_ty),
-                 mask=m_m[:, None] & m_n[None, :])
-    else:
-        tl.store(part + i_s * M * N + o_m64[:, None] * N + o_n64[None, :], b_acc,
-                 mask=m_m[:, None] & m_n[None, :])
+        tl.store(y + o_y, b_acc.to(y.dtype.element_ty), mask=mask)
 
 
 def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):
@@ -209,11 +216,9 @@ def fp8_gemm(x2, weight, ws, s_in=None, bias=None, out_dtype=None, blockwise=Fal
     part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     fp8_gemm_kernel[(tiles, split)](
         x_in, xs, weight, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part,
-        M, N, K, KB, x_in.stride(0), per, BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=exact,
+        common.counters(x2.device, tiles) if split > 1 else ws, M, N, K, KB, x_in.stride(0), split, per, BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=exact,
         SOFT=SOFT_FP8, UP=UPCAST, PARTIAL=split > 1, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
         num_warps=warps, num_stages=stages)
-    if split > 1:
-        finish(part, y, None if blockwise else ws, s_in, bias)
     return y
 
 

@@ -1,7 +1,7 @@
 """Triton GEMV (one row of x) for the three quantized-linear formats: CUDA-core products, no tensor-core
 layouts. Each program reads a [BN, BK] weight tile along K (16-byte loads of fp8, 8-byte of packed
 int4), widens it to fp32 in registers, multiplies by x's row (quantized in the tile for the fp8
-forms, exactly as the contract), reduces along K, and splits K over programs (partials finished by
+forms, exactly as the contract), reduces along K, and splits K over programs (partials finished
 in the same launch: each program of a split stores its partial, and the last one to arrive, counted
 by an atomic per column tile, sums them, scales and stores y, then resets its counter to 0: one
 kernel a call, no finishing launch). fp32 products of e4m3 or int4 values are exact, so only the fp32
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.quant_linear import triton_common as common
-from gdn_export.ops.quant_linear.triton_common import SOFT_FP8, device_sms, to_e4m3
+from gdn_export.ops.quant_linear.triton_common import SOFT_FP8, arrive_last, device_sms, release, to_e4m3
 from gdn_export.ops.triton_utils import cdiv
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
@@ -75,14 +75,12 @@ def gemv_kernel(x, w, ws, s_in, bias, y, part, counter, N, K, KH, G, SPLIT, TILE
                 b_acc += b_d
     if PARTIAL:
         tl.store(part + i_s * N + o_n, b_acc, mask=m_n)
-        tl.debug_barrier()  # every thread's partial issued before the (release) count
-        arrived = tl.atomic_add(counter + i_n, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:  # the last program of this column tile finishes it
+        if arrive_last(counter, i_n, SPLIT):
             b_acc = tl.zeros([BN], dtype=tl.float32)
             for j in range(SPLIT):
                 b_acc += tl.load(part + j * N + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
             _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT, HAS_BIAS)
-            tl.atomic_xchg(counter + i_n, 0)
+            release(counter, i_n)
     else:
         _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT, HAS_BIAS)
 
@@ -94,19 +92,6 @@ def _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT: tl.constexpr, HAS_BIAS: tl
     if HAS_BIAS:
         b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)
     tl.store(y + o_n, b_acc.to(y.dtype.element_ty), mask=m_n)
-
-
-_COUNTERS: dict = {}
-
-
-def _counter(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters, one per column tile, kept per device (each launch leaves them 0
-    again, so they are allocated once, outside any CUDA-graph capture that reuses them)."""
-    key = (device, n)
-    c = _COUNTERS.get(key)
-    if c is None:
-        c = _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return c
 
 
 def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=None, bias=None, group_size: int = 128):
@@ -129,7 +114,7 @@ def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=Non
     split = cdiv(k_tiles, per)
     part = common.empty(split, 1, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     G = ws.shape[1] if fmt != FP8_TENSOR else 1
-    counter = _counter(x2.device, cdiv(N, BN)) if split > 1 else ws
+    counter = common.counters(x2.device, cdiv(N, BN)) if split > 1 else ws
     gemv_kernel[(cdiv(N, BN), split)](
         x2, w, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part, counter, N, K,
         w.shape[1], G, split, per, FMT=fmt, GS=group_size, EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8,

@@ -5,8 +5,8 @@ two's complement; scales [N, ceil(K/group_size)]. Each tile unpacks [BN, BK/2] b
 int4 values in registers (sign-extended by shifts, interleaved low / high), widened to x's dtype
 (exact), one tensor-core dot with x's [BM, BK] tile in fp32 accumulation, then the group's scale per
 column (BK divides group_size, so a K tile lies in one group): y = sum_g scale[n, g] * (x . int4).
-Skinny launches (decode, M <= 32) split K across programs (partials finished by
-triton_common.finish_kernel) so that the weight stream fills the GPU.
+Skinny launches (decode, M <= 32) split K across programs (partials summed in the same launch by
+the last program of each tile) so that the weight stream fills the GPU.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.quant_linear.triton_common import (
-    SKINNY_M, UPCAST, device_sms, exact_dot, finish, skinny_block_m, split_k)
+    SKINNY_M, UPCAST, arrive_last, device_sms, exact_dot, release, skinny_block_m, split_k)
 from gdn_export.ops.quant_linear import triton_common as common
 from gdn_export.ops.triton_utils import cdiv, to_state_dtype
 
 
 @triton.jit
-def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_PER_SPLIT,
+def int4_gemm_kernel(x, qw, sc, bias, y, part, counter, M, N, K, KH, G, stride_xm, SPLIT, TILES_PER_SPLIT,
                      GS: tl.constexpr, UP: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     i_mn, i_s = tl.program_id(0), tl.program_id(1)
@@ -62,14 +62,21 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, M, N, K, KH, G, stride_xm, TILES_
         b_d = exact_dot(b_x, tl.trans(b_w), UP)
         b_s = tl.load(sc + o_n64 * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
         b_acc += b_d * b_s[None, :]
-    if not PARTIAL:
+    mask = m_m[:, None] & m_n[None, :]
+    o_y = o_m64[:, None] * N + o_n64[None, :]
+    last = True
+    if PARTIAL:
+        tl.store(part + i_s * M * N + o_y, b_acc, mask=mask)
+        last = arrive_last(counter, i_mn, SPLIT)
+        if last:
+            b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+            for j in range(SPLIT):
+                b_acc += tl.load(part + j * M * N + o_y, mask=mask, other=0.0, cache_modifier=".cg")
+            release(counter, i_mn)
+    if last:
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y + o_m64[:, None] * N + o_n64[None, :], b_acc.to(y.dtype.element_ty),
-                 mask=m_m[:, None] & m_n[None, :])
-    else:
-        tl.store(part + i_s * M * N + o_m64[:, None] * N + o_n64[None, :], b_acc,
-                 mask=m_m[:, None] & m_n[None, :])
+        tl.store(y + o_y, b_acc.to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -142,9 +149,8 @@ def int4_gemm(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bia
         warps, stages = 8, (2 if fp32 else 3)
     part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     int4_gemm_kernel[(tiles, split)](
-        x2, qweight, scales, bias if bias is not None else scales, y, part, M, N, K, KH, G, x2.stride(0), per,
+        x2, qweight, scales, bias if bias is not None else scales, y, part,
+        common.counters(x2.device, tiles) if split > 1 else scales, M, N, K, KH, G, x2.stride(0), split, per,
         GS=group_size, UP=UPCAST, PARTIAL=split > 1, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
         num_warps=warps, num_stages=stages)
-    if split > 1:
-        finish(part, y, bias=bias)
     return y
