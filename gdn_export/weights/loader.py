@@ -26,7 +26,8 @@ from gdn_export.hf_config import read_config
 from gdn_export.config import DTYPES, HybridConfig
 from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
-from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
+from gdn_export.modules.quant_linear import fixed_dtypes
+from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next, quantized
 from gdn_export.weights.mapping import report
 from gdn_export.weights.reader import CheckpointReader
 
@@ -59,23 +60,29 @@ def load_checkpoint(
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: checkpoint directory not found")
     config = read_config(directory / "config.json")
+    spec = quantized.parse_spec(quantized.read_quant_config(directory / "config.json"),
+                                str(directory / "config.json"))
     dtype = _dtype(dtype, config)
     family = FAMILIES[config.family]
 
     with torch.device("meta"):
-        model = HybridForCausalLM(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop(LM_HEAD)
+        model = HybridForCausalLM(config).to(dtype)
 
     with CheckpointReader(directory) as reader:
-        shapes = dict(reader.shapes)
+        # Quantized Linears (quantization_config) are swapped in and planned from the headers first.
+        quant = quantized.prepare(model, config, family, spec, reader)
+        expected = quant.expected({name: tuple(t.shape) for name, t in model.state_dict().items()})
+        if config.tie_word_embeddings:
+            expected.pop(LM_HEAD)
+        shapes = quant.shapes(reader.shapes)
         if config.tie_word_embeddings:
             # transformers ties over a stored lm_head; do the same, quietly.
             for key in [k for k in shapes if k == LM_HEAD]:
                 shapes.pop(key)
         plan = family.plan(shapes, expected, config)
+        quant.finish(plan)
         report(plan, str(directory))
+        keep = fixed_dtypes(model)  # fp8 weights and fp32 scales keep their dtype
         state = {}
         cache: dict[str, torch.Tensor] = {}
 
@@ -87,7 +94,7 @@ def load_checkpoint(
             return cache[key]
 
         for name, source in plan.sources.items():
-            state[name] = source.load(reader, read, dtype, device)
+            state[name] = source.load(reader, read, keep.get(name, dtype), device)
         cache.clear()
     if config.tie_word_embeddings:
         state[LM_HEAD] = state[EMBED]

@@ -42,6 +42,7 @@ class CheckpointReader:
         self._handles: dict[Path, object] = {}
         self.files: dict[str, Path] = {}  # tensor name -> file
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}  # tensor name -> safetensors dtype ("BF16", "F8_E4M3", ...)
         self._headers: dict[Path, tuple[int, dict]] = {}  # file -> (data start, header)
         try:
             self._index()
@@ -90,11 +91,13 @@ class CheckpointReader:
 
     def _add(self, name: str, path: Path, handle) -> None:
         try:
-            shape = tuple(handle.get_slice(name).get_shape())
+            view = handle.get_slice(name)
+            shape, dtype = tuple(view.get_shape()), view.get_dtype()
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
         self.files[name] = path
         self.shapes[name] = shape
+        self.dtypes[name] = dtype
 
     def get(self, name: str) -> torch.Tensor:
         """Tensor `name` on the CPU, in its stored dtype."""
