@@ -128,6 +128,9 @@ def _trace(model, specs, opset: int):
 
         InlinePass()(ir_model)
         RemoveUnusedFunctionsPass()(ir_model)
+    from gdn_export.ops.quant_linear.onnx import fold_int4_weights
+
+    fold_int4_weights(ir_model)  # W4A16 weights as INT4 initializers (none in a 16-bit model)
     return ir_model
 
 
