@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--equal-lengths", action="store_true",
                    help="give every row --prompt-len tokens (default with the inplace kv cache: "
                    "ragged rows from --prompt-len down to 1 token)")
+    p.add_argument("--baseline", metavar="CHECKPOINT", default=None,
+                   help="quantized checkpoints: the 16-bit checkpoint it was quantized from, to report the "
+                   "quantized model's distance from it (default: its own weights dequantized to 16 bits)")
     p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
     p.add_argument("--logits-only", action="store_true", help="print only the logits rows")
     add_tolerances(p)
@@ -56,6 +59,8 @@ def run(args) -> int:
             raise InputError(f"{flag} {path}: no such file")
     if not Path(args.checkpoint).is_dir():
         raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    if args.baseline is not None and not Path(args.baseline).is_dir():
+        raise InputError(f"--baseline {args.baseline}: checkpoint folder not found")
     parse_tolerances(args.atol, args.rtol, 0.0, 0.0)  # their syntax; the defaults need the dtype
     progress = Progress("validate", args.quiet)
     candidates = {}  # what the user gave -> runner
@@ -75,11 +80,17 @@ def run(args) -> int:
     reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device, layout=first.layout)
     for what, runner in candidates.items():
         _check_same_model(reference, runner, what)
+    from gdn_export.quantize.report import match_graph_form, quantization_distance
+
+    match_graph_form(reference.model, progress)
     report = run_parity(reference, list(candidates.values()), vocab_size=reference.vocab_size, tolerances=tolerances,
                         batch=args.batch, prompt_len=args.prompt_len,
                         decode_steps=args.decode_steps, seed=args.seed,
                         ragged=False if args.equal_lengths else None, progress=progress)
     print(format_table(report, states=not args.logits_only))
+    distance = quantization_distance(reference.model, args.seed, progress, baseline=args.baseline)
+    if distance:
+        print(distance)
     if args.json:
         write_json(report, args.json)
         progress(f"wrote {args.json}")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gdn_export.ops.quant_linear import BLOCK, fp8_block_linear, fp8_linear, int4_linear
+from gdn_export.ops.quant_linear.naive import dequantize_block
 
 FP8 = torch.float8_e4m3fn
 
@@ -70,8 +71,13 @@ class Fp8Linear(QuantLinear):
 
 
 class Fp8BlockLinear(QuantLinear):
+    """`activations`: "dynamic" (default: the checkpoint's per-token groups-of-128 FP8 activations,
+    gdn::fp8_block_linear) or "16bit" (the exported ONNX form: the same FP8 weights, activations left
+    in 16 bits; `validate` sets it on its PyTorch reference so that both run the same arithmetic)."""
+
     FORMAT = "fp8-block128"
     FIXED = ("weight", "weight_scale_inv")
+    activations = "dynamic"
 
     def __init__(self, in_features: int, out_features: int, device=None) -> None:
         super().__init__(in_features, out_features)
@@ -80,6 +86,9 @@ class Fp8BlockLinear(QuantLinear):
             -(-out_features // BLOCK), -(-in_features // BLOCK), dtype=torch.float32, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activations == "16bit":
+            W = dequantize_block(self.weight, self.weight_scale_inv).to(x.dtype)
+            return torch.nn.functional.linear(x, W, self.bias)
         return fp8_block_linear(x, self.weight, self.weight_scale_inv, self.bias)
 
 
