@@ -74,6 +74,9 @@ def run(args) -> int:
     dtype = args.dtype or _dtype_of(first) or "fp32"
     state_dtype = str(first.layout.state_dtype).removeprefix("torch.")
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], state_dtype)
+    from gdn_export.quantize.report import tolerance_floor
+
+    atol, rtol = tolerance_floor(first, atol, rtol)  # quantized graphs: README "Quantization"
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
     _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
