@@ -17,7 +17,7 @@ from gdn_export.onnx.schemas import custom_translation_table
 from gdn_export.ops.quant_linear.naive import pack_int4
 from gdn_export.ops.quant_linear.onnx import fold_int4_weights
 
-SHAPES = [pytest.param(64, 48, id="K64-N48"), pytest.param(130, 65, id="K130-N65"),
+SHAPES = [pytest.param(64, 48, id="K64-N48"), pytest.param(130, 65, id="K130-N65"), pytest.param(320, 72, id="K320-N72"),
           pytest.param(256, 160, id="K256-N160")]
 
 

@@ -17,7 +17,9 @@ output_dtype and block_size).
                            not data); `fold_int4_weights`, run by export_onnx, turns each such chain
                            into one INT4 initializer.
 
-Scales are cast to x's dtype (Q/DQ take the scale in the float type of their float side).
+Scales are cast to x's dtype (Q/DQ take the scale in the float type of their float side). Where K is
+not a multiple of the block (128 / group_size), the DequantizeLinear block is gcd(K, block) with each
+scale repeated: TensorRT's parser takes whole blocks only; the weights stay exactly the same.
 """
 
 from __future__ import annotations
@@ -47,6 +49,29 @@ def fp8_linear_translation(x, weight, weight_scale, input_scale, bias=None):
     return y if bias is None else op.Add(y, op.CastLike(bias, x))
 
 
+def _repeat(op, s, axis: int, r: int, keep):
+    """2-D s with each slice along `axis` repeated r times, cut to `keep` (an int64 [1] value) along
+    it: the scale of a finer block grid (constant-folded at export)."""
+    if r == 1:
+        return s
+    s3 = op.Unsqueeze(s, op.Constant(value_ints=[axis + 1]))
+    dims = [op.Shape(s, start=0, end=1), op.Shape(s, start=1, end=2)]
+    dims.insert(axis + 1, op.Constant(value_ints=[r]))
+    # [-1, cols] for axis 0, [rows, -1] for axis 1 (a 0 in Reshape's shape copies the input's dim, here r)
+    flat = (op.Concat(op.Constant(value_ints=[-1]), dims[2], axis=0) if axis == 0
+            else op.Concat(dims[0], op.Constant(value_ints=[-1]), axis=0))
+    out = op.Reshape(op.Expand(s3, op.Concat(*dims, axis=0)), flat)
+    return op.Slice(out, op.Constant(value_ints=[0]), keep, op.Constant(value_ints=[axis]))
+
+
+def _block(K, group: int) -> int:
+    """The DequantizeLinear block size along K: `group` when it divides K, else gcd(K, group) (TensorRT
+    takes whole blocks only; each finer block repeats its group's scale, the same weights exactly)."""
+    import math
+
+    return group if not isinstance(K, int) or K % group == 0 else math.gcd(K, group)
+
+
 def fp8_block_linear_translation(x, weight, weight_scale_inv, bias=None):
     op = _op()
     # [Nb, Kb] -> [N, Kb]: each row of blocks repeated 128 times, cut to N rows (constant-folded).
@@ -58,7 +83,11 @@ def fp8_block_linear_translation(x, weight, weight_scale_inv, bias=None):
     rows = op.Reshape(op.Expand(s3, shape3), op.Concat(op.Constant(value_ints=[-1]), op.Shape(s, start=1, end=2),
                                                        axis=0))
     rows = op.Slice(rows, op.Constant(value_ints=[0]), n, op.Constant(value_ints=[0]))
-    wd = op.DequantizeLinear(weight, rows, axis=1, block_size=BLOCK)  # [N, K] in x's dtype
+    K = weight.shape[1]
+    b = _block(K, BLOCK)
+    if b != BLOCK:
+        rows = _repeat(op, rows, 1, BLOCK // b, op.Constant(value_ints=[K // b]))
+    wd = op.DequantizeLinear(weight, rows, axis=1, block_size=b)  # [N, K] in x's dtype
     y = op.MatMul(x, op.Transpose(wd, perm=[1, 0]))
     return y if bias is None else op.Add(y, op.CastLike(bias, x))
 
@@ -85,7 +114,11 @@ def int4_linear_translation(x, qweight, scales, bias=None, group_size: int = 128
         K = qweight.shape[1] * 2
     w_t = op.Transpose(_unpack_int4(op, qweight, K), perm=[1, 0])  # INT4 [K, N]
     s_t = op.Transpose(op.CastLike(scales, x), perm=[1, 0])  # [ceil(K/G), N]
-    wd = op.DequantizeLinear(w_t, s_t, axis=0, block_size=int(group_size))
+    G = int(group_size)
+    b = _block(K, G)
+    if b != G:
+        s_t = _repeat(op, s_t, 0, G // b, op.Constant(value_ints=[K // b]))
+    wd = op.DequantizeLinear(w_t, s_t, axis=0, block_size=b)
     y = op.MatMul(x, wd)
     return y if bias is None else op.Add(y, op.CastLike(bias, x))
 
