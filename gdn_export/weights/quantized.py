@@ -71,7 +71,7 @@ def read_quant_config(config_path: str | Path) -> dict | None:
     """config.json's quantization_config (a dict) or None."""
     try:
         raw = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
         return None  # read_config reports an unreadable config.json
     qc = raw.get("quantization_config") if isinstance(raw, dict) else None
     if qc is None:
