@@ -78,6 +78,7 @@ def run(args) -> int:
     output = output_file(args.output, "-o", args, suffix=".onnx", also=(_sidecar(args.output),))
     check_export_target(output, args.opset, layout)
     checkpoint_dir(args.checkpoint)
+    _check_quantized_opset(Path(args.checkpoint), args.opset, layout)
     output_file(output, "-o", args, also=(_sidecar(output),),
                 need_bytes=_export_bytes(args.checkpoint, args.dtype))
     progress = Progress("export", args.quiet)
@@ -87,3 +88,16 @@ def run(args) -> int:
     path = export_onnx(model, args.output, opset=args.opset, progress=progress)
     print(f"wrote {path}")
     return 0
+
+
+def _check_quantized_opset(checkpoint: Path, opset, layout) -> None:
+    """A quantized checkpoint needs opset >= 21 (FLOAT8 / INT4 Q/DQ): said before the load."""
+    from gdn_export.onnx.export import default_opset
+    from gdn_export.ops.quant_linear.onnx import MIN_OPSET
+    from gdn_export.weights.quantized import read_quant_config
+
+    opset = default_opset(layout) if opset is None else opset
+    qc = read_quant_config(checkpoint / "config.json")
+    if qc is not None and opset < MIN_OPSET:
+        raise InputError(f"{checkpoint} is quantized (quant_method {qc.get('quant_method')!r}): its FLOAT8 / INT4 "
+                         f"Q/DQ need opset >= {MIN_OPSET}, not {opset} (use the inplace kv cache or --opset 21)")

@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--equal-lengths", action="store_true",
                    help="give every row --prompt-len tokens (default with the inplace kv cache: "
                    "ragged rows from --prompt-len down to 1 token)")
+    p.add_argument("--baseline", metavar="CHECKPOINT", default=None,
+                   help="quantized checkpoints: the 16-bit checkpoint it was quantized from, to report the "
+                   "quantized model's distance from it (default: its own weights dequantized to 16 bits)")
     p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON (default: not written)")
     p.add_argument("--logits-only", action="store_true", help="print only the logits rows")
     add_overwrite(p, "the --json file")
@@ -54,6 +57,8 @@ def run(args) -> int:
         if path:
             input_file(path, "ONNX file" if flag == "--onnx" else "engine file")
     checkpoint_dir(args.checkpoint)
+    if args.baseline is not None:
+        checkpoint_dir(args.baseline)
     from gdn_export.weights.loader import check_checkpoint
 
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
@@ -70,17 +75,26 @@ def run(args) -> int:
     dtype = args.dtype or _dtype_of(first) or "fp32"
     state_dtype = str(first.layout.state_dtype).removeprefix("torch.")
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], state_dtype)
+    from gdn_export.quantize.report import tolerance_floor
+
+    atol, rtol = tolerance_floor(first, atol, rtol)  # quantized graphs: README "Quantization"
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
     _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
     reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device, layout=first.layout)
     for what, runner in candidates.items():
         _check_same_model(reference, runner, what)
+    from gdn_export.quantize.report import match_graph_form, quantization_distance
+
+    match_graph_form(reference.model, progress)
     report = run_parity(reference, list(candidates.values()), vocab_size=reference.vocab_size, tolerances=tolerances,
                         batch=args.batch, prompt_len=args.prompt_len,
                         decode_steps=args.decode_steps, seed=args.seed,
                         ragged=False if args.equal_lengths else None, progress=progress)
     print(format_table(report, states=not args.logits_only))
+    distance = quantization_distance(reference.model, args.seed, progress, baseline=args.baseline)
+    if distance:
+        print(distance)
     if args.json:
         write_json(report, args.json)
         progress(f"wrote {args.json}")

@@ -12,6 +12,10 @@ The fused weight is built once; each member's `weight` (and `bias`) becomes a vi
 parameters, `state_dict()` and memory stay as they were (no second copy of the weights). The fused
 tensors are non-persistent buffers of the first member, so `model.to(...)` / `.half()` carry them
 along (the views then become copies: still the same values, twice the memory).
+
+Quantized projections (gdn_export.modules.quant_linear) are grouped by `fuse_quantized`
+(gdn_export.modules.quant_fusion): same-format siblings become one quantized GEMM; a group that
+mixes 16-bit and quantized members (Qwen3.5's GDN q/k/v/z with its 16-bit b / a) runs as parts.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class _Group:
 def project_together(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for linear in linears), as one GEMM when `fuse_linears` grouped exactly these."""
     group = getattr(linears[0], "_fused_group", None)
+    if group is not None and group.members == linears and callable(group):
+        return group(x)
     if group is not None and group.members == linears:
         first = linears[0]
         return torch.split(F.linear(x, first._fused_weight, first._fused_bias), group.sizes, dim=-1)
@@ -70,6 +76,8 @@ def fuse(*linears: nn.Linear) -> None:
 def fuse_linears(model: nn.Module) -> int:
     """Fuse the sibling projections of every module that lists them (`fusible_linears()`: tuples
     of its nn.Linear children fed the same input). Returns how many groups were fused."""
+    from gdn_export.modules.quant_fusion import fuse_quantized, is_quantized
+
     groups = 0
     for module in model.modules():
         lister = getattr(module, "fusible_linears", None)
@@ -77,6 +85,9 @@ def fuse_linears(model: nn.Module) -> int:
             continue
         for members in lister():
             if len(members) > 1:
-                fuse(*members)
-                groups += 1
+                if any(is_quantized(m) for m in members):
+                    groups += fuse_quantized(members)
+                else:
+                    fuse(*members)
+                    groups += 1
     return groups

@@ -128,6 +128,9 @@ def _trace(model, specs, opset: int):
 
         InlinePass()(ir_model)
         RemoveUnusedFunctionsPass()(ir_model)
+    from gdn_export.ops.quant_linear.onnx import fold_int4_weights
+
+    fold_int4_weights(ir_model)  # W4A16 weights as INT4 initializers (none in a 16-bit model)
     return ir_model
 
 
@@ -191,6 +194,13 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
     opset = default_opset(layout) if opset is None else opset
     path = check_export_target(path, opset, layout)
     say = progress or (lambda _msg: None)
+    from gdn_export.modules.quant_linear import quantized_formats
+    from gdn_export.ops.quant_linear.onnx import MIN_OPSET as QUANT_OPSET
+
+    formats = quantized_formats(model)
+    if formats and opset < QUANT_OPSET:
+        raise GdnExportError(f"opset {opset}: quantized layers ({', '.join(sorted(formats))}) need FLOAT8 / INT4 "
+                             f"Q/DQ of opset >= {QUANT_OPSET}")
     model.eval()
     specs = model.state_specs()
     say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}, "
@@ -200,7 +210,7 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
         version=__version__, family=model.config.family,
         dtype=metadata.torch_dtype_name(model.dtype), opset=opset,
         vocab_size=model.config.vocab_size, states=metadata.layouts_from_specs(specs),
-        layout=layout,
+        layout=layout, quantization=metadata.quantization_name(formats),
     ))
     ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
     external = _initializer_bytes(ir_model) > EXTERNAL_DATA_THRESHOLD

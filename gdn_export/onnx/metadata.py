@@ -14,6 +14,10 @@
     gdn_export.attention_sinks / gdn_export.attention_window   streaming (0 / 0: off)
     gdn_export.logits       "last" (logits [batch, 1, V]) | "all" ([batch, seq, V])
     gdn_export.state_dtype  recurrent state dtype ("float32" | "bfloat16" | "float16")
+    gdn_export.quantization "none" | "fp8" (FP8 Q/DQ, weights per channel, activations per tensor) |
+                            "fp8-block128" (published FP8: blockwise weight DQ, 16-bit activations) |
+                            "int4-awq" (INT4 weights, blockwise DQ of 128, 16-bit activations);
+                            a comma-separated list when a model mixes them
 
 Files written before these keys existed are the concat layout with all logits and fp32 states.
 """
@@ -37,6 +41,7 @@ KEY_SINKS = PREFIX + "attention_sinks"
 KEY_WINDOW = PREFIX + "attention_window"
 KEY_LOGITS = PREFIX + "logits"
 KEY_STATE_DTYPE = PREFIX + "state_dtype"
+KEY_QUANTIZATION = PREFIX + "quantization"
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,13 @@ def layouts_from_specs(specs: Sequence) -> list[StateLayout]:
                         s.kind) for s in specs]
 
 
+def quantization_name(formats) -> str:
+    """The gdn_export.quantization value of a model whose quantized layers have `formats`."""
+    return ",".join(sorted(formats)) or "none"
+
+
 def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_size: int,
-                  states: Sequence[StateLayout], layout) -> dict[str, str]:
+                  states: Sequence[StateLayout], layout, quantization: str = "none") -> dict[str, str]:
     """The metadata_props entries (all strings) of an exported file; `layout` is the model's
     gdn_export.layout.DeployLayout."""
     return {
@@ -87,6 +97,7 @@ def make_metadata(*, version: str, family: str, dtype: str, opset: int, vocab_si
         KEY_WINDOW: str(layout.window),
         KEY_LOGITS: layout.logits,
         KEY_STATE_DTYPE: torch_dtype_name(layout.state_dtype),
+        KEY_QUANTIZATION: quantization,
     }
 
 

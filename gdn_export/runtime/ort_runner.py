@@ -115,6 +115,9 @@ class OrtRunner(Runner):
                                  f"runner handles float32 / float16 graphs")
         full = attach_reference_functions(model)
         options = session_options or ort.SessionOptions()
+        # ORT fuses INT4 DequantizeLinear -> MatMul into MatMulNBits, which by default (level 4)
+        # quantizes the activations to int8; level 0 keeps the W4A16 arithmetic of the graph.
+        options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
         if _uses_external_data(model):
             # External data resolves relative to the model file: the session must load a file
             # beside it. The copy with functions attached lives only until the session is built.

@@ -30,8 +30,9 @@ from gdn_export.hf_config import read_config
 from gdn_export.config import DTYPES, HybridConfig
 from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
-from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
-from gdn_export.weights.mapping import report
+from gdn_export.modules.quant_linear import fixed_dtypes
+from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next, quantized
+from gdn_export.weights.mapping import Plan, report
 from gdn_export.weights.dtypes import allowed_dtypes, check_tensor_dtypes
 from gdn_export.weights.reader import CheckpointReader, check_readable
 
@@ -54,26 +55,36 @@ def _dtype(dtype: torch.dtype | str | None, config: HybridConfig) -> torch.dtype
     return dtype
 
 
-def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, expected: dict):
-    """The family's plan for this checkpoint, names, shapes and stored dtypes checked (headers only)."""
-    shapes = dict(reader.shapes)
+def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, model) -> Plan:
+    """The family's plan for this checkpoint, names, shapes and stored dtypes checked (headers only).
+    The quantized Linears a quantization_config names are swapped into the meta-device `model` and
+    planned first (weights.quantized checks their tensors and dtypes); every other tensor must be
+    stored as a float the model converts."""
+    spec = quantized.parse_spec(quantized.read_quant_config(directory / "config.json"),
+                                str(directory / "config.json"))
+    family = FAMILIES[config.family]
+    quant = quantized.prepare(model, config, family, spec, reader)
+    expected = quant.expected({name: tuple(t.shape) for name, t in model.state_dict().items()})
+    shapes = quant.shapes(reader.shapes)
     if config.tie_word_embeddings:
         # transformers ties over a stored lm_head; do the same, quietly.
+        expected.pop(LM_HEAD, None)
         shapes.pop(LM_HEAD, None)
-    plan = FAMILIES[config.family].plan(shapes, expected, config)
+    plan = family.plan(shapes, expected, config)
+    quant.finish(plan)
     report(plan, str(directory))
+    checked = quant.consumed | set(quant.expert_scales) | set(quant.expert_scales.values()) | {
+        key for source in quant.sources.values() for key in source.keys}
     used = {key for source in plan.sources.values() for key in source.keys}
-    check_tensor_dtypes({k: reader.dtypes[k] for k in used}, allowed_dtypes(config), str(directory))
+    floats = allowed_dtypes(config)
+    check_tensor_dtypes({k: reader.dtypes[k] for k in used - checked}, floats, str(directory))
     return plan
 
 
-def _expected(config: HybridConfig) -> dict[str, tuple[int, ...]]:
+def _meta_model(config: HybridConfig, dtype: torch.dtype | None = None) -> HybridForCausalLM:
     with torch.device("meta"):
         model = HybridForCausalLM(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop(LM_HEAD)
-    return expected
+        return model.to(dtype) if dtype is not None else model
 
 
 def check_checkpoint(directory: str | Path) -> int:
@@ -86,7 +97,7 @@ def check_checkpoint(directory: str | Path) -> int:
         check_readable(directory, "checkpoint directory", folder=True)
         config = read_config(directory / "config.json")
         with CheckpointReader(directory) as reader:
-            _plan(directory, reader, config, _expected(config))
+            _plan(directory, reader, config, _meta_model(config))
             return sum(math.prod(shape) for shape in reader.shapes.values())
     finally:
         logging.disable(logging.NOTSET)
@@ -101,16 +112,14 @@ def load_checkpoint(
     directory = Path(directory)
     check_readable(directory, "checkpoint directory", folder=True)
     config = read_config(directory / "config.json")
+    spec = quantized.parse_spec(quantized.read_quant_config(directory / "config.json"),
+                                str(directory / "config.json"))
     dtype = _dtype(dtype, config)
-
-    with torch.device("meta"):
-        model = HybridForCausalLM(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop(LM_HEAD)
+    model = _meta_model(config, dtype)
 
     with CheckpointReader(directory) as reader:
-        plan = _plan(directory, reader, config, expected)
+        plan = _plan(directory, reader, config, model)
+        keep = fixed_dtypes(model)  # fp8 weights and fp32 scales keep their dtype
         state = {}
         cache: dict[str, torch.Tensor] = {}
 
@@ -122,7 +131,7 @@ def load_checkpoint(
             return cache[key]
 
         for name, source in plan.sources.items():
-            state[name] = source.load(reader, read, dtype, device)
+            state[name] = source.load(reader, read, keep.get(name, dtype), device)
         cache.clear()
     if config.tie_word_embeddings:
         state[LM_HEAD] = state[EMBED]

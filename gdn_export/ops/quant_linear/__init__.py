@@ -1,0 +1,175 @@
+"""Quantized linear layers as `gdn` custom ops: the contract shared by the reference, the GPU kernels
+and the ONNX translation.
+
+    fp8_linear(x, weight, weight_scale, input_scale, bias=None)          gdn::fp8_linear
+        FP8 E4M3 weights per output channel, static (calibrated) per-tensor FP8 activations (the
+        ModelOpt FP8 form). weight float8_e4m3fn [N, K]; weight_scale fp32 [N]; input_scale fp32 [].
+        x_q = e4m3(clamp(x / input_scale, -448, 448));  y = (x_q @ weight.T) * input_scale * weight_scale + bias
+
+    fp8_block_linear(x, weight, weight_scale_inv, bias=None)             gdn::fp8_block_linear
+        Published fine-grained FP8 (Qwen / DeepSeek). weight float8_e4m3fn [N, K]; weight_scale_inv
+        fp32 [ceil(N/128), ceil(K/128)]; W[n, k] = weight[n, k] * weight_scale_inv[n // 128, k // 128].
+        Activations quantized at run time per token in groups of 128 along K:
+        s[m, g] = max(amax|x[m, group g]|, 1e-10) / 448;  x_q = e4m3(x / s).
+
+    int4_linear(x, qweight, scales, bias=None, group_size=128)           gdn::int4_linear
+        W4A16 (AWQ / RTN). qweight uint8 [N, ceil(K/2)]: element (n, k) at byte k // 2, low nibble for
+        even k, signed two's complement in [-8, 7] (ONNX INT4 packing); scales [N, ceil(K/group_size)]
+        in x's dtype (fp32 for fp32 x); W[n, k] = int4(n, k) * scales[n, k // group_size].
+
+x [..., K] fp32 / fp16 / bf16; y [..., N] in x's dtype; bias [N] or None; accumulation in fp32.
+
+Dispatch: CUDA tensors go to gdn_export.ops.quant_linear.gpu.<same name> when that module imports,
+everything else to the fp32 references in `naive.py`. Each op is one node for torch.compile, CUDA
+graphs and torch.export (its fake impl gives the output shape); the ONNX translation (`onnx.py`)
+writes standard QuantizeLinear / DequantizeLinear + MatMul.
+
+Tolerances of a fast path against the reference (relative RMS of y): 1e-5 for fp32 x, 1e-2 for
+fp16 / bf16 x.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from gdn_export.ops import backends
+from gdn_export.ops.quant_linear import naive
+
+FP8 = torch.float8_e4m3fn
+BLOCK = naive.BLOCK
+FP8_MAX = naive.FP8_MAX
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_GPU: list = []  # [module or None] once looked up
+
+
+def _gpu():
+    if not _GPU:
+        try:
+            _GPU.append(importlib.import_module("gdn_export.ops.quant_linear.gpu"))
+        except ImportError:
+            _GPU.append(None)
+    return _GPU[0]
+
+
+def _impl(device: torch.device, name: str):
+    """gpu.<name> for CUDA tensors when gpu.py imports, else naive.<name>."""
+    if device.type == "cuda":
+        gpu = _gpu()
+        if gpu is not None and hasattr(gpu, name):
+            return getattr(gpu, name)
+    return getattr(naive, name)
+
+
+def _check_x(x: torch.Tensor, K: int, bias: torch.Tensor | None, N: int) -> None:
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"x must be fp32, fp16 or bf16, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != K:
+        raise ValueError(f"x must be [..., K={K}], got {tuple(x.shape)}")
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise ValueError(f"bias must be [N={N}], got {tuple(bias.shape)}")
+
+
+def check_fp8(x, weight, weight_scale, input_scale, bias=None) -> None:
+    """ValueError naming the argument that breaks fp8_linear's contract."""
+    if weight.dtype != FP8 or weight.dim() != 2:
+        raise ValueError(f"weight must be float8_e4m3fn [N, K], got {weight.dtype} {tuple(weight.shape)}")
+    N, K = weight.shape
+    if weight_scale.dtype != torch.float32 or tuple(weight_scale.shape) != (N,):
+        raise ValueError(f"weight_scale must be fp32 [N={N}], got {weight_scale.dtype} {tuple(weight_scale.shape)}")
+    if input_scale.dtype != torch.float32 or input_scale.dim() != 0:
+        raise ValueError(f"input_scale must be a 0-d fp32 tensor, got {input_scale.dtype} {tuple(input_scale.shape)}")
+    _check_x(x, K, bias, N)
+
+
+def check_fp8_block(x, weight, weight_scale_inv, bias=None) -> None:
+    """ValueError naming the argument that breaks fp8_block_linear's contract."""
+    if weight.dtype != FP8 or weight.dim() != 2:
+        raise ValueError(f"weight must be float8_e4m3fn [N, K], got {weight.dtype} {tuple(weight.shape)}")
+    N, K = weight.shape
+    want = (-(-N // BLOCK), -(-K // BLOCK))
+    if weight_scale_inv.dtype != torch.float32 or tuple(weight_scale_inv.shape) != want:
+        raise ValueError(f"weight_scale_inv must be fp32 {want}, got {weight_scale_inv.dtype} "
+                         f"{tuple(weight_scale_inv.shape)}")
+    _check_x(x, K, bias, N)
+
+
+def check_int4(x, qweight, scales, bias=None, group_size: int = 128) -> None:
+    """ValueError naming the argument that breaks int4_linear's contract."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
+        raise ValueError(f"group_size must be an even int >= 2, got {group_size!r}")
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
+        raise ValueError(f"qweight must be uint8 [N, ceil(K/2)], got {qweight.dtype} {tuple(qweight.shape)}")
+    N = qweight.shape[0]
+    K = x.shape[-1] if x.dim() else 0
+    if qweight.shape[1] != -(-K // 2):
+        raise ValueError(f"qweight must be [N, ceil(K/2)={-(-K // 2)}] for x [..., K={K}], got {tuple(qweight.shape)}")
+    want = (N, -(-K // group_size))
+    scale_dtype = x.dtype
+    if tuple(scales.shape) != want or scales.dtype != scale_dtype:
+        raise ValueError(f"scales must be {scale_dtype} {want}, got {scales.dtype} {tuple(scales.shape)}")
+    _check_x(x, K, bias, N)
+
+
+# ------------------------------------------------------------------------ torch.library ops
+@torch.library.custom_op("gdn::fp8_linear", mutates_args=())
+def _fp8_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                   input_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _impl(x.device, "fp8_linear")(x, weight, weight_scale, input_scale, bias)
+
+
+@_fp8_linear_op.register_fake
+def _(x, weight, weight_scale, input_scale, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("gdn::fp8_block_linear", mutates_args=())
+def _fp8_block_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                         bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _impl(x.device, "fp8_block_linear")(x, weight, weight_scale_inv, bias)
+
+
+@_fp8_block_linear_op.register_fake
+def _(x, weight, weight_scale_inv, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("gdn::int4_linear", mutates_args=())
+def _int4_linear_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                    bias: Optional[torch.Tensor], group_size: int) -> torch.Tensor:
+    return _impl(x.device, "int4_linear")(x, qweight, scales, bias, group_size)
+
+
+@_int4_linear_op.register_fake
+def _(x, qweight, scales, bias, group_size):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+# ------------------------------------------------------------------------ public entries
+def fp8_linear(x, weight, weight_scale, input_scale, bias=None) -> torch.Tensor:
+    """x [..., K] -> y [..., N] in x's dtype (see module docstring)."""
+    if backends.can_call_directly(x, weight, weight_scale, input_scale, bias):
+        check_fp8(x, weight, weight_scale, input_scale, bias)
+        return _impl(x.device, "fp8_linear")(x, weight, weight_scale, input_scale, bias)
+    return torch.ops.gdn.fp8_linear(x, weight, weight_scale, input_scale, bias)
+
+
+def fp8_block_linear(x, weight, weight_scale_inv, bias=None) -> torch.Tensor:
+    """x [..., K] -> y [..., N] in x's dtype (see module docstring)."""
+    if backends.can_call_directly(x, weight, weight_scale_inv, bias):
+        check_fp8_block(x, weight, weight_scale_inv, bias)
+        return _impl(x.device, "fp8_block_linear")(x, weight, weight_scale_inv, bias)
+    return torch.ops.gdn.fp8_block_linear(x, weight, weight_scale_inv, bias)
+
+
+def int4_linear(x, qweight, scales, bias=None, group_size: int = 128) -> torch.Tensor:
+    """x [..., K] -> y [..., N] in x's dtype (see module docstring)."""
+    if backends.can_call_directly(x, qweight, scales, bias):
+        check_int4(x, qweight, scales, bias, group_size)
+        return _impl(x.device, "int4_linear")(x, qweight, scales, bias, group_size)
+    return torch.ops.gdn.int4_linear(x, qweight, scales, bias, int(group_size))
+
+
+__all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "check_fp8", "check_fp8_block", "check_int4"]

@@ -1,0 +1,68 @@
+"""quantize_checkpoint: checks, calibration data, ModelOpt calibration, the quantized folder; and
+quantize_model for an in-memory model (bench --quant)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gdn_export.errors import GdnExportError
+from gdn_export.hf_config import read_config
+from gdn_export.quantize import FORMATS
+from gdn_export.quantize.calib_data import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, load_calibration
+from gdn_export.weights.quantized import read_quant_config
+
+
+def check_not_quantized(checkpoint: Path) -> None:
+    qc = read_quant_config(checkpoint / "config.json")
+    if qc is not None:
+        raise GdnExportError(f"{checkpoint}: is already quantized (quantization_config quant_method "
+                             f"{qc.get('quant_method')!r}); quantize a 16-bit checkpoint")
+
+
+def quantize_model(model, checkpoint: Path, fmt: str, calib_data=None, samples: int = DEFAULT_SAMPLES,
+                   seq_len: int = DEFAULT_SEQ_LEN, progress=None, rows=None):
+    """Calibrate on an fp32 copy of checkpoint's weights and swap the quantized Linears into
+    `model` (a 16-bit HybridForCausalLM of that checkpoint). Returns (model, calibrator name)."""
+    from gdn_export.quantize.calibrate import apply, calibrate, modelopt_version
+    from gdn_export.weights import load_checkpoint
+
+    say = progress or (lambda _m: None)
+    if rows is None:
+        rows, _ = load_calibration(calib_data, checkpoint, model.config.vocab_size, samples, seq_len, say)
+    version = modelopt_version()
+    say("loading an fp32 copy for calibration")
+    calib_model = load_checkpoint(checkpoint, dtype=torch.float32)
+    tensors = calibrate(calib_model, fmt, rows, say)
+    del calib_model
+    if not tensors:
+        raise GdnExportError(f"{checkpoint}: no Linear layer to quantize")
+    say(f"{len(tensors)} Linear layers quantized ({fmt})")
+    return apply(model, fmt, tensors), f"modelopt {version}"
+
+
+def quantize_checkpoint(checkpoint, out, fmt: str, *, calib_data=None, samples: int = DEFAULT_SAMPLES,
+                        seq_len: int = DEFAULT_SEQ_LEN, overwrite: bool = False, progress=None) -> Path:
+    """Write the fmt-quantized form of the 16-bit `checkpoint` folder to `out`; every check (format,
+    already quantized, OUT, calibration data, ModelOpt present) before the model is loaded."""
+    from gdn_export.quantize.calibrate import modelopt_version
+    from gdn_export.quantize.writer import check_output, write_quantized
+    from gdn_export.weights import load_checkpoint
+    from gdn_export.weights.loader import FAMILIES
+
+    say = progress or (lambda _m: None)
+    checkpoint = Path(checkpoint)
+    if fmt not in FORMATS:
+        raise GdnExportError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    config = read_config(checkpoint / "config.json")
+    check_not_quantized(checkpoint)
+    out = check_output(out, overwrite, checkpoint)
+    rows, _ = load_calibration(calib_data, checkpoint, config.vocab_size, samples, seq_len, say)
+    say("importing ModelOpt")
+    modelopt_version()  # ModelOpt missing: said before the load
+    say(f"loading {checkpoint} ({config.torch_dtype})")
+    model = load_checkpoint(checkpoint)
+    model, calibrator = quantize_model(model, checkpoint, fmt, progress=say, rows=rows)
+    return write_quantized(model, FAMILIES[config.family], config, checkpoint, out, fmt, calibrator,
+                           config.torch_dtype, overwrite=overwrite, progress=say)

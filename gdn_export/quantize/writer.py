@@ -1,0 +1,129 @@
+"""Write a quantized model as a checkpoint folder in ModelOpt's unified Hugging Face form.
+
+    config.json          the source config plus quantization_config:
+                         {"quant_method": "modelopt", "quant_algo": "FP8" | "W4A16_AWQ",
+                          "config_groups": {...}, "ignore": [16-bit Linear modules, routed experts],
+                          "producer": {...}}
+    hf_quant_config.json {"producer": ..., "quantization": {"quant_algo", "kv_cache_quant_algo",
+                          "exclude_modules", ("group_size", "has_zero_point", "pre_quant_scale")}}
+    model.safetensors    16-bit tensors as in the source; per quantized Linear:
+                         FP8: weight float8_e4m3fn [out, in], weight_scale fp32 [out], input_scale fp32 []
+                         W4A16_AWQ: weight uint8 [out/2, in] (ModelOpt's packing: output rows 2i and
+                         2i+1 in the low / high nibble), weight_scale [out, in/128] and
+                         pre_quant_scale [in] in the model dtype
+    every other file of the source folder (tokenizer, generation config) copied as it is
+
+Written in a temporary folder beside OUT and renamed into place: OUT appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from gdn_export import __version__
+from gdn_export.errors import GdnExportError
+from gdn_export.modules.quant_linear import Int4Linear, QuantLinear
+from gdn_export.ops.quant_linear.naive import unpack_int4
+from gdn_export.weights.quantized import pack_modelopt_int4
+from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
+
+QUANT_ALGO = {"fp8": "FP8", "int4-awq": "W4A16_AWQ"}
+_SKIP = {"config.json", SINGLE_FILE, INDEX_FILE, "hf_quant_config.json"}
+
+
+def check_output(out: str | Path, overwrite: bool, source: str | Path) -> Path:
+    """GdnExportError before any work when OUT cannot be written."""
+    out, source = Path(out), Path(source)
+    if out.resolve() == source.resolve():
+        raise GdnExportError(f"-o {out}: is the source checkpoint itself")
+    if out.exists() and not overwrite:
+        raise GdnExportError(f"-o {out}: already exists (give --overwrite to replace it)")
+    if out.exists() and not out.is_dir():
+        raise GdnExportError(f"-o {out}: is a file, not a checkpoint folder")
+    if not out.parent.is_dir():
+        raise GdnExportError(f"-o {out}: folder {out.parent} does not exist")
+    return out
+
+
+def _ignored(model: nn.Module, family, config) -> list[str]:
+    names = []
+    for name, m in model.named_modules():
+        if type(m) is nn.Linear:
+            names.append(family.checkpoint_name(f"{name}.weight", config)[: -len(".weight")])
+    if config.num_experts:
+        names.append("*mlp.experts*")
+    return sorted(names)
+
+
+def quantization_config(fmt: str, ignore: list[str], calibrator: str, group_size: int = 128) -> tuple[dict, dict]:
+    """(config.json quantization_config, hf_quant_config.json) for fmt."""
+    algo = QUANT_ALGO[fmt]
+    producer = {"name": "gdn-export", "version": __version__, "calibration": calibrator}
+    if fmt == "fp8":
+        group = {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+                 "weights": {"dynamic": False, "num_bits": 8, "type": "float", "strategy": "channel"},
+                 "targets": ["Linear"]}
+        details = {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": ignore}
+    else:
+        group = {"weights": {"dynamic": False, "num_bits": 4, "type": "int", "group_size": group_size},
+                 "targets": ["Linear"]}
+        details = {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": ignore,
+                   "group_size": group_size, "has_zero_point": False, "pre_quant_scale": True}
+    qc = {"quant_method": "modelopt", "quant_algo": algo, "config_groups": {"group_0": group},
+          "ignore": ignore, "producer": producer}
+    return qc, {"producer": producer, "quantization": details}
+
+
+def write_quantized(model: nn.Module, family, config, source: str | Path, out: str | Path, fmt: str,
+                    calibrator: str, dtype: torch.dtype, overwrite: bool = False, progress=None) -> Path:
+    """Write `model` (quantized Linears swapped in) as a checkpoint folder at `out`."""
+    say = progress or (lambda _m: None)
+    source, out = Path(source), Path(out)
+    raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    ignore = _ignored(model, family, config)
+    qc, hf_qc = quantization_config(fmt, ignore, calibrator)
+    raw["quantization_config"] = qc
+
+    tensors: dict[str, torch.Tensor] = {}
+    int4 = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, Int4Linear)}
+    quant_buffers = {f"{n}.{b}" for n, m in model.named_modules() if isinstance(m, QuantLinear)
+                     for b, _ in m.named_buffers(recurse=False)}
+    for name, t in model.state_dict().items():
+        if config.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        if name in int4:
+            m = int4[name]
+            t = pack_modelopt_int4(unpack_int4(t, m.in_features))
+        elif name not in quant_buffers and t.is_floating_point():
+            t = t.to(dtype)
+        for key, part in family.checkpoint_tensors(name, t, config):
+            tensors[key] = part.detach().contiguous().cpu()
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        say(f"writing {len(tensors)} tensors to {out}")
+        for f in source.iterdir():
+            if f.is_file() and f.name not in _SKIP and not f.name.endswith(".safetensors"):
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+        (tmp / "hf_quant_config.json").write_text(json.dumps(hf_qc, indent=4) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,111 @@
+"""`gdn-export quantize` through the command line: fp8 and int4-awq checkpoints that export,
+validate in ONNX Runtime and carry their format in metadata_props; every bad input is one line,
+exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from gdn_export.weights.tiny import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("q") / "bf", "qwen3_5", seed=2,
+                                hidden_size=192, intermediate_size=320)
+
+
+@pytest.fixture(scope="module")
+def ids_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("calib") / "ids.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 256, 200))
+    return path
+
+
+@pytest.mark.parametrize("fmt,algo", [("fp8", "FP8"), ("int4-awq", "W4A16_AWQ")])
+def test_quantize_export_validate(cli, ckpt, ids_file, tmp_path, fmt, algo):
+    out = tmp_path / "q"
+    r = cli("quantize", ckpt, "-o", out, "--format", fmt, "--calib-data", ids_file, "--calib-samples", 3,
+            "--calib-seq-len", 40)
+    assert r.code == 0, r.err
+    assert "calibration forward" in r.err  # progress on stderr
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == algo
+    assert any(name.endswith("in_proj_a") for name in qc["ignore"]) and "lm_head" in qc["ignore"]
+    assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == algo
+    onnx_path = tmp_path / "q.onnx"
+    assert cli("export", out, "-o", onnx_path, "-q").code == 0
+    meta = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
+    assert meta["gdn_export.quantization"] == fmt
+    r = cli("validate", out, "--onnx", onnx_path, "--baseline", ckpt, "-q")
+    assert r.code == 0, r.out
+    assert "PASS" in r.out and f"quantization ({fmt}) vs the 16-bit" in r.out
+
+
+def test_published_fp8_exports_and_validates(cli, ckpt, tmp_path):
+    from tests.weights.fp8_checkpoints import to_published_fp8
+
+    fp8 = tmp_path / "fp8"
+    to_published_fp8(ckpt, fp8)
+    onnx_path = tmp_path / "fp8.onnx"
+    assert cli("export", fp8, "-o", onnx_path, "-q").code == 0
+    r = cli("validate", fp8, "--onnx", onnx_path, "-q")
+    assert r.code == 0 and "PASS" in r.out and "quantization (fp8-block128)" in r.out
+
+
+def _text(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    return path
+
+
+BAD = [
+    pytest.param(lambda t, c: ["--format", "int8"], "--format 'int8' is not one of fp8, int4-awq", id="unknown-format"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--calib-data", _text(t, "e.txt", "")],
+                 "the file is empty", id="empty-calib"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--calib-data", _text(t, "ids.txt", "1 2 9999")],
+                 "token id 9999 at position 2 is outside the vocabulary [0, 256)", id="oov-ids"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--calib-data", _text(t, "t.txt", "Hello world.")],
+                 "has no tokenizer", id="text-without-tokenizer"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--calib-data", t / "missing.npy"], "file not found",
+                 id="missing-calib"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--kv-cache", "fp8"], "not supported yet", id="kv-cache-fp8"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--calib-samples", "0"], "--calib-samples must be >= 1",
+                 id="zero-samples"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_inputs(cli, ckpt, tmp_path, args, message):
+    out = tmp_path / "out"
+    r = cli("quantize", ckpt, "-o", out, *args(tmp_path, ckpt))
+    assert message in r.error_line("quantize")
+    assert not out.exists()
+
+
+def test_already_quantized_and_existing_output(cli, ckpt, tmp_path):
+    from tests.weights.fp8_checkpoints import to_published_fp8
+
+    fp8 = tmp_path / "fp8"
+    to_published_fp8(ckpt, fp8)
+    r = cli("quantize", fp8, "-o", tmp_path / "again", "--format", "fp8")
+    assert "is already quantized (quantization_config quant_method 'fp8')" in r.error_line("quantize")
+    assert not (tmp_path / "again").exists()
+    (tmp_path / "taken").mkdir()
+    r = cli("quantize", ckpt, "-o", tmp_path / "taken", "--format", "fp8")
+    assert "already exists (give --overwrite" in r.error_line("quantize")
+    assert not any((tmp_path / "taken").iterdir())
+
+
+def test_quantized_export_needs_opset_21(cli, tmp_path, ckpt):
+    from tests.weights.fp8_checkpoints import to_published_fp8
+
+    fp8 = tmp_path / "fp8"
+    to_published_fp8(ckpt, fp8)
+    r = cli("export", fp8, "-o", tmp_path / "x.onnx", "--kv-cache", "concat")
+    assert "need opset >= 21, not 18" in r.error_line("export")
+    assert not (tmp_path / "x.onnx").exists()
