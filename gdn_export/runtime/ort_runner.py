@@ -1,8 +1,10 @@
 """OrtRunner: an exported .onnx file in ONNX Runtime (states are numpy arrays).
 
-The file holds bare gdn.* nodes (what TensorRT maps to plugins). At load time the runner attaches
-standard-ONNX bodies of those ops as model-local functions (gdn_export.onnx.functions), which ORT
-inlines; nothing is written over the file and no compiled custom-op library is needed.
+The file holds bare gdn.* nodes (what TensorRT maps to plugins) or their standard form. At load time
+the runner rewrites the GDN layers to ORT's com.microsoft LinearAttention / CausalConvWithState
+kernels, or, where none applies, attaches standard-ONNX bodies of the gdn ops as model-local
+functions (gdn_export.onnx.ort_native; `kernels` / `kernels_note` say which and why); nothing is
+written over the file and no compiled custom-op library is needed.
 
 Steps run through an IOBinding. With the in-place K/V cache each present.{i}.key / .value output is
 bound to its past.* input's own buffer, which ORT's TensorScatter then updates in place (it copies
@@ -26,7 +28,7 @@ from google.protobuf.message import DecodeError
 from gdn_export.errors import GdnExportError, InputError
 from gdn_export.onnx import metadata
 from gdn_export.onnx.export import INPUT_IDS, LOGITS, TOKEN_INPUTS
-from gdn_export.onnx.functions import attach_reference_functions
+from gdn_export.onnx import ort_native
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 
 _STATE_NAME = re.compile(r"^past\.(?P<layer>\d+)\.(?P<kind>conv|recurrent|key|value)$")
@@ -81,7 +83,8 @@ class OrtRunner(Runner):
     backend = "ort"
 
     def __init__(self, onnx_path: str | os.PathLike,
-                 providers: Sequence[str] = ("CPUExecutionProvider",), session_options=None):
+                 providers: Sequence[str] = ("CPUExecutionProvider",), session_options=None,
+                 kernels: str = "auto"):
         import onnxruntime as ort
 
         self.path = Path(onnx_path)
@@ -113,7 +116,10 @@ class OrtRunner(Runner):
             if spec.dtype not in _NUMPY_DTYPES:
                 raise InputError(f"{self.path}: state {spec.name} is {spec.dtype}; the ONNX Runtime "
                                  f"runner handles float32 / float16 graphs")
-        full = attach_reference_functions(model)
+        # Native com.microsoft kernels where they apply, else function bodies (gdn_export.onnx.ort_native).
+        plan = ort_native.prepare(model, kernels, provider=list(providers)[0])
+        self.kernels, self.kernels_note = plan.kernels, plan.note
+        full = plan.model
         options = session_options or ort.SessionOptions()
         if _uses_external_data(model):
             # External data resolves relative to the model file: the session must load a file
