@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -28,7 +29,7 @@ from google.protobuf.message import DecodeError
 from gdn_export.errors import GdnExportError, InputError
 from gdn_export.onnx import metadata
 from gdn_export.onnx.export import INPUT_IDS, LOGITS, TOKEN_INPUTS
-from gdn_export.onnx import ort_native
+from gdn_export.onnx import bf16, ort_native
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 
 _STATE_NAME = re.compile(r"^past\.(?P<layer>\d+)\.(?P<kind>conv|recurrent|key|value)$")
@@ -113,15 +114,31 @@ class OrtRunner(Runner):
             raise InputError(f"{self.path}: cannot tell the vocab size (logits shape {logits_dims})")
         self.vocab_size = vocab
         for spec in self.state_specs:
-            if spec.dtype not in _NUMPY_DTYPES:
+            if spec.dtype not in (*_NUMPY_DTYPES, "bfloat16"):
                 raise InputError(f"{self.path}: state {spec.name} is {spec.dtype}; the ONNX Runtime "
-                                 f"runner handles float32 / float16 graphs")
+                                 f"runner handles float32 / float16 / bfloat16 graphs")
+        # bf16 tensors run as fp32 holding bf16 values, rounded where the graph rounds (onnx/bf16.py);
+        # the runner's states are then fp32 arrays (`run_specs`) holding bf16 values.
+        self.bf16_emulated = bf16.has_bf16(model)
+        self.run_specs = [replace(s, dtype="float32") if s.dtype == "bfloat16" else s
+                          for s in self.state_specs]
+        external = _uses_external_data(model)
+        if self.bf16_emulated:
+            if external:
+                onnx.load_external_data_for_model(model, str(self.path.parent))
+            model = bf16.emulate_bf16(model)
         # Native com.microsoft kernels where they apply, else function bodies (gdn_export.onnx.ort_native).
         plan = ort_native.prepare(model, kernels, provider=list(providers)[0])
-        self.kernels, self.kernels_note = plan.kernels, plan.note
+        self.kernels = plan.kernels
+        self.kernels_note = plan.note + ("; bf16 tensors as fp32 rounded to bf16" if self.bf16_emulated else "")
         full = plan.model
         options = session_options or ort.SessionOptions()
-        if _uses_external_data(model):
+        if self.bf16_emulated and external:
+            # The fp32 weights of the emulation: a temporary folder with its own sidecar.
+            with tempfile.TemporaryDirectory(prefix=f".{self.path.stem}.", dir=self.path.parent) as tmp:
+                onnx.save(full, f"{tmp}/m.onnx", save_as_external_data=True, location="m.onnx.data")
+                self.session = ort.InferenceSession(f"{tmp}/m.onnx", options, providers=list(providers))
+        elif external:
             # External data resolves relative to the model file: the session must load a file
             # beside it. The copy with functions attached lives only until the session is built.
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.stem}.", suffix=".ort.onnx",
@@ -138,14 +155,14 @@ class OrtRunner(Runner):
         self._output_names = [LOGITS, *(s.output_name for s in self.state_specs)]
 
     def empty_states(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.state_specs]
+        return [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.run_specs]
 
     def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
         import onnxruntime as ort
 
         states = [np.ascontiguousarray(s) for s in states]
         batch, seq = input_ids.shape
-        check_states(self.state_specs, [(s.shape, s.dtype.name) for s in states], batch,
+        check_states(self.run_specs, [(s.shape, s.dtype.name) for s in states], batch,
                      int(past_lengths[0]))
         binding = self.session.io_binding()
         for name, value in zip(TOKEN_INPUTS, (input_ids, past_lengths, seq_lens)):
