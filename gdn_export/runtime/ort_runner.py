@@ -84,9 +84,23 @@ class OrtRunner(Runner):
     backend = "ort"
 
     def __init__(self, onnx_path: str | os.PathLike,
-                 providers: Sequence[str] = ("CPUExecutionProvider",), session_options=None,
-                 kernels: str = "auto"):
+                 providers: Sequence[str] | None = None, session_options=None,
+                 kernels: str = "auto", device: str = "cpu", device_buffers: bool | None = None):
+        """`device` "cpu" or "cuda[:N]" (onnxruntime-gpu's CUDAExecutionProvider; providers then
+        default to it, CPU as fallback); `kernels` "auto" | "native" | "functions" (ort_native);
+        `device_buffers` (default: device is not the CPU) keeps states as OrtValues on the device:
+        K/V caches updated in place, the GDN states written into a second buffer each step and
+        swapped (no allocation, no host copy)."""
         import onnxruntime as ort
+
+        from gdn_export.runtime import ort_device
+
+        self.device = device
+        self._ort_device = ort_device.parse_device(device)
+        if providers is None:
+            providers = ort_device.providers_for(self._ort_device)
+        self.device_buffers = self._ort_device[0] != "cpu" if device_buffers is None else device_buffers
+        self._spare: dict[str, object] = {}
 
         self.path = Path(onnx_path)
         if not self.path.is_file():
@@ -128,7 +142,8 @@ class OrtRunner(Runner):
                 onnx.load_external_data_for_model(model, str(self.path.parent))
             model = bf16.emulate_bf16(model)
         # Native com.microsoft kernels where they apply, else function bodies (gdn_export.onnx.ort_native).
-        plan = ort_native.prepare(model, kernels, provider=list(providers)[0])
+        first = list(providers)[0]
+        plan = ort_native.prepare(model, kernels, provider=first if isinstance(first, str) else first[0])
         self.kernels = plan.kernels
         self.kernels_note = plan.note + ("; bf16 tensors as fp32 rounded to bf16" if self.bf16_emulated else "")
         full = plan.model
@@ -154,11 +169,24 @@ class OrtRunner(Runner):
                                                 providers=list(providers))
         self._output_names = [LOGITS, *(s.output_name for s in self.state_specs)]
 
-    def empty_states(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.run_specs]
+    def empty_states(self, batch: int) -> list:
+        """Zero states: numpy arrays, or OrtValues on the device with `device_buffers`."""
+        zeros = [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.run_specs]
+        if not self.device_buffers:
+            return zeros
+        import onnxruntime as ort
+
+        self._spare.clear()
+        kind, index = self._ort_device
+        return [ort.OrtValue.ortvalue_from_numpy(z, kind, index) for z in zeros]
 
     def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
         import onnxruntime as ort
+
+        if self.device_buffers:
+            from gdn_export.runtime.ort_device import forward_on_device
+
+            return forward_on_device(self, input_ids, past_lengths, seq_lens, states)
 
         states = [np.ascontiguousarray(s) for s in states]
         batch, seq = input_ids.shape
@@ -188,4 +216,5 @@ class OrtRunner(Runner):
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
         """Copies: the runner updates the K/V arrays in place on the next step."""
-        return {spec.name: np.array(s) for spec, s in zip(self.state_specs, states)}
+        return {spec.name: (s.numpy() if hasattr(s, "numpy") else np.array(s))
+                for spec, s in zip(self.state_specs, states)}
