@@ -20,6 +20,10 @@ inputs and outputs are the gdn node's own tensor names, so the graph around it i
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -327,3 +331,24 @@ def rewrite_file_to_standard(path, say=lambda _msg: None) -> None:
     say("checking the standard form (onnx.checker full_check, strict shape inference)")
     onnx.checker.check_model(str(path), full_check=True)
     onnx.shape_inference.infer_shapes(standard, check_type=True, strict_mode=True)
+
+
+@contextlib.contextmanager
+def gdn_form_file(path, say=lambda _msg: None):
+    """Yield a path whose file is `path` in the gdn form: `path` itself when it is one, else a
+    temporary file beside it (its weights sidecar, if any, is shared: same folder, same relative
+    name) holding to_gdn of its graph, removed on exit. For TensorRT, whose parser maps gdn nodes
+    to our plugins and does not import the opset-27 ops."""
+    path = Path(path)
+    proto = onnx.load(str(path), load_external_data=False)
+    if form_of(proto) != "standard":
+        yield path
+        return
+    say("standard form: LinearAttention / CausalConvWithState blocks rewritten to gdn nodes for the plugins")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".gdn.onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save(to_gdn(proto), tmp)
+        yield Path(tmp)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
