@@ -82,3 +82,33 @@ def prepare(model: onnx.ModelProto, kernels: str = "auto",
     gdn = standard_ops.to_gdn(model) if form == "standard" else model
     note = "function bodies (Loop over tokens, K-tap window)" + (f": {reason}" if reason else "")
     return OrtPlan(attach_reference_functions(gdn), "functions", note)
+
+
+def main(argv=None) -> int:
+    """`python -m gdn_export.onnx.ort_native IN.onnx OUT.onnx [--kernels ...]`: write the model ONNX
+    Runtime runs (what OrtRunner builds in memory), e.g. for `polygraphy run OUT.onnx --onnxrt`."""
+    import argparse
+    import sys
+
+    from gdn_export.onnx.bf16 import emulate_bf16, has_bf16
+
+    p = argparse.ArgumentParser(prog="python -m gdn_export.onnx.ort_native", description=main.__doc__)
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--kernels", choices=KERNELS, default="auto")
+    args = p.parse_args(argv)
+    try:
+        model = onnx.load(args.input)
+        if has_bf16(model):
+            model = emulate_bf16(model)
+        plan = prepare(model, args.kernels)
+    except (GdnExportError, OSError) as exc:
+        print(f"ort_native: error: {exc}", file=sys.stderr)
+        return 2
+    onnx.save(plan.model, args.output)
+    print(f"wrote {args.output}: {plan.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
