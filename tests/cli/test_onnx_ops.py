@@ -75,3 +75,26 @@ def test_validate_passes_bf16_exports(cli, cli_root, tiny_ckpt, flags):
     result = cli("validate", tiny_ckpt, "--onnx", path, *SMALL)
     assert result.code == 0, result.out
     assert result.out.splitlines()[-1].startswith("PASS: ") and "rounded to bf16" in result.err
+
+
+def test_bench_ort_times_a_file(cli, tiny_onnx, tmp_path):
+    result = cli("bench", "--runtime", "ort", "--onnx", tiny_onnx, "--prompt-len", "8", "--decode-steps", "2",
+                 "--repeats", "1", "--warmup", "0", "--json", tmp_path / "b.json")
+    assert result.code == 0, result.err
+    assert "| tiny.onnx |" in result.out and "ort on cpu: native ORT kernels" in result.err
+    import json
+
+    r = json.loads((tmp_path / "b.json").read_text())
+    assert r["kernels"] == "native" and r["prefill_ms"] > 0 and r["decode_ms_per_step"] > 0
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--runtime", "ort"], "--runtime ort needs --onnx"),
+    (["--runtime", "ort", "--onnx", "{onnx}", "--accuracy"], "--accuracy applies to --runtime torch only"),
+    (["--runtime", "ort", "--onnx", "{onnx}", "--device", "cuda"], "--device cuda:0 needs onnxruntime-gpu"),
+    (["{ckpt}", "--onnx", "{onnx}"], "--onnx / --ort-kernels apply to --runtime ort"),
+], ids=["no-onnx", "torch-flag", "cuda-without-gpu-ort", "onnx-with-torch"])
+def test_bench_ort_mistakes(cli, tiny_onnx, tiny_ckpt, monkeypatch, args, fragment):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    argv = [a.format(onnx=tiny_onnx, ckpt=tiny_ckpt) for a in args]
+    assert fragment in cli("bench", *argv).error_line("bench")
