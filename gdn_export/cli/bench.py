@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gdn_export.cli.common import (checkpoint_dir, Progress, add_dtype, add_overwrite, add_quiet, add_seed, check_at_least,
                                    output_file, torch_dtype)
-from gdn_export.cli.runners import check_device
+from gdn_export.cli.runners import add_ort_kernels, check_device
 from gdn_export.errors import GdnExportError, InputError
 
 ACCURACY_STEPS = 8
@@ -22,8 +22,14 @@ def add_parser(sub) -> None:
                        description="Time prefill and greedy decode of a checkpoint on the fast torch "
                        "runner (static states, CUDA-graph decode), print a table on stdout, progress on "
                        "stderr. Times are medians of --repeats runs after --warmup runs.")
-    p.add_argument("checkpoint", help="folder with config.json and *.safetensors")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("checkpoint", nargs="?", help="folder with config.json and *.safetensors (--runtime torch)")
+    p.add_argument("--runtime", choices=("torch", "ort"), default="torch",
+                   help="torch (default): the checkpoint on the fast torch runner; ort: --onnx on ONNX "
+                   "Runtime (gdn_export/cli/bench_ort.py)")
+    p.add_argument("--onnx", help="--runtime ort: the exported file to time")
+    add_ort_kernels(p)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu; --runtime ort "
+                   "on cuda needs onnxruntime-gpu)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="implementation of the gdn ops (default: reference on the CPU, triton on CUDA)")
     add_dtype(p, "bf16", help="model precision (default bf16)")
@@ -56,6 +62,15 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     import numpy as np
+
+    if args.runtime == "ort":
+        from gdn_export.cli import bench_ort
+
+        return bench_ort.run(args)
+    if args.onnx or args.ort_kernels != "auto":
+        raise InputError("--onnx / --ort-kernels apply to --runtime ort")
+    if args.checkpoint is None:
+        raise InputError("--runtime torch needs a checkpoint folder")
     import torch
 
     from gdn_export.layout import DeployLayout

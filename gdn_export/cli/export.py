@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gdn_export.cli.common import (checkpoint_dir, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_quiet,
                                    output_file, torch_dtype)
+from gdn_export.errors import InputError
 
 
 def add_parser(sub) -> None:
@@ -18,6 +19,10 @@ def add_parser(sub) -> None:
     add_dtype(p, "fp32", help="precision of the exported graph")
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX opset (default 24 for the inplace kv cache, 18 for concat)")
+    p.add_argument("--onnx-ops", choices=("gdn", "standard"), default="gdn",
+                   help="gdn (default): GDN layers as gdn.GatedDeltaRule / gdn.CausalConv1d nodes (the "
+                   "TensorRT plugins); standard: ONNX opset-27 LinearAttention / CausalConvWithState "
+                   "with standard ops around them (README 'Standard ONNX ops')")
     add_layout_flags(p)
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
     add_quiet(p)
@@ -85,7 +90,7 @@ def run(args) -> int:
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))
     model.layout = layout
-    path = export_onnx(model, args.output, opset=args.opset, progress=progress)
+    path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops)
     print(f"wrote {path}")
     return 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gdn_export.cli.common import (Progress, add_dtype, add_overwrite, add_plugins, add_quiet, output_file,
                                    parse_input_ids)
-from gdn_export.cli.runners import BACKENDS, guess_backend, open_runner
+from gdn_export.cli.runners import BACKENDS, add_ort_kernels, guess_backend, open_runner
 from gdn_export.errors import InputError
 
 
@@ -30,10 +30,12 @@ def add_parser(sub) -> None:
                    "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V] (default: not saved)")
     add_dtype(p, None, help="torch backend precision (default fp32; an exported model keeps the "
               "precision it was exported in)")
-    p.add_argument("--device", help="torch backend device (default cpu; cuda, cuda:1, ...)")
+    p.add_argument("--device", help="torch / ort backend device (default cpu; cuda, cuda:1, ...; ort "
+                   "on cuda needs onnxruntime-gpu)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="torch backend: implementation of the gdn ops (default reference)")
     add_plugins(p, "the trt backend")
+    add_ort_kernels(p)
     add_overwrite(p, "the --save-logits file")
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -57,7 +59,7 @@ def run(args) -> int:
     _check_flags_apply(args, backend)
     progress = Progress("run", args.quiet)
     runner = open_runner(args.model, backend, dtype=args.dtype or "fp32", device=args.device or "cpu",
-                         plugins=args.plugins, op_backend=args.op_backend,
+                         plugins=args.plugins, op_backend=args.op_backend, ort_kernels=args.ort_kernels,
                          layout=_torch_layout(ids, args.max_new_tokens) if backend == "torch" else None)
     # Checked before the progress line, so that an error stays the only line on stderr.
     prompts = as_prompts(ids, runner.vocab_size)
@@ -68,6 +70,8 @@ def run(args) -> int:
 
         output_file(args.save_logits, "--save-logits", args,
                     need_bytes=generation_bytes(runner, prompts, args.max_new_tokens)[1])
+    if backend == "ort":
+        progress(f"ort on {runner.device}: {runner.kernels_note}")
     lengths = sorted({len(p) for p in prompts})
     size = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}..{lengths[-1]}"
     progress(f"{runner.backend}: prefill {size} tokens x {len(prompts)} rows, then greedy decoding of "
@@ -94,7 +98,9 @@ def _torch_layout(prompts, max_new_tokens: int):
 def _check_flags_apply(args, backend: str) -> None:
     """A flag of another backend would be ignored without a word (`run m.onnx --dtype fp16`
     would still run the fp32 graph)."""
-    only = {"--dtype": (args.dtype, "torch"), "--device": (args.device, "torch"),
+    only = {"--dtype": (args.dtype, "torch"),
+            "--device": (args.device, "torch" if backend != "ort" else "ort"),
+            "--ort-kernels": (None if args.ort_kernels == "auto" else args.ort_kernels, "ort"),
             "--op-backend": (args.op_backend, "torch"), "--plugins": (args.plugins, "trt")}
     for flag, (value, owner) in only.items():
         if value is not None and backend != owner:

@@ -24,7 +24,8 @@ def guess_backend(path: str) -> str:
 
 
 def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", device: str = "cpu",
-                plugins: str | None = None, op_backend: str | None = None, layout=None):
+                plugins: str | None = None, op_backend: str | None = None, layout=None,
+                ort_kernels: str = "auto"):
     """A `gdn_export.runtime.base.Runner` for `path`; `layout` (a DeployLayout) shapes a PyTorch
     model's cache and outputs (default: the export default). A checkpoint on a CUDA device runs on
     GraphRunner (gdn_export.runtime.cuda_graph), elsewhere on TorchRunner."""
@@ -54,12 +55,20 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
     if backend == "ort":
         from gdn_export.runtime.ort_runner import OrtRunner
 
-        return OrtRunner(path)
+        return OrtRunner(path, device=device, kernels=ort_kernels)
     if backend == "trt":
         from gdn_export.trt.runtime import TrtRunner
 
         return TrtRunner(path, plugins=plugins)
     raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def add_ort_kernels(p) -> None:
+    """--ort-kernels: how ONNX Runtime runs the GDN layers (gdn_export.onnx.ort_native)."""
+    p.add_argument("--ort-kernels", choices=("auto", "native", "functions"), default="auto",
+                   help="ort backend: native = ONNX Runtime's com.microsoft LinearAttention / "
+                   "CausalConvWithState kernels, functions = standard-ONNX function bodies, auto "
+                   "(default) = native where they apply (the choice is printed)")
 
 
 def check_device(device: str, op_backend: str | None = None) -> None:

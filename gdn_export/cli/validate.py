@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gdn_export.cli.common import (checkpoint_dir, input_file, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_plugins,
                                    add_quiet, add_seed, add_tolerances, output_file, parse_tolerances)
-from gdn_export.cli.runners import check_device, open_runner
+from gdn_export.cli.runners import add_ort_kernels, check_device, open_runner
 from gdn_export.errors import InputError
 
 _FLAGS = {"batch": "--batch", "prompt_len": "--prompt-len", "decode_steps": "--decode-steps"}
@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
     add_plugins(p, "--engine")
     add_dtype(p, None, help="reference precision (default: the ONNX file's, else fp32)")
     p.add_argument("--device", default="cpu", help="device of the PyTorch reference")
+    p.add_argument("--ort-device", default="cpu",
+                   help="device of ONNX Runtime for --onnx: cpu or cuda[:N] (onnxruntime-gpu)")
+    add_ort_kernels(p)
     p.add_argument("--batch", type=int, default=2, help="prompt rows")
     p.add_argument("--prompt-len", type=int, default=37, help="tokens of the longest prompt")
     p.add_argument("--decode-steps", type=int, default=4,
@@ -63,11 +66,17 @@ def run(args) -> int:
 
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     parse_tolerances(args.atol, args.rtol, 0.0, 0.0)  # their syntax; the defaults need the dtype
+    if args.onnx:  # onnxruntime-gpu / a GPU missing: one line before any loading
+        from gdn_export.runtime import ort_device
+
+        ort_device.providers_for(ort_device.parse_device(args.ort_device, "--ort-device"), "--ort-device")
     progress = Progress("validate", args.quiet)
     candidates = {}  # what the user gave -> runner
     if args.onnx:
         progress(f"loading {args.onnx} in ONNX Runtime")
-        candidates[f"--onnx {args.onnx}"] = open_runner(args.onnx, "ort")
+        ort_runner = open_runner(args.onnx, "ort", device=args.ort_device, ort_kernels=args.ort_kernels)
+        progress(f"ort on {ort_runner.device}: {ort_runner.kernels_note}")
+        candidates[f"--onnx {args.onnx}"] = ort_runner
     if args.engine:
         progress(f"loading {args.engine} in TensorRT")
         candidates[f"--engine {args.engine}"] = open_runner(args.engine, "trt", plugins=args.plugins)

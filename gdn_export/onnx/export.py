@@ -182,14 +182,18 @@ def check_export_target(path: str | os.PathLike, opset: int | None = None, layou
 
 
 def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
-                progress: Callable[[str], None] | None = None) -> Path:
+                progress: Callable[[str], None] | None = None, onnx_ops: str = "gdn") -> Path:
     """Export `model` (HybridForCausalLM, any dtype, shaped by `model.layout`) to `path`; returns
     the written path. `opset` defaults to 24 for the in-place layout, 18 for the concat layout.
 
     Weights go to a sidecar `<name>.data` when they exceed ~2 GB. metadata_props record the
     gdn-export version, family, dtype, opset, vocab size, the state layout and the deployment
-    layout (`gdn_export.onnx.metadata`).
+    layout (`gdn_export.onnx.metadata`). `onnx_ops` "standard" writes the GDN layers as opset-27
+    LinearAttention / CausalConvWithState blocks (gdn_export.onnx.standard_ops; opset 27).
     """
+    from gdn_export.onnx import standard_ops
+
+    standard_ops.check_form(onnx_ops)
     layout = model.layout
     opset = default_opset(layout) if opset is None else opset
     path = check_export_target(path, opset, layout)
@@ -224,6 +228,8 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
         onnx_ir.save(ir_model, tmp_path, external_data=data_name if external else None)
         say("checking (onnx.checker full_check, strict shape inference, plugin mapping)")
         _verify(tmp_path, external)
+        if onnx_ops == "standard":
+            standard_ops.rewrite_file_to_standard(tmp_path, say)
         if external:  # the weights first, so that the new .onnx never points at missing data
             os.replace(tmpdir / data_name, path.parent / data_name)
         os.replace(tmp_path, path)

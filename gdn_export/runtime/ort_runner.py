@@ -1,8 +1,10 @@
 """OrtRunner: an exported .onnx file in ONNX Runtime (states are numpy arrays).
 
-The file holds bare gdn.* nodes (what TensorRT maps to plugins). At load time the runner attaches
-standard-ONNX bodies of those ops as model-local functions (gdn_export.onnx.functions), which ORT
-inlines; nothing is written over the file and no compiled custom-op library is needed.
+The file holds bare gdn.* nodes (what TensorRT maps to plugins) or their standard form. At load time
+the runner rewrites the GDN layers to ORT's com.microsoft LinearAttention / CausalConvWithState
+kernels, or, where none applies, attaches standard-ONNX bodies of the gdn ops as model-local
+functions (gdn_export.onnx.ort_native; `kernels` / `kernels_note` say which and why); nothing is
+written over the file and no compiled custom-op library is needed.
 
 Steps run through an IOBinding. With the in-place K/V cache each present.{i}.key / .value output is
 bound to its past.* input's own buffer, which ORT's TensorScatter then updates in place (it copies
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +29,7 @@ from google.protobuf.message import DecodeError
 from gdn_export.errors import GdnExportError, InputError
 from gdn_export.onnx import metadata
 from gdn_export.onnx.export import INPUT_IDS, LOGITS, TOKEN_INPUTS
-from gdn_export.onnx.functions import attach_reference_functions
+from gdn_export.onnx import bf16, ort_native
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 
 _STATE_NAME = re.compile(r"^past\.(?P<layer>\d+)\.(?P<kind>conv|recurrent|key|value)$")
@@ -81,8 +84,23 @@ class OrtRunner(Runner):
     backend = "ort"
 
     def __init__(self, onnx_path: str | os.PathLike,
-                 providers: Sequence[str] = ("CPUExecutionProvider",), session_options=None):
+                 providers: Sequence[str] | None = None, session_options=None,
+                 kernels: str = "auto", device: str = "cpu", device_buffers: bool | None = None):
+        """`device` "cpu" or "cuda[:N]" (onnxruntime-gpu's CUDAExecutionProvider; providers then
+        default to it, CPU as fallback); `kernels` "auto" | "native" | "functions" (ort_native);
+        `device_buffers` (default: device is not the CPU) keeps states as OrtValues on the device:
+        K/V caches updated in place, the GDN states written into a second buffer each step and
+        swapped (no allocation, no host copy)."""
         import onnxruntime as ort
+
+        from gdn_export.runtime import ort_device
+
+        self.device = device
+        self._ort_device = ort_device.parse_device(device)
+        if providers is None:
+            providers = ort_device.providers_for(self._ort_device)
+        self.device_buffers = self._ort_device[0] != "cpu" if device_buffers is None else device_buffers
+        self._spare: dict[str, object] = {}
 
         self.path = Path(onnx_path)
         if not self.path.is_file():
@@ -110,15 +128,35 @@ class OrtRunner(Runner):
             raise InputError(f"{self.path}: cannot tell the vocab size (logits shape {logits_dims})")
         self.vocab_size = vocab
         for spec in self.state_specs:
-            if spec.dtype not in _NUMPY_DTYPES:
+            if spec.dtype not in (*_NUMPY_DTYPES, "bfloat16"):
                 raise InputError(f"{self.path}: state {spec.name} is {spec.dtype}; the ONNX Runtime "
-                                 f"runner handles float32 / float16 graphs")
-        full = attach_reference_functions(model)
+                                 f"runner handles float32 / float16 / bfloat16 graphs")
+        # bf16 tensors run as fp32 holding bf16 values, rounded where the graph rounds (onnx/bf16.py);
+        # the runner's states are then fp32 arrays (`run_specs`) holding bf16 values.
+        self.bf16_emulated = bf16.has_bf16(model)
+        self.run_specs = [replace(s, dtype="float32") if s.dtype == "bfloat16" else s
+                          for s in self.state_specs]
+        external = _uses_external_data(model)
+        if self.bf16_emulated:
+            if external:
+                onnx.load_external_data_for_model(model, str(self.path.parent))
+            model = bf16.emulate_bf16(model)
+        # Native com.microsoft kernels where they apply, else function bodies (gdn_export.onnx.ort_native).
+        first = list(providers)[0]
+        plan = ort_native.prepare(model, kernels, provider=first if isinstance(first, str) else first[0])
+        self.kernels = plan.kernels
+        self.kernels_note = plan.note + ("; bf16 tensors as fp32 rounded to bf16" if self.bf16_emulated else "")
+        full = plan.model
         options = session_options or ort.SessionOptions()
         # ORT fuses INT4 DequantizeLinear -> MatMul into MatMulNBits, which by default (level 4)
         # quantizes the activations to int8; level 0 keeps the W4A16 arithmetic of the graph.
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-        if _uses_external_data(model):
+        if self.bf16_emulated and external:
+            # The fp32 weights of the emulation: a temporary folder with its own sidecar.
+            with tempfile.TemporaryDirectory(prefix=f".{self.path.stem}.", dir=self.path.parent) as tmp:
+                onnx.save(full, f"{tmp}/m.onnx", save_as_external_data=True, location="m.onnx.data")
+                self.session = ort.InferenceSession(f"{tmp}/m.onnx", options, providers=list(providers))
+        elif external:
             # External data resolves relative to the model file: the session must load a file
             # beside it. The copy with functions attached lives only until the session is built.
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.stem}.", suffix=".ort.onnx",
@@ -134,15 +172,28 @@ class OrtRunner(Runner):
                                                 providers=list(providers))
         self._output_names = [LOGITS, *(s.output_name for s in self.state_specs)]
 
-    def empty_states(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.state_specs]
+    def empty_states(self, batch: int) -> list:
+        """Zero states: numpy arrays, or OrtValues on the device with `device_buffers`."""
+        zeros = [np.zeros(s.concrete_shape(batch, 0), _NUMPY_DTYPES[s.dtype]) for s in self.run_specs]
+        if not self.device_buffers:
+            return zeros
+        import onnxruntime as ort
+
+        self._spare.clear()
+        kind, index = self._ort_device
+        return [ort.OrtValue.ortvalue_from_numpy(z, kind, index) for z in zeros]
 
     def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
         import onnxruntime as ort
 
+        if self.device_buffers:
+            from gdn_export.runtime.ort_device import forward_on_device
+
+            return forward_on_device(self, input_ids, past_lengths, seq_lens, states)
+
         states = [np.ascontiguousarray(s) for s in states]
         batch, seq = input_ids.shape
-        check_states(self.state_specs, [(s.shape, s.dtype.name) for s in states], batch,
+        check_states(self.run_specs, [(s.shape, s.dtype.name) for s in states], batch,
                      int(past_lengths[0]))
         binding = self.session.io_binding()
         for name, value in zip(TOKEN_INPUTS, (input_ids, past_lengths, seq_lens)):
@@ -168,4 +219,5 @@ class OrtRunner(Runner):
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
         """Copies: the runner updates the K/V arrays in place on the next step."""
-        return {spec.name: np.array(s) for spec, s in zip(self.state_specs, states)}
+        return {spec.name: (s.numpy() if hasattr(s, "numpy") else np.array(s))
+                for spec, s in zip(self.state_specs, states)}

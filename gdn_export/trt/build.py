@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from gdn_export.errors import GdnExportError
+from gdn_export.onnx.standard_ops import gdn_form_file
 from gdn_export.trt import loader
 from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_inputs, onnx_metadata
 
@@ -148,9 +149,14 @@ def build_engine(
             if mn != mx:
                 say(f"{which} profile {name}: min {list(mn)} opt {list(opt)} max {list(mx)}")
 
+    with gdn_form_file(onnx_path, say) as parse_path:  # a standard-form file: its gdn form
+        return _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout)
+
+
+def _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout):
     tmp = engine_path.with_name(f".{engine_path.name}.{os.getpid()}.tmp")
     tmp_layers = tmp.with_name(tmp.name + LAYERS_SUFFIX)
-    request = {"onnx": str(onnx_path.resolve()), "engine_tmp": str(tmp), "plugins": str(library),
+    request = {"onnx": str(parse_path.resolve()), "engine_tmp": str(tmp), "plugins": str(library),
                "profiles": [{"name": which, "shapes": {k: [list(s) for s in v] for k, v in profile.items()}}
                             for which, profile in profiles.items()],
                "workspace": workspace}

@@ -112,8 +112,6 @@ def load_checkpoint(
     directory = Path(directory)
     check_readable(directory, "checkpoint directory", folder=True)
     config = read_config(directory / "config.json")
-    spec = quantized.parse_spec(quantized.read_quant_config(directory / "config.json"),
-                                str(directory / "config.json"))
     dtype = _dtype(dtype, config)
     model = _meta_model(config, dtype)
 

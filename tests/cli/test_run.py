@@ -99,7 +99,7 @@ def test_bad_prompt_or_flag(cli, tiny_onnx, args, fragment):
     ("{ckpt}", ["--op-backend", "cuda"], "--op-backend cuda needs --device cuda"),
     ("{ckpt}", ["--backend", "ort"], "--backend ort needs a .onnx / .engine file, got the folder"),
     ("{onnx}", ["--dtype", "fp16"], "--dtype applies to the torch backend only; {onnx} runs on ort"),
-    ("{onnx}", ["--device", "cpu"], "--device applies to the torch backend only"),
+    ("{onnx}", ["--device", "tpu"], "--device 'tpu': ONNX Runtime runs on cpu, cuda or cuda:N"),
     ("{ckpt}", ["--plugins", "lib.so"], "--plugins applies to the trt backend only"),
 ], ids=["unknown-suffix", "torch-on-onnx", "missing-file", "bad-device", "cuda-ops-on-cpu",
         "ort-on-folder", "dtype-of-an-onnx", "device-of-an-onnx", "plugins-for-torch"])

@@ -1,0 +1,114 @@
+"""Prepare an exported graph for ONNX Runtime: native contrib kernels or standard-ONNX function bodies.
+
+ONNX Runtime (>= 1.32) has kernels for the contrib ops com.microsoft.LinearAttention and
+com.microsoft.CausalConvWithState (CPU: fp32 only; CUDA: fp32 / fp16 / bf16). Their attributes and
+semantics are those of the opset-27 standard ops, so `prepare` rewrites, in memory:
+
+    gdn form       gdn.GatedDeltaRule / gdn.CausalConv1d -> standard blocks (standard_ops.to_standard)
+                   whose two ops are in com.microsoft
+    standard form  the blocks' LinearAttention / CausalConvWithState moved to com.microsoft
+
+The blocks cast every op input to fp32 (the gdn ops' math dtype), so the CPU kernels apply to fp32,
+fp16 and bf16 graphs and to every recurrent state dtype alike. Where no kernel applies (the session's
+first execution provider registers none, e.g. onnxruntime < 1.32, or a node's shapes are not static)
+the graph runs through the function bodies (gdn_export.onnx.functions: a Loop over tokens, a K-tap
+window), the standard form first rewritten back to gdn nodes (standard_ops.to_gdn). gdn.MoE always
+runs through its function body (no ORT kernel of its semantics exists). The file is never changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from gdn_export.errors import GdnExportError
+from gdn_export.onnx import standard_ops
+from gdn_export.onnx.functions import attach_reference_functions
+
+KERNELS = ("auto", "native", "functions")
+NATIVE_OPS = (standard_ops.LINEAR_ATTENTION, standard_ops.CAUSAL_CONV)
+
+
+@dataclass(frozen=True)
+class OrtPlan:
+    """What the session runs: `kernels` "native" or "functions", and a one-line `note` saying why."""
+
+    model: onnx.ModelProto
+    kernels: str
+    note: str
+
+
+def missing_native_kernels(provider: str) -> list[str]:
+    """The com.microsoft ops of NATIVE_OPS that ONNX Runtime registers no `provider` kernel for."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    have = {k.op_name for k in C.get_all_opkernel_def()
+            if k.domain == standard_ops.MS_DOMAIN and k.provider == provider}
+    return [op for op in NATIVE_OPS if op not in have]
+
+
+def prepare(model: onnx.ModelProto, kernels: str = "auto",
+            provider: str = "CPUExecutionProvider") -> OrtPlan:
+    """The in-memory model ORT should load for `model` (either form), per `kernels`:
+    "native" (GdnExportError when no kernel applies), "functions", or "auto" (native where it
+    applies, else functions, the reason in the note)."""
+    if kernels not in KERNELS:
+        raise GdnExportError(f"kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
+    form = standard_ops.form_of(model)
+    reason = None
+    if kernels != "functions":
+        missing = missing_native_kernels(provider)
+        if missing:
+            import onnxruntime
+
+            reason = (f"onnxruntime {onnxruntime.__version__} has no {provider} kernel for "
+                      f"com.microsoft.{', '.join(missing)}")
+        else:
+            try:
+                if form == "standard":
+                    native = standard_ops.retarget(model, standard_ops.MS_DOMAIN)
+                else:
+                    native = standard_ops.to_standard(model, domain=standard_ops.MS_DOMAIN)
+            except GdnExportError as exc:
+                reason = str(exc)
+            else:
+                moe = any(n.op_type == "MoE" for n in model.graph.node)
+                note = ("native ORT kernels: com.microsoft.LinearAttention, CausalConvWithState"
+                        + (" (MoE: function body)" if moe else ""))
+                return OrtPlan(attach_reference_functions(native), "native", note)
+        if kernels == "native":
+            raise GdnExportError(f"--ort-kernels native: {reason}")
+    gdn = standard_ops.to_gdn(model) if form == "standard" else model
+    note = "function bodies (Loop over tokens, K-tap window)" + (f": {reason}" if reason else "")
+    return OrtPlan(attach_reference_functions(gdn), "functions", note)
+
+
+def main(argv=None) -> int:
+    """`python -m gdn_export.onnx.ort_native IN.onnx OUT.onnx [--kernels ...]`: write the model ONNX
+    Runtime runs (what OrtRunner builds in memory), e.g. for `polygraphy run OUT.onnx --onnxrt`."""
+    import argparse
+    import sys
+
+    from gdn_export.onnx.bf16 import emulate_bf16, has_bf16
+
+    p = argparse.ArgumentParser(prog="python -m gdn_export.onnx.ort_native", description=main.__doc__)
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--kernels", choices=KERNELS, default="auto")
+    args = p.parse_args(argv)
+    try:
+        model = onnx.load(args.input)
+        if has_bf16(model):
+            model = emulate_bf16(model)
+        plan = prepare(model, args.kernels)
+    except (GdnExportError, OSError) as exc:
+        print(f"ort_native: error: {exc}", file=sys.stderr)
+        return 2
+    onnx.save(plan.model, args.output)
+    print(f"wrote {args.output}: {plan.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
