@@ -53,8 +53,11 @@ def load_checkpoint(
     directory: str | Path,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str = "cpu",
+    model_class: type[HybridForCausalLM] = HybridForCausalLM,
 ) -> HybridForCausalLM:
-    """Build the model of `directory` (config.json + safetensors) in eval mode on `device`."""
+    """Build the model of `directory` (config.json + safetensors) in eval mode on `device`, as
+    `model_class` (a HybridForCausalLM subclass with the same parameters, e.g.
+    gdn_export.models.vlm.HybridVLForCausalLM)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: checkpoint directory not found")
@@ -63,7 +66,7 @@ def load_checkpoint(
     family = FAMILIES[config.family]
 
     with torch.device("meta"):
-        model = HybridForCausalLM(config)
+        model = model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop(LM_HEAD)
