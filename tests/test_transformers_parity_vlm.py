@@ -21,6 +21,7 @@ from gdn_export.vlm.weights import load_vision  # noqa: E402
 from gdn_export.weights import load_checkpoint  # noqa: E402
 from tests.vlm import FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
 
+pytestmark = pytest.mark.slow
 ATOL, STEPS = 1e-4, 4
 CASES = {  # (image grids, video grids, text tokens before, text tokens after)
     "one-image": ([[1, 4, 6]], [], 3, 5),
