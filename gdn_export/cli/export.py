@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX opset (default 24 for the inplace kv cache, 18 for concat)")
     add_layout_flags(p)
+    from gdn_export.vlm.cli import add_export_flags
+
+    add_export_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -64,6 +67,10 @@ def run(args) -> int:
     if not Path(args.checkpoint).is_dir():
         raise InputError(f"{args.checkpoint}: checkpoint folder not found")
     progress = Progress("export", args.quiet)
+    from gdn_export.vlm.cli import export_vlm_if_composite
+
+    if export_vlm_if_composite(args, layout, progress):  # model.onnx + model.vision.onnx
+        return 0
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))
     model.layout = layout

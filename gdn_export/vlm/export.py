@@ -44,6 +44,7 @@ KEY_ROLE = VLM_PREFIX + "role"  # "language" | "vision"
 KEY_HIDDEN = VLM_PREFIX + "hidden_size"
 KEY_CONFIG = VLM_PREFIX + "vision_config"  # JSON of gdn_export.vlm.config.VisionConfig
 KEY_MROPE = VLM_PREFIX + "mrope_section"
+KEY_PREPROCESSOR = VLM_PREFIX + "preprocessor"  # the checkpoint's preprocessor_config.json, if any
 NUM_VISUAL, NUM_PATCHES, NUM_GRIDS = "num_visual", "num_patches", "num_grids"
 EXAMPLE_GRIDS = [[1, 2, 4], [2, 2, 2]]  # 16 patches, 2 grids, 3 frames
 
@@ -171,10 +172,8 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     import torch
 
     from gdn_export.layout import DEFAULT_LAYOUT
-    from gdn_export.models.vlm import HybridVLForCausalLM
     from gdn_export.onnx.export import INPLACE_OPSET, check_export_target, external_data_name
-    from gdn_export.vlm.weights import fingerprint, load_vision, vision_config_of
-    from gdn_export.weights import load_checkpoint
+    from gdn_export.vlm.weights import fingerprint, load_language, load_vision, vision_config_of
 
     layout = layout or DEFAULT_LAYOUT
     opset = INPLACE_OPSET if opset is None else opset
@@ -186,13 +185,7 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     say = progress or (lambda _msg: None)
     vconfig = vision_config_of(checkpoint)
     say(f"loading {checkpoint}: language model and vision tower ({vconfig.depth} blocks)")
-    config_log = logging.getLogger("gdn_export.config")
-    level = config_log.level
-    config_log.setLevel(logging.ERROR)  # its "text model only" warning is for text exports
-    try:
-        lm = load_checkpoint(checkpoint, dtype=dtype, model_class=HybridVLForCausalLM)
-    finally:
-        config_log.setLevel(level)
+    lm = load_language(checkpoint, dtype=dtype)
     lm.layout = layout
     vision = load_vision(checkpoint, dtype=lm.dtype)
     if vconfig.out_hidden_size != lm.config.hidden_size:
@@ -214,6 +207,11 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     vis.metadata_props.update({metadata.KEY_VERSION: __version__, metadata.KEY_FAMILY: lm.config.family,
                                metadata.KEY_DTYPE: dtype_name, metadata.KEY_OPSET: str(opset)})
     vis.metadata_props.update(vlm_metadata("vision", print_, vconfig, lm.config.hidden_size))
+    from gdn_export.vlm.images import read_processor_config
+
+    processor = read_processor_config(checkpoint)
+    if processor is not None:
+        vis.metadata_props[KEY_PREPROCESSOR] = json.dumps(processor)
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         ext_l = _save_checked(language, tmpdir / path.name, say)

@@ -142,12 +142,13 @@ class OrtVLRunner(_VisualMixin, OrtRunner):
 class TorchVision:
     """VisionEncoder in PyTorch: encode(pixel_values, grid_thw) -> [P / m^2, hidden] numpy."""
 
-    def __init__(self, encoder, device="cpu"):
+    def __init__(self, encoder, device="cpu", processor_config: dict | None = None):
         import torch
 
         self.device = torch.device(device)
         self.encoder = encoder.to(self.device).eval()
         self.config = encoder.config
+        self.processor_config = processor_config
 
     def encode(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
         import torch
@@ -182,6 +183,8 @@ class OrtVision:
             raise InputError(f"{self.path}: not the vision graph of a gdn-export vision-language export")
         self.config = VisionConfig(**json.loads(self.metadata[vx.KEY_CONFIG]))
         self.dtype = np.float16 if self.metadata.get("gdn_export.dtype") == "float16" else np.float32
+        raw = self.metadata.get(vx.KEY_PREPROCESSOR)
+        self.processor_config = json.loads(raw) if raw else None
         self.session = ort.InferenceSession(str(self.path), providers=list(providers))
 
     def encode(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
@@ -204,19 +207,32 @@ def check_pair(language_meta: dict, vision_meta: dict, language_name: str, visio
                          f"{language_name} {language_meta.get(vx.KEY_HIDDEN)}")
 
 
-def open_vlm(model: str | Path, device: str = "cpu", vision_file: str | Path | None = None):
-    """(language runner, vision encoder) for a composite checkpoint folder (PyTorch) or a
-    vision-language model.onnx (ONNX Runtime, with model.vision.onnx beside it unless
-    vision_file names another)."""
+def open_vlm(model: str | Path, device: str = "cpu", vision_file: str | Path | None = None, *,
+             dtype=None, layout=None):
+    """(language runner, vision encoder) for a composite checkpoint folder (PyTorch; `dtype` and
+    `layout` shape it) or a vision-language model.onnx (ONNX Runtime, with model.vision.onnx beside
+    it unless vision_file names another)."""
     path = Path(model)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
     if path.is_dir():
-        from gdn_export.models.vlm import HybridVLForCausalLM
-        from gdn_export.vlm.weights import load_vision
-        from gdn_export.weights import load_checkpoint
+        from gdn_export.vlm.images import read_processor_config
+        from gdn_export.vlm.weights import has_vision_tower, load_language, load_vision
 
-        lm = load_checkpoint(path, model_class=HybridVLForCausalLM)
-        return TorchVLRunner(lm, device), TorchVision(load_vision(path, dtype=lm.dtype), device)
+        if not has_vision_tower(path):
+            raise InputError(f"{path}: not a vision-language checkpoint with its vision tower "
+                             f"(model.visual.*); images cannot be used")
+        lm = load_language(path, dtype=dtype, device=device)
+        if layout is not None:
+            lm.layout = layout
+        vision = TorchVision(load_vision(path, dtype=lm.dtype), device, read_processor_config(path))
+        return TorchVLRunner(lm, device), vision
     if path.suffix == ".onnx":
+        from gdn_export.vlm.cli import is_vlm_onnx
+
+        if not is_vlm_onnx(path):
+            raise InputError(f"{path}: a text-only export; images need the vision-language export of a "
+                             f"composite checkpoint (export without --text-only)")
         runner = OrtVLRunner(path)
         vpath = Path(vision_file) if vision_file else vx.vision_path(path)
         vision = OrtVision(vpath)
@@ -240,6 +256,25 @@ def encode_all(vision, visual: VisualInputs) -> np.ndarray:
     return np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)
 
 
+def prefill_vl(runner, vision, rows, visual: VisualInputs):
+    """One prefill call of prompts `rows` (holding their placeholders) with the images / videos of
+    `visual`, from empty states. Returns (logits [B, V] at each row's last token, states, lengths)."""
+    prompts = base.as_prompts(rows, runner.vocab_size)
+    width = max(len(p) for p in prompts)
+    call = visual_call(prompts, width, visual.image_grid_thw, visual.video_grid_thw, tokens_of(vision))
+    runner.reset_visual()
+    embeds = encode_all(vision, visual)
+    if len(call.visual_index):
+        runner.set_visual(call, embeds)
+    lens = np.array([len(p) for p in prompts], np.int64)
+    logits, states = runner.forward(base.pad_rows(prompts, width), 0, runner.empty_states(len(prompts)), lens)
+    if logits.shape[1] > 1:  # the layout keeps every position's logits
+        logits = logits[np.arange(len(prompts)), lens - 1]
+    else:
+        logits = logits[:, -1]
+    return logits, states, lens
+
+
 def generate_vl(runner, vision, rows, visual: VisualInputs, max_new_tokens: int, on_step=None):
     """Greedy generation (gdn_export.runtime.base.generate) of prompts `rows` (1-D token arrays
     holding their placeholders) with the images / videos of `visual`. The placeholders are
@@ -252,4 +287,4 @@ def generate_vl(runner, vision, rows, visual: VisualInputs, max_new_tokens: int,
     embeds = encode_all(vision, visual)
     if len(call.visual_index):
         runner.set_visual(call, embeds)
-    return base.generate(runner, prompts, max_new_tokens, on_step=on_step)
+    return base.generate(runner, prompts, max_new_tokens, on_step=on_step, prefill_chunk=width)

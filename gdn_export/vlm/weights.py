@@ -8,6 +8,7 @@ missing or mis-shaped tensor is a CheckpointError naming the checkpoint key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,6 +26,28 @@ log = logging.getLogger("gdn_export.weights")
 PREFIXES = ("model.visual.", "visual.")
 PATCH_WEIGHT = "patch_embed.proj.weight"
 EMBED_KEYS = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight")
+
+
+@contextlib.contextmanager
+def text_only_warning_off():
+    """Silence gdn_export.config's "exporting the text model only" warning (it is for text exports;
+    a vision-language load uses the vision tower too)."""
+    config_log = logging.getLogger("gdn_export.config")
+    level = config_log.level
+    config_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        config_log.setLevel(level)
+
+
+def load_language(directory: str | Path, dtype=None, device="cpu"):
+    """The HybridVLForCausalLM of composite checkpoint `directory`."""
+    from gdn_export.models.vlm import HybridVLForCausalLM
+    from gdn_export.weights import load_checkpoint
+
+    with text_only_warning_off():
+        return load_checkpoint(directory, dtype=dtype, device=device, model_class=HybridVLForCausalLM)
 
 
 def read_config_dict(directory: str | Path) -> dict:
