@@ -12,7 +12,7 @@ mlp.linear_fc2, merger.norm / linear_fc1 / linear_fc2 (see gdn_export.vlm.weight
 
 Pipeline: patch embedding (a Linear), plus the learned position grid resampled to each frame;
 `depth` pre-norm ViT blocks with 2-D rotary (row, column), each frame attending within itself
-(a [P, P] mask from grid_thw, gdn_export.modules.vision.patch_layout); the merger turns each
+(exported: a [P, P] mask from grid_thw, gdn_export.modules.vision.patch_layout; eager: per frame); the merger turns each
 m x m block into one token. The model dtype is the parameters' dtype; the position weights,
 rotary and attention softmax compute in fp32.
 """
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from gdn_export.errors import InputError
+from gdn_export.ops.backends import exporting
 from gdn_export.modules.vision import (PatchEmbed, PatchMerger, VisionBlock, VisionPositionEmbedding,
                                        patch_layout, vision_rotary)
 from gdn_export.vlm.config import VisionConfig
@@ -35,6 +36,9 @@ class VisionEncoder(nn.Module):
         super().__init__()
         self.config = config
         self.check_inputs = True
+        # Eager calls attend per frame (host-side frame sizes); False uses the exported graph's
+        # masked attention over all patches in eager mode too.
+        self.per_frame = True
         self.patch_embed = PatchEmbed(config)
         self.pos_embed = VisionPositionEmbedding(config.num_position_embeddings, config.hidden_size,
                                                  config.grid_side)
@@ -53,9 +57,14 @@ class VisionEncoder(nn.Module):
         x = self.patch_embed(pixel_values)
         x = x + self.pos_embed(layout).to(x.dtype)
         cos, sin = vision_rotary(layout, c.head_dim, c.rope_theta)
-        mask = (layout.segment[:, None] == layout.segment[None, :])[None, None]  # [1, 1, P, P]
+        if exporting() or torch.compiler.is_compiling() or not self.per_frame:
+            frames = None
+            mask = (layout.segment[:, None] == layout.segment[None, :])[None, None]  # [1, 1, P, P]
+        else:  # eager: each frame's attention on its own, no [P, P] mask
+            frames = [int(h) * int(w) for t, h, w in grid_thw.tolist() for _ in range(int(t))]
+            mask = None
         for block in self.blocks:
-            x = block(x, cos, sin, mask)
+            x = block(x, cos, sin, mask, frames)
         return self.merger(x)
 
 

@@ -107,10 +107,26 @@ def vision_rotary(layout: PatchLayout, head_dim: int, theta: float) -> tuple[tor
     return emb.cos(), emb.sin()
 
 
+def frame_attention(q, k, v, frames: list[int], scale: float) -> torch.Tensor:
+    """Eager attention of each frame within itself: q, k, v [1, H, P, D] with consecutive frames of
+    `frames` patches (sum = P) -> [1, H, P, D]. Equal-sized frames run as one batched SDPA call
+    ([F, H, L, D]); otherwise one call per frame."""
+    if len(set(frames)) == 1:
+        n, L = len(frames), frames[0]
+        H, D = q.shape[1], q.shape[3]
+        qb, kb, vb = (t[0].reshape(H, n, L, D).transpose(0, 1) for t in (q, k, v))  # [F, H, L, D]
+        o = F.scaled_dot_product_attention(qb, kb, vb, scale=scale)
+        return o.transpose(0, 1).reshape(1, H, n * L, D)
+    outs = [F.scaled_dot_product_attention(a, b, c, scale=scale)
+            for a, b, c in zip(q.split(frames, 2), k.split(frames, 2), v.split(frames, 2))]
+    return torch.cat(outs, dim=2)
+
+
 class VisionAttention(nn.Module):
     """Multi-head self-attention within each frame: forward(x [P, E], cos, sin [P, D], mask
-    [1, 1, P, P] bool) -> [P, E]. Rotary in fp32, attention through gdn::attention (ONNX
-    Attention)."""
+    [1, 1, P, P] bool, frames) -> [P, E]. Rotary in fp32. With `frames` (eager: the patches of each
+    frame, a host list) attention runs per frame (`frame_attention`, no [P, P] mask); without
+    (export), through gdn::attention (ONNX Attention) under the mask."""
 
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
@@ -119,7 +135,7 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, frames=None):
         P = x.shape[0]
         H, D = self.num_heads, self.head_dim
         q, k, v = self.qkv(x).reshape(P, 3, H, D).unbind(1)  # [P, H, D] each
@@ -127,7 +143,10 @@ class VisionAttention(nn.Module):
         q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
         k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
         q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, P, D]
-        o = attention(q, k, v, mask, D ** -0.5)
+        if frames is None:
+            o = attention(q, k, v, mask, D ** -0.5)
+        else:
+            o = frame_attention(q, k, v, frames, D ** -0.5)
         return self.proj(o[0].transpose(0, 1).reshape(P, H * D))
 
 
@@ -153,8 +172,8 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(E, config.num_heads)
         self.mlp = VisionMLP(E, config.intermediate_size, GELU_APPROXIMATE[config.hidden_act])
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask, frames=None):
+        x = x + self.attn(self.norm1(x), cos, sin, mask, frames)
         return x + self.mlp(self.norm2(x))
 
 

@@ -17,6 +17,7 @@ GRIDS = {
     "one-image": [[1, 4, 6]],
     "images-of-3-sizes": [[1, 4, 6], [1, 10, 14], [1, 2, 2]],
     "tall-and-wide": [[1, 12, 2], [1, 2, 16]],
+    "4-equal-images": [[1, 4, 4]] * 4,
 }
 VIDEO_GRIDS = {"video-2x4x4": [[2, 4, 4]], "video-and-video": [[3, 2, 6], [1, 4, 2]]}
 
@@ -32,25 +33,36 @@ def _hf_features(hf, pixel_values, grid, video):
     return torch.cat(fn(pixel_values, torch.tensor(grid)).pooler_output)
 
 
+@pytest.mark.parametrize("per_frame", [True, False], ids=["per-frame", "masked"])
 @pytest.mark.parametrize("grid", list(GRIDS.values()), ids=list(GRIDS))
 @torch.no_grad()
-def test_images_match_transformers(pair, grid):
+def test_images_match_transformers(pair, grid, per_frame):
+    """Both attention paths: per frame (eager default) and the exported graph's [P, P] mask."""
     hf, ours = pair
     pv = pixels(grid, seed=len(grid))
     want = _hf_features(hf, pv, grid, video=False)
-    got = ours(pv, torch.tensor(grid))
+    ours.per_frame = per_frame
+    try:
+        got = ours(pv, torch.tensor(grid))
+    finally:
+        ours.per_frame = True
     assert got.shape == want.shape == (sum(t * h * w for t, h, w in grid) // 4, 64)
     assert (got - want).abs().max().item() <= ATOL
     assert want.std() > 0.1
 
 
+@pytest.mark.parametrize("per_frame", [True, False], ids=["per-frame", "masked"])
 @pytest.mark.parametrize("grid", list(VIDEO_GRIDS.values()), ids=list(VIDEO_GRIDS))
 @torch.no_grad()
-def test_videos_match_transformers(pair, grid):
+def test_videos_match_transformers(pair, grid, per_frame):
     hf, ours = pair
     pv = pixels(grid, seed=7)
     want = _hf_features(hf, pv, grid, video=True)
-    got = ours(pv, torch.tensor(grid))
+    ours.per_frame = per_frame
+    try:
+        got = ours(pv, torch.tensor(grid))
+    finally:
+        ours.per_frame = True
     assert (got - want).abs().max().item() <= ATOL
 
 
