@@ -19,7 +19,7 @@ from gdn_export.vlm.positions import (VisualTokens, build_prompt, decode_positio
                                       token_kinds, visual_call)
 from gdn_export.vlm.weights import load_vision  # noqa: E402
 from gdn_export.weights import load_checkpoint  # noqa: E402
-from tests.vlm import FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
+from tests.vlm import DEFAULT_MROPE, FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ATOL, STEPS = 1e-4, 4
@@ -33,7 +33,11 @@ CASES = {  # (image grids, video grids, text tokens before, text tokens after)
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def models(request, tmp_path_factory):
-    hf, directory = hf_checkpoint(request.param, tmp_path_factory)
+    return _models(request.param, tmp_path_factory)
+
+
+def _models(family, tmp_path_factory):
+    hf, directory = hf_checkpoint(family, tmp_path_factory)
     lm = load_checkpoint(directory, model_class=HybridVLForCausalLM)
     vision = load_vision(directory)
     return hf, lm, vision, VisualTokens.from_config(vision.config)
@@ -142,3 +146,17 @@ def test_ragged_batch_rows_with_and_without_images(models):
         diffs = [(got[0][b, :n] - want[0]).abs().max().item()]
         diffs += [(g[b] - w).abs().max().item() for g, w in zip(got[1:], want[1:])]
         assert max(diffs) <= ATOL, f"row {b}: max |logits diff| per step: {diffs}"
+
+
+def test_config_without_mrope_section_uses_transformers_default(tmp_path_factory):
+    """No mrope_section in config.json: transformers' [11, 11, 10] (not plain rope)."""
+    hf, lm, vision, tokens = _models(DEFAULT_MROPE, tmp_path_factory)
+    assert lm.config.mrope_section is None
+    case = ([[1, 4, 6]], [], 3, 5)
+    row, pv_img, _ = make_row(case, tokens, seed=5)
+    want = hf_run(hf, row, case[0], [], pv_img, None, tokens, 2)
+    picks = [[int(w.argmax())] for w in [want[0][-1]] + want[1:-1]]
+    got = ours_run(lm, vision, [row], [(case[0], [])], [(pv_img, None)], tokens, 2, picks)
+    diffs = [(got[0][0] - want[0]).abs().max().item()] + [(g[0] - w).abs().max().item()
+                                                           for g, w in zip(got[1:], want[1:])]
+    assert max(diffs) <= ATOL, diffs

@@ -3,7 +3,8 @@
 Sizes are deliberately unusual: vision hidden 48 with 3 heads of 16, 2 blocks, MLP 40, patch 4,
 temporal patch 2, merge 2, a 7 x 7 learned position grid (so grids both smaller and larger than it
 are resampled); text hidden 64, head_dim 32 with partial rotary 0.5 (8 frequencies) and
-mrope_section [2, 3, 3], Hv = 2 Hk, Dk != Dv. Placeholder ids sit inside the 256-token vocab.
+mrope_section [4, 2, 2] (the variant `qwen3_5-default-mrope` has none: transformers'
+[11, 11, 10] then, which differs from it at frequency 7), Hv = 2 Hk, Dk != Dv. Placeholder ids sit inside the 256-token vocab.
 Weights transformers initialises to constants (norms, biases, dt_bias) are randomised, so that
 every convention is exercised. Models are built once per session and saved with save_pretrained
 (sharded safetensors).
@@ -22,7 +23,7 @@ TEXT = dict(
     linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
     max_position_embeddings=1024, tie_word_embeddings=False,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                     "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+                     "mrope_section": [4, 2, 2], "mrope_interleaved": True},
 )
 VISION = dict(depth=2, hidden_size=48, num_heads=3, intermediate_size=40, out_hidden_size=64,
               patch_size=4, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=49,
@@ -31,16 +32,22 @@ TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=
               vision_end_token_id=END)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 FAMILIES = ["qwen3_5", "qwen3_5_moe"]
+DEFAULT_MROPE = "qwen3_5-default-mrope"
 PATCH_DIM = 3 * 2 * 4 * 4
 
 
 def build_hf(family: str):
     import transformers
 
-    if family == "qwen3_5":
+    if family == DEFAULT_MROPE:
+        rope = {k: v for k, v in TEXT["rope_parameters"].items() if not k.startswith("mrope")}
+        config = transformers.Qwen3_5Config(text_config=dict(TEXT, rope_parameters=rope), vision_config=VISION,
+                                            **TOKENS)
+        model = transformers.Qwen3_5ForConditionalGeneration(config)
+    elif family == "qwen3_5":
         config = transformers.Qwen3_5Config(text_config=TEXT, vision_config=VISION, **TOKENS)
         model = transformers.Qwen3_5ForConditionalGeneration(config)
-    else:
+    if family == "qwen3_5_moe":
         text = {k: v for k, v in TEXT.items() if k != "intermediate_size"}
         config = transformers.Qwen3_5MoeConfig(text_config=dict(text, **MOE), vision_config=VISION, **TOKENS)
         model = transformers.Qwen3_5MoeForConditionalGeneration(config)

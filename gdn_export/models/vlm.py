@@ -8,7 +8,8 @@ taking visual features and 3-D multimodal rotary positions.
 The token embeddings of input_ids are computed as in `HybridForCausalLM`, then row n of
 visual_embeds replaces the embedding of token visual_index[n] (a flat index b * T + t); N = 0 for
 text-only calls and decode steps. Rotary angles come from rope_positions (temporal, height, width
-streams) split by `mrope_section` as transformers' Qwen3.5 text rotary does: frequency j uses the
+streams) split by `mrope_section` (transformers' default [11, 11, 10] when the config has none) as transformers'
+Qwen3.5 text rotary does: frequency j uses the
 height stream when j % 3 == 1 and j < 3 * section[1], the width stream when j % 3 == 2 and
 j < 3 * section[2], else the temporal one. With equal streams this is the plain rope of
 `HybridForCausalLM`. Cache slots, the attention mask, padding and states follow past_lengths /
@@ -25,10 +26,15 @@ from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.modules.kv_cache import check_call, make_step
 
 
+# transformers' Qwen3.5 text rotary uses this when rope_parameters has no mrope_section.
+DEFAULT_MROPE_SECTION = [11, 11, 10]
+
+
 def mrope_streams(rotary_dim: int, mrope_section: list[int] | None,
                   device: torch.device | str | None = None) -> torch.Tensor:
     """[3, R/2] fp32 one-hot: which position stream (temporal, height, width) drives each rotary
-    frequency (module docstring); all temporal without an mrope_section."""
+    frequency (module docstring); mrope_section None means transformers' default [11, 11, 10]."""
+    mrope_section = DEFAULT_MROPE_SECTION if mrope_section is None else mrope_section
     rows = [[0.0] * (rotary_dim // 2) for _ in range(3)]
     for j in range(rotary_dim // 2):
         stream = 0

@@ -199,8 +199,10 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     language.metadata_props.update(metadata.make_metadata(
         version=__version__, family=lm.config.family, dtype=dtype_name, opset=opset,
         vocab_size=lm.config.vocab_size, states=metadata.layouts_from_specs(specs), layout=layout))
-    language.metadata_props.update(vlm_metadata("language", print_, vconfig, lm.config.hidden_size,
-                                                lm.config.mrope_section or []))
+    from gdn_export.models.vlm import DEFAULT_MROPE_SECTION
+
+    mrope = DEFAULT_MROPE_SECTION if lm.config.mrope_section is None else lm.config.mrope_section
+    language.metadata_props.update(vlm_metadata("language", print_, vconfig, lm.config.hidden_size, mrope))
     say(f"tracing the vision graph: {vconfig.depth} blocks, {vconfig.num_heads} heads, opset {opset}")
     with torch.no_grad():
         vis = trace_vision(vision, opset)

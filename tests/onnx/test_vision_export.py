@@ -50,7 +50,7 @@ def test_files_io_and_metadata(exported):
     vm = {p.key: p.value for p in vis.metadata_props}
     assert lm[vx.KEY_FINGERPRINT] == vm[vx.KEY_FINGERPRINT] and len(lm[vx.KEY_FINGERPRINT]) == 64
     assert lm[vx.KEY_ROLE] == "language" and vm[vx.KEY_ROLE] == "vision"
-    assert lm[vx.KEY_MROPE] == "[2, 3, 3]" and lm[vx.KEY_HIDDEN] == "64"
+    assert lm[vx.KEY_MROPE] == "[4, 2, 2]" and lm[vx.KEY_HIDDEN] == "64"
     assert not list(lpath.parent.glob(".*"))  # no temporary folder left
 
 
