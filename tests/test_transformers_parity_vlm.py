@@ -2,7 +2,7 @@
 Qwen3_5MoeForConditionalGeneration (fp32 logits within 1e-4): prefill with one image, images of
 different sizes, a short video, images and video together, then greedy decode steps; and a ragged
 batch of rows with and without images against each row run alone in transformers. Tiny
-checkpoints made by transformers with unusual sizes (tests/vlm.py); our vision tower and our
+checkpoints made by transformers with unusual sizes (tests/vlm_models.py); our vision tower and our
 language model load from the saved folder."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gdn_export.vlm.positions import (VisualTokens, build_prompt, decode_positio
                                       token_kinds, visual_call)
 from gdn_export.vlm.weights import load_vision  # noqa: E402
 from gdn_export.weights import load_checkpoint  # noqa: E402
-from tests.vlm import DEFAULT_MROPE, FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
+from tests.vlm_models import DEFAULT_MROPE, FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ATOL, STEPS = 1e-4, 4

@@ -69,8 +69,12 @@ def vision_prefix(shapes: dict) -> str | None:
 
 
 def has_vision_tower(directory: str | Path) -> bool:
-    """Whether `directory` is a composite checkpoint holding its vision tower (config and tensors)."""
-    if not has_vision(read_config_dict(directory)):
+    """Whether `directory` is a composite checkpoint holding its vision tower (config and tensors).
+    An unreadable config.json is False here: the text loader reports it in its own words."""
+    try:
+        if not has_vision(read_config_dict(directory)):
+            return False
+    except CheckpointError:
         return False
     with CheckpointReader(directory) as reader:
         return vision_prefix(reader.shapes) is not None

@@ -1,4 +1,4 @@
-"""The command line with a vision-language checkpoint made by transformers (tests/vlm.py):
+"""The command line with a vision-language checkpoint made by transformers (tests/vlm_models.py):
 `export` writes model.onnx + model.vision.onnx (or the text graph alone with --text-only);
 `run --image` / `--pixel-values` gives the same tokens and logits on torch and ort, and the tokens
 of transformers' own greedy generation; `validate` passes; bad input (not an image, a grid that
@@ -17,7 +17,7 @@ PIL = pytest.importorskip("PIL.Image")
 
 from gdn_export.cli.main import main  # noqa: E402
 from gdn_export.vlm import export as vx  # noqa: E402
-from tests.vlm import IMAGE, hf_checkpoint  # noqa: E402
+from tests.vlm_models import IMAGE, hf_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW = 4
@@ -90,6 +90,18 @@ def test_run_with_pixel_values_file(files, tmp_path):
     assert saved["prompt_lengths"].tolist() == [3 + 6 + 2, 2]
 
 
+def test_text_prompts_on_the_vision_language_graph(files, tmp_path):
+    """No images: the vision-language model.onnx runs text prompts as the checkpoint does."""
+    _, ckpt, root = files
+    ort = _run(root / "model.onnx", root, tmp_path / "ort.npz")
+    torch_ = _run(ckpt, root, tmp_path / "torch.npz", "--image", str(root / "a.png"))  # another prompt
+    text = _run(ckpt, root, tmp_path / "text.npz")  # the checkpoint as a text model
+    np.testing.assert_array_equal(ort["generated"], text["generated"])
+    np.testing.assert_allclose(ort["step_0"], text["step_0"], atol=1e-4, rtol=0)
+    assert not np.array_equal(torch_["generated"][0], text["generated"][0]) or \
+        not np.allclose(torch_["step_0"][0], text["step_0"][0], atol=1e-3)  # the image matters
+
+
 def test_validate_with_images(files, capsys):
     _, ckpt, root = files
     assert main(["validate", str(ckpt), "--onnx", str(root / "model.onnx"), "--image", str(root / "a.png"),
@@ -140,3 +152,5 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys, foreign_vision)
              "need the inplace kv cache", capsys, tmp_path)
     _refused(["run", str(ckpt), "--input-ids", "1", "--image", str(root / "a.png"), "--prefill-chunk", "4"],
              "--prefill-chunk does not apply", capsys, tmp_path)
+    _refused(["run", str(root / "model.engine"), "--input-ids", "1", "--image", str(root / "a.png")],
+             "the TensorRT runner takes text prompts only", capsys, tmp_path)

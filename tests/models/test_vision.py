@@ -1,5 +1,5 @@
 """The vision tower against transformers' get_image_features / get_video_features (fp32, 1e-4), on
-tiny checkpoints made by transformers (tests/vlm.py), both families; plus the grid checks."""
+tiny checkpoints made by transformers (tests/vlm_models.py), both families; plus the grid checks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from gdn_export.errors import InputError  # noqa: E402
 from gdn_export.vlm.weights import load_vision  # noqa: E402
-from tests.vlm import FAMILIES, PATCH_DIM, hf_checkpoint, pixels  # noqa: E402
+from tests.vlm_models import FAMILIES, PATCH_DIM, hf_checkpoint, pixels  # noqa: E402
 
 ATOL = 1e-4
 GRIDS = {

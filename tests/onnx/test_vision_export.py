@@ -18,7 +18,7 @@ from gdn_export.vlm import export as vx  # noqa: E402
 from gdn_export.vlm.export import export_vlm  # noqa: E402
 from gdn_export.vlm.runner import VisualInputs, generate_vl, open_vlm  # noqa: E402
 from tests.test_transformers_parity_vlm import hf_run, make_row  # noqa: E402
-from tests.vlm import FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
+from tests.vlm_models import FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ATOL, STEPS = 1e-4, 3

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from gdn_export.errors import GdnExportError  # noqa: E402
 from gdn_export.layout import DeployLayout  # noqa: E402
-from tests.vlm import hf_checkpoint  # noqa: E402
+from tests.vlm_models import hf_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
