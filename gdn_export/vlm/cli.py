@@ -70,8 +70,25 @@ def is_vlm_onnx(path) -> bool:
     return any(p.key == KEY_ROLE and p.value == "language" for p in model.metadata_props)
 
 
+def is_vlm_engine(path) -> bool:
+    """Whether `path` is a language engine built from a vision-language export (its build record
+    keeps the ONNX metadata)."""
+    from gdn_export.vlm.export import KEY_ROLE
+
+    path = Path(path)
+    if path.suffix not in (".engine", ".plan", ".trt") or not path.is_file():
+        return False
+    from gdn_export.trt.build import layers_path
+
+    try:
+        record = json.loads(layers_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return record.get("metadata", {}).get(KEY_ROLE) == "language"
+
+
 def wants_vlm(args) -> bool:
-    return bool(args.image or args.pixel_values) or is_vlm_onnx(args.model)
+    return bool(args.image or args.pixel_values) or is_vlm_onnx(args.model) or is_vlm_engine(args.model)
 
 
 class _VisionInfo:
@@ -135,13 +152,13 @@ def run_with_images(args) -> int:
 
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if args.backend == "trt" or Path(args.model).suffix in (".engine", ".plan", ".trt"):
-        raise InputError("images run on the torch (checkpoint folder) and ort (.onnx) backends; the "
-                         "TensorRT runner takes text prompts only")
+    is_engine = args.backend == "trt" or Path(args.model).suffix in (".engine", ".plan", ".trt")
     if args.prefill_chunk is not None:
         raise InputError("--prefill-chunk does not apply to prompts with images (prefilled in one call)")
-    if args.plugins is not None or (args.op_backend not in (None, "reference")):
-        raise InputError("--plugins / --op-backend do not apply to vision-language runs")
+    if args.op_backend not in (None, "reference"):
+        raise InputError("--op-backend does not apply to vision-language runs")
+    if args.plugins is not None and not is_engine:
+        raise InputError(f"--plugins applies to the trt backend only; {args.model} is not an engine")
     ids = parse_input_ids(args.input_ids)
     if args.save_logits:
         check_output_file(args.save_logits, "--save-logits")
@@ -167,7 +184,14 @@ def run_with_images(args) -> int:
                                   layout=layout)
     else:
         progress(f"loading {args.model}")
-        runner, vision = open_vlm(args.model)
+        if is_engine:
+            from gdn_export.vlm.trt_runner import open_trt_vlm
+
+            if not Path(args.model).is_file():
+                raise InputError(f"{args.model}: no such engine file")
+            runner, vision = open_trt_vlm(args.model, plugins=args.plugins)
+        else:
+            runner, vision = open_vlm(args.model)
         visual = _visual_inputs(args, vision)
         rows = _prompt_rows(ids, visual, vision)
     check_generation_fits(runner.layout, rows, args.max_new_tokens)
