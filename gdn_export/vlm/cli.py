@@ -244,17 +244,17 @@ def validate_with_images(args) -> int:
     dtype = args.dtype or {"float16": "fp16", "bfloat16": "bf16"}.get(candidate.metadata.get("gdn_export.dtype"), "fp32")
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], str(candidate.layout.state_dtype).removeprefix("torch."))
     tol = parse_tolerances(args.atol, args.rtol, atol, rtol)
-    progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
     from gdn_export.cli.common import torch_dtype
-
-    reference, ref_vision = open_vlm(args.checkpoint, args.device, dtype=torch_dtype(dtype),
-                                     layout=candidate.layout)
+    from gdn_export.vlm.export import KEY_FINGERPRINT
     from gdn_export.vlm.weights import fingerprint
 
-    from gdn_export.vlm.export import KEY_FINGERPRINT
-
+    if not Path(args.checkpoint).is_dir():
+        raise InputError(f"{args.checkpoint}: checkpoint folder not found")
     if candidate.metadata.get(KEY_FINGERPRINT) != fingerprint(args.checkpoint):
         raise InputError(f"--onnx {args.onnx} was exported from another checkpoint than {args.checkpoint}")
+    progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
+    reference, ref_vision = open_vlm(args.checkpoint, args.device, dtype=torch_dtype(dtype),
+                                     layout=candidate.layout)
     visual = _visual_inputs(args, ref_vision)
     rng = np.random.default_rng(args.seed)
     if visual.empty:

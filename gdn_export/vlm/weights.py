@@ -107,7 +107,8 @@ def load_vision(directory: str | Path, dtype: torch.dtype | None = None,
     if dtype is None:
         from gdn_export.hf_config import parse_config
 
-        dtype = parse_config(d).torch_dtype
+        with text_only_warning_off():
+            dtype = parse_config(d).torch_dtype
     with torch.device("meta"):
         model = VisionEncoder(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
