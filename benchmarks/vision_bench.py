@@ -1,12 +1,13 @@
 """Vision-language speed on one GPU: gdn-export's fast GPU runtime vs transformers, side by side.
 
     PYTHONPATH=$PWD python3 benchmarks/vision_bench.py [--size 9b|2b|tiny] [--dtype bf16]
-        [--repeats 10] [--warmup 3] [--out DIR] [--device cuda] [--op-backend triton|cuda]
+        [--repeats 10] [--warmup 3] [--out DIR] [--checkpoint-dir DIR] [--device cuda]
+        [--op-backend triton|cuda]
 
 A checkpoint is made by transformers from a real-size Qwen3.5 config with random weights (no
 download): `9b` is Qwen3_5Config's defaults (text hidden 4096, 32 layers; vision 27 blocks of 1152,
 patch 16, merge 2), `2b` a smaller text model with the same vision tower, `tiny` a CPU smoke size.
-It is saved once to --out/checkpoint-SIZE and loaded by both sides in --dtype.
+It is saved once to --checkpoint-dir/checkpoint-SIZE (default --out) and loaded by both sides in --dtype.
 
 Rows (median ms over --repeats after --warmup untimed runs, CUDA-synchronised wall time):
     vision 1 x 1024x1024     the vision encoder on one 1024x1024 image (as the image processor
@@ -106,7 +107,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--text-tokens", type=int, default=32)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="JSON and table (default $OUT or .)")
+    ap.add_argument("--checkpoint-dir", default=None,
+                    help="where the random checkpoint is written once and reused (default --out; the 9b "
+                    "one takes ~19 GB)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +121,7 @@ def main() -> int:
     from gdn_export.ops.backends import use_backend
     from gdn_export.vlm.weights import load_language, load_vision
 
-    ckpt = make_checkpoint(args.size, out)
+    ckpt = make_checkpoint(args.size, Path(args.checkpoint_dir) if args.checkpoint_dir else out)
     print(f"checkpoint {ckpt}", file=sys.stderr)
     vision = load_vision(ckpt, dtype=dtype).to(device)
     lm = load_language(ckpt, dtype=dtype, device=device)

@@ -4,7 +4,8 @@ Sizes are deliberately unusual: vision hidden 48 with 3 heads of 16, 2 blocks, M
 temporal patch 2, merge 2, a 7 x 7 learned position grid (so grids both smaller and larger than it
 are resampled); text hidden 64, head_dim 32 with partial rotary 0.5 (8 frequencies) and
 mrope_section [4, 2, 2] (the variant `qwen3_5-default-mrope` has none: transformers'
-[11, 11, 10] then, which differs from it at frequency 7), Hv = 2 Hk, Dk != Dv. Placeholder ids sit inside the 256-token vocab.
+[11, 11, 10] then, which differs from it at frequency 7), Hv = 2 Hk, Dk != Dv. Placeholder ids
+sit inside the 256-token vocab.
 Weights transformers initialises to constants (norms, biases, dt_bias) are randomised, so that
 every convention is exercised. Models are built once per session and saved with save_pretrained
 (sharded safetensors).

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                    help="vision-language exports: image sizes the engines take (default 448x448); "
                    "the vision engine <stem>.vision.engine is built beside the output")
     p.add_argument("--max-images", type=int, default=1, metavar="N",
-                   help="vision-language exports: most images (or video frames) per call (default 1)")
+                   help="vision-language exports: most images or videos (grid_thw rows) per call (default 1)")
     add_quiet(p)
     p.set_defaults(handler=run)
 

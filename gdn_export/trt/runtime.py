@@ -369,8 +369,9 @@ class TrtRunner(Runner):
             for spec, t in zip(self.state_specs, states.tensors):
                 self._set_shape(spec.name, tuple(t.shape), profile)
             outputs = self._output_views(batch, seq, p_len)  # checks every inferred shape first
-            for name, view in [(INPUT_IDS, self._ids), (PAST_LENGTHS, self._past), (SEQ_LENS, self._lens),
-                               *extra.items(), *((s.name, t) for s, t in zip(self.state_specs, states.tensors)), *outputs.items()]:
+            tokens = [(INPUT_IDS, self._ids), (PAST_LENGTHS, self._past), (SEQ_LENS, self._lens)]
+            for name, view in [*tokens, *extra.items(),
+                               *((s.name, t) for s, t in zip(self.state_specs, states.tensors)), *outputs.items()]:
                 self._bind(name, view)
             if not self.context.execute_async_v3(handle):
                 raise GdnExportError(f"{self.path}: TensorRT execution failed: {self._last_error()}")

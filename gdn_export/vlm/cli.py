@@ -241,7 +241,8 @@ def validate_with_images(args) -> int:
     progress = Progress("validate", args.quiet)
     progress(f"loading {args.onnx} in ONNX Runtime")
     candidate, cand_vision = open_vlm(args.onnx)
-    dtype = args.dtype or {"float16": "fp16", "bfloat16": "bf16"}.get(candidate.metadata.get("gdn_export.dtype"), "fp32")
+    exported = candidate.metadata.get("gdn_export.dtype")
+    dtype = args.dtype or {"float16": "fp16", "bfloat16": "bf16"}.get(exported, "fp32")
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], str(candidate.layout.state_dtype).removeprefix("torch."))
     tol = parse_tolerances(args.atol, args.rtol, atol, rtol)
     from gdn_export.cli.common import torch_dtype

@@ -97,8 +97,9 @@ def rope_index(ids: np.ndarray, image_grids: Iterator, frame_grids: Iterator,
             raise InputError(f"the prompt has more {what} placeholder spans than {what}s given")
         t, h, w = int(grid[0]), int(grid[1]) // m, int(grid[2]) // m
         if end - start != t * h * w:
-            raise InputError(f"a run of {end - start} {what} placeholder tokens, but its grid {tuple(int(v) for v in grid)} "
-                             f"gives {t * h * w} features")
+            shown = tuple(int(v) for v in grid)
+            raise InputError(f"a run of {end - start} {what} placeholder tokens, but its grid {shown} gives "
+                             f"{t * h * w} features")
         tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
         out[:, start:end] = np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + p
         p += max(h, w)

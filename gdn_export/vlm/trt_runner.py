@@ -96,7 +96,8 @@ class TrtVision:
         n_out = sum(merged_tokens(grid_thw, self.config.spatial_merge_size))
         with cuda.on(self._stream):
             cuda.wait(self._stream, caller)
-            pv = cuda.zeros(int(np.prod(np.shape(pixel_values))), self._dtype(vx.PIXEL_VALUES)).view(np.shape(pixel_values))
+            shape = np.shape(pixel_values)
+            pv = cuda.zeros(int(np.prod(shape)), self._dtype(vx.PIXEL_VALUES)).view(shape)
             grid = cuda.zeros(int(np.size(grid_thw)), self._dtype(vx.GRID_THW)).view(np.shape(grid_thw))
             out = cuda.zeros(n_out * int(self.metadata[vx.KEY_HIDDEN]), self._dtype(vx.VISUAL_EMBEDS))
             out = out.view(n_out, int(self.metadata[vx.KEY_HIDDEN]))

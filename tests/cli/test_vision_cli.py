@@ -133,7 +133,7 @@ def foreign_vision(files, tmp_path):
     return tmp_path / "model.onnx"
 
 
-def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys, foreign_vision):
+def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys, foreign_vision, tmp_path_factory):
     _, ckpt, root = files
     out = str(tmp_path / "never.npz")
     base = ["run", str(root / "model.onnx"), "--input-ids", "1,2", "--save-logits", out, "-q"]
@@ -148,6 +148,9 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys, foreign_vision)
     _refused(extra, "hold 55 image placeholder tokens but the images give 54 features", capsys, tmp_path)
     _refused(["run", str(foreign_vision), "--input-ids", "1,2", "--image", str(root / "a.png"), "-q"],
              "model.vision.onnx comes from another checkpoint than model.onnx", capsys, tmp_path)
+    _, moe_ckpt = hf_checkpoint("qwen3_5_moe", tmp_path_factory)
+    _refused(["validate", str(moe_ckpt), "--onnx", str(root / "model.onnx"), "-q"],
+             "was exported from another checkpoint", capsys, tmp_path)
     _refused(["export", str(ckpt), "-o", str(tmp_path / "c.onnx"), "--kv-cache", "concat", "-q"],
              "need the inplace kv cache", capsys, tmp_path)
     _refused(["run", str(ckpt), "--input-ids", "1", "--image", str(root / "a.png"), "--prefill-chunk", "4"],
