@@ -152,6 +152,8 @@ def run_with_images(args) -> int:
 
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if not Path(args.model).exists():
+        raise InputError(f"{args.model}: no such file or folder")
     is_engine = args.backend == "trt" or Path(args.model).suffix in (".engine", ".plan", ".trt")
     if args.prefill_chunk is not None:
         raise InputError("--prefill-chunk does not apply to prompts with images (prefilled in one call)")
@@ -187,8 +189,6 @@ def run_with_images(args) -> int:
         if is_engine:
             from gdn_export.vlm.trt_runner import open_trt_vlm
 
-            if not Path(args.model).is_file():
-                raise InputError(f"{args.model}: no such engine file")
             runner, vision = open_trt_vlm(args.model, plugins=args.plugins)
         else:
             runner, vision = open_vlm(args.model)

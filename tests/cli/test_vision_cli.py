@@ -156,4 +156,4 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys, foreign_vision,
     _refused(["run", str(ckpt), "--input-ids", "1", "--image", str(root / "a.png"), "--prefill-chunk", "4"],
              "--prefill-chunk does not apply", capsys, tmp_path)
     _refused(["run", str(root / "model.engine"), "--input-ids", "1", "--image", str(root / "a.png")],
-             "model.engine: no such engine file", capsys, tmp_path)
+             "model.engine: no such file or folder", capsys, tmp_path)
