@@ -26,9 +26,18 @@ def add_parser(sub) -> None:
                    help="longest prompt chunk of the prefill profile (default min(512, cache length))")
     p.add_argument("--decode-batch", type=int, metavar="N",
                    help="batch the decode profile (seq = 1) is tuned for (default --max-batch)")
+<<<<<<< HEAD
     p.add_argument("--workspace", type=int, metavar="MiB",
                    help="workspace memory pool limit (default: TensorRT's, the GPU's memory)")
     add_overwrite(p, "the engine file (and its .layers.json)")
+=======
+    p.add_argument("--workspace", type=int, metavar="MiB", help="workspace memory pool limit")
+    p.add_argument("--image-sizes", default="448x448", metavar="WxH,...",
+                   help="vision-language exports: image sizes the engines take (default 448x448); "
+                   "the vision engine <stem>.vision.engine is built beside the output")
+    p.add_argument("--max-images", type=int, default=1, metavar="N",
+                   help="vision-language exports: most images or videos (grid_thw rows) per call (default 1)")
+>>>>>>> vlm
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -50,6 +59,21 @@ def run(args) -> int:
     progress = Progress("build", args.quiet)
     shapes = {w: parse_shape_specs(getattr(args, f"trt_{w}_shapes"), f"--trt-{w}-shapes")
               for w in ("min", "opt", "max")}
+    from gdn_export.vlm.cli import is_vlm_onnx
+
+    if is_vlm_onnx(args.onnx):  # model.engine + model.vision.engine
+        from gdn_export.vlm.build import build_vlm
+
+        paths = build_vlm(args.onnx, args.output, image_sizes=args.image_sizes, max_images=args.max_images,
+                          plugins=args.plugins, min_shapes=shapes["min"] or None,
+                          opt_shapes=shapes["opt"] or None, max_shapes=shapes["max"] or None,
+                          max_batch=args.max_batch, max_prefill=args.max_prefill,
+                          decode_batch=args.decode_batch,
+                          workspace=None if args.workspace is None else args.workspace << 20,
+                          progress=progress)
+        for path in paths:
+            print(f"wrote {path}")
+        return 0
     path = build_engine(args.onnx, args.output, plugins=args.plugins,
                         min_shapes=shapes["min"] or None, opt_shapes=shapes["opt"] or None,
                         max_shapes=shapes["max"] or None, max_batch=args.max_batch,

@@ -24,7 +24,13 @@ def add_parser(sub) -> None:
                    "TensorRT plugins); standard: ONNX opset-27 LinearAttention / CausalConvWithState "
                    "with standard ops around them (README 'Standard ONNX ops')")
     add_layout_flags(p)
+<<<<<<< HEAD
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
+=======
+    from gdn_export.vlm.cli import add_export_flags
+
+    add_export_flags(p)
+>>>>>>> vlm
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -87,6 +93,10 @@ def run(args) -> int:
     output_file(output, "-o", args, also=(_sidecar(output),),
                 need_bytes=_export_bytes(args.checkpoint, args.dtype))
     progress = Progress("export", args.quiet)
+    from gdn_export.vlm.cli import export_vlm_if_composite
+
+    if export_vlm_if_composite(args, layout, progress):  # model.onnx + model.vision.onnx
+        return 0
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))
     model.layout = layout

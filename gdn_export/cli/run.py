@@ -34,9 +34,16 @@ def add_parser(sub) -> None:
                    "on cuda needs onnxruntime-gpu)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="torch backend: implementation of the gdn ops (default reference)")
+<<<<<<< HEAD
     add_plugins(p, "the trt backend")
     add_ort_kernels(p)
     add_overwrite(p, "the --save-logits file")
+=======
+    p.add_argument("--plugins", help="trt backend: path of libgdn_plugins.so")
+    from gdn_export.vlm.cli import add_image_flags
+
+    add_image_flags(p)
+>>>>>>> vlm
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -48,6 +55,10 @@ def run(args) -> int:
     from gdn_export.runtime.base import as_prompts, check_generation_fits, generate
     from gdn_export.runtime.memory import check_generation_memory
 
+    from gdn_export.vlm.cli import run_with_images, wants_vlm
+
+    if wants_vlm(args):  # images, or a vision-language model.onnx
+        return run_with_images(args)
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:

@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--logits-only", action="store_true", help="print only the logits rows")
     add_overwrite(p, "the --json file")
     add_tolerances(p)
+    from gdn_export.vlm.cli import add_image_flags
+
+    add_image_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
 
@@ -51,6 +54,10 @@ def run(args) -> int:
 
     if not (args.onnx or args.engine):
         raise InputError("nothing to validate: give --onnx and/or --engine")
+    from gdn_export.vlm.cli import is_vlm_onnx, validate_with_images
+
+    if args.image or args.pixel_values or (args.onnx and is_vlm_onnx(args.onnx)):
+        return validate_with_images(args)
     # run_parity and write_json check these too, but only after the (slow) model loads.
     check_parity_sizes(args.batch, args.prompt_len, args.decode_steps, spelling=_FLAGS)
     if args.json:

@@ -164,6 +164,13 @@ class HybridForCausalLM(nn.Module):
             check_call(past_lengths, seq_lens, T, self.layout)
         x = self.model.embed_tokens(input_ids)
         step = make_step(past_lengths, seq_lens, T, self.model.rotary_emb, x.dtype, self.layout)
+        return self.run_layers(x, step, seq_lens, states)
+
+    def run_layers(self, x: torch.Tensor, step: StepInputs, seq_lens: torch.Tensor, states):
+        """The decoder layers, final norm and lm_head over embeddings x [B, T, hidden] (what
+        forward does after the embedding; gdn_export.models.vlm enters here with visual features).
+        Returns (logits, *new_states) as forward."""
+        B = x.shape[0]
         new_states: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             x, a, b = layer(x, step, states[2 * i], states[2 * i + 1])

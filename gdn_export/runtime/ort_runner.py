@@ -48,15 +48,16 @@ def _shape(value: onnx.ValueInfoProto) -> tuple[int | str, ...]:
                  for d in value.type.tensor_type.shape.dim)
 
 
-def read_state_specs(model: onnx.ModelProto) -> list[StateInfo]:
+def read_state_specs(model: onnx.ModelProto, token_inputs: tuple[str, ...] = TOKEN_INPUTS) -> list[StateInfo]:
     """State specs from the graph I/O (past.* inputs, present.* outputs in the same order),
-    cross-checked with the layout recorded in metadata_props when the file has one."""
+    cross-checked with the layout recorded in metadata_props when the file has one.
+    token_inputs: the inputs before the states (a vision-language graph has more)."""
     inputs, outputs = list(model.graph.input), list(model.graph.output)
-    first = len(TOKEN_INPUTS)
-    if tuple(v.name for v in inputs[:first]) != TOKEN_INPUTS or \
+    first = len(token_inputs)
+    if tuple(v.name for v in inputs[:first]) != token_inputs or \
             [v.name for v in outputs[:1]] != [LOGITS] or len(inputs) != len(outputs) + first - 1:
         raise InputError(f"not a gdn-export graph of this release: expected inputs "
-                         f"{', '.join(TOKEN_INPUTS)}, past.* and outputs logits, present.* (files "
+                         f"{', '.join(token_inputs)}, past.* and outputs logits, present.* (files "
                          f"exported before 0.2 have position_ids: export them again)")
     specs = []
     for inp, out in zip(inputs[first:], outputs[1:]):
@@ -82,6 +83,7 @@ class OrtRunner(Runner):
     """Run the exported `onnx_path` with ONNX Runtime `providers`."""
 
     backend = "ort"
+    token_inputs = TOKEN_INPUTS  # the graph inputs before the states
 
     def __init__(self, onnx_path: str | os.PathLike,
                  providers: Sequence[str] | None = None, session_options=None,
@@ -112,7 +114,7 @@ class OrtRunner(Runner):
         except OSError as exc:
             raise InputError(f"{self.path}: cannot read ({exc.strerror})") from None
         try:
-            self.state_specs = read_state_specs(model)
+            self.state_specs = read_state_specs(model, self.token_inputs)
         except InputError as exc:
             raise InputError(f"{self.path}: {exc}") from None
         self.metadata = {p.key: p.value for p in model.metadata_props}
@@ -198,6 +200,8 @@ class OrtRunner(Runner):
         binding = self.session.io_binding()
         for name, value in zip(TOKEN_INPUTS, (input_ids, past_lengths, seq_lens)):
             binding.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
+        for name, value in self._extra_inputs(input_ids, past_lengths, seq_lens).items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output(LOGITS)
         in_place = self.layout.inplace
         for spec, state in zip(self.state_specs, states):
@@ -216,6 +220,11 @@ class OrtRunner(Runner):
                       for spec, state in zip(self.state_specs, states)]
         logits = outputs[LOGITS].numpy()
         return logits.astype(np.float32, copy=False), new_states
+
+    def _extra_inputs(self, input_ids, past_lengths, seq_lens) -> dict[str, np.ndarray]:
+        """Inputs between the token inputs and the states (none here; gdn_export.vlm.runner's
+        vision-language runner feeds its visual inputs)."""
+        return {}
 
     def states_to_numpy(self, states) -> dict[str, np.ndarray]:
         """Copies: the runner updates the K/V arrays in place on the next step."""

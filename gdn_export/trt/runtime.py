@@ -362,10 +362,15 @@ class TrtRunner(Runner):
             self._set_shape(INPUT_IDS, (batch, seq), profile)
             self._set_shape(PAST_LENGTHS, (batch,), profile)
             self._set_shape(SEQ_LENS, (batch,), profile)
+            extra = {name: self._extra_view(name, value)  # inputs between the tokens and the states
+                     for name, value in self._extra_inputs(input_ids, past, lens).items()}
+            for name, view in extra.items():
+                self._set_shape(name, tuple(view.shape), profile)
             for spec, t in zip(self.state_specs, states.tensors):
                 self._set_shape(spec.name, tuple(t.shape), profile)
             outputs = self._output_views(batch, seq, p_len)  # checks every inferred shape first
-            for name, view in [(INPUT_IDS, self._ids), (PAST_LENGTHS, self._past), (SEQ_LENS, self._lens),
+            tokens = [(INPUT_IDS, self._ids), (PAST_LENGTHS, self._past), (SEQ_LENS, self._lens)]
+            for name, view in [*tokens, *extra.items(),
                                *((s.name, t) for s, t in zip(self.state_specs, states.tensors)), *outputs.items()]:
                 self._bind(name, view)
             if not self.context.execute_async_v3(handle):
@@ -380,6 +385,26 @@ class TrtRunner(Runner):
         return logits, TrtStates(new, batch, past + lens, self._generation)
 
     # ------------------------------------------------------------------------------ helpers
+
+    def _extra_inputs(self, input_ids, past_lengths, seq_lens) -> dict[str, np.ndarray]:
+        """Host arrays of the inputs between the token inputs and the states (none here; the
+        vision-language runner, gdn_export.vlm.runner, feeds its visual inputs)."""
+        return {}
+
+    def _extra_view(self, name: str, value: np.ndarray):
+        """`value` uploaded into this input's device buffer (allocated once, at the largest shape of
+        any profile, at least one element); returns the view of value's shape."""
+        buffers = self.__dict__.setdefault("_extra_buffers", {})
+        if name not in buffers:
+            largest = max(int(np.prod(self.engine.get_tensor_profile_shape(name, i)[2]))
+                          for i in range(self.engine.num_optimization_profiles))
+            buffers[name] = self._cuda.zeros(max(largest, 1), self._torch_dtype(name))
+        if value.size > buffers[name].numel():
+            raise InputError(f"{name} of shape {list(value.shape)} exceeds the engine's profiles")
+        view = buffers[name][: value.size].view(value.shape)
+        if value.size:
+            self._cuda.upload(view, value)
+        return view
 
     def _choose_profile(self, batch: int, seq: int, past: int) -> _Profile:
         def fits(p: _Profile) -> bool:

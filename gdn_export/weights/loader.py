@@ -107,13 +107,26 @@ def load_checkpoint(
     directory: str | Path,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str = "cpu",
+    model_class: type[HybridForCausalLM] = HybridForCausalLM,
 ) -> HybridForCausalLM:
-    """Build the model of `directory` (config.json + safetensors) in eval mode on `device`."""
+    """Build the model of `directory` (config.json + safetensors) in eval mode on `device`, as
+    `model_class` (a HybridForCausalLM subclass with the same parameters, e.g.
+    gdn_export.models.vlm.HybridVLForCausalLM)."""
     directory = Path(directory)
     check_readable(directory, "checkpoint directory", folder=True)
     config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
+<<<<<<< HEAD
     model = _meta_model(config, dtype)
+=======
+    family = FAMILIES[config.family]
+
+    with torch.device("meta"):
+        model = model_class(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop(LM_HEAD)
+>>>>>>> vlm
 
     with CheckpointReader(directory) as reader:
         plan = _plan(directory, reader, config, model)

@@ -190,15 +190,22 @@ class FakeContext:
 
 def write_engine(path: Path, *, batch: int = 4, prefill: int = 16, cache_len: int = 32, layout: str = "inplace",
                  logits: str = "last", vocab: int = 11, record: bool = True, trt_name: str = "tensorrt_rtx",
-                 trt_version: str = "1.7.1.116", alias_kv: bool = True, plugin_alias: str = "plugin") -> Path:
+                 trt_version: str = "1.7.1.116", alias_kv: bool = True, plugin_alias: str = "plugin",
+                 visual_hidden: int = 0, max_visual: int = 64) -> Path:
     """A fake engine of one GDN layer (conv + recurrent states) and one attention layer (key / value),
-    with prefill / decode profiles like `build_engine`'s, plus its build record."""
+    with prefill / decode profiles like `build_engine`'s, plus its build record. visual_hidden > 0:
+    the language engine of a vision-language export (rope_positions, visual_embeds [n, hidden] fp16,
+    visual_index after seq_lens; n in 0..max_visual in both profiles)."""
     past = -1 if layout == "concat" else cache_len
     states = [("past.0.conv", [-1, 8, 3], "float16"), ("past.0.recurrent", [-1, 2, 4, 4], "float32"),
               ("past.1.key", [-1, 2, past, 4], "float16"), ("past.1.value", [-1, 2, past, 4], "float16")]
     tensors = [{"name": "input_ids", "mode": "INPUT", "shape": [-1, -1], "dtype": "int64"},
                {"name": "past_lengths", "mode": "INPUT", "shape": [-1], "dtype": "int64"},
                {"name": "seq_lens", "mode": "INPUT", "shape": [-1], "dtype": "int64"}]
+    if visual_hidden:
+        tensors += [{"name": "rope_positions", "mode": "INPUT", "shape": [3, -1, -1], "dtype": "int64"},
+                    {"name": "visual_embeds", "mode": "INPUT", "shape": [-1, visual_hidden], "dtype": "float16"},
+                    {"name": "visual_index", "mode": "INPUT", "shape": [-1], "dtype": "int64"}]
     tensors += [{"name": n, "mode": "INPUT", "shape": s, "dtype": d} for n, s, d in states]
     tensors.append({"name": "logits", "mode": "OUTPUT", "shape": [-1, 1 if logits == "last" else -1, vocab],
                     "dtype": "float32"})
@@ -208,6 +215,10 @@ def write_engine(path: Path, *, batch: int = 4, prefill: int = 16, cache_len: in
         out = {"input_ids": [[1, 1], [opt_batch, seq_max], [batch, seq_max]]}
         for name in ("past_lengths", "seq_lens"):
             out[name] = [[1], [opt_batch], [batch]]
+        if visual_hidden:
+            out["rope_positions"] = [[3, 1, 1], [3, opt_batch, seq_max], [3, batch, seq_max]]
+            out["visual_embeds"] = [[0, visual_hidden], [max_visual // 2, visual_hidden], [max_visual, visual_hidden]]
+            out["visual_index"] = [[0], [max_visual // 2], [max_visual]]
         for n, s, _ in states:
             p = [0, cache_len // 2, cache_len]
             out[n] = [[1] + [p[0] if d < 0 else d for d in s[1:]], [opt_batch] + [p[1] if d < 0 else d for d in s[1:]],
@@ -235,6 +246,9 @@ def write_engine(path: Path, *, batch: int = 4, prefill: int = 16, cache_len: in
             kv["inputs"] = ["k", "past.1.key", "past.1.value"]
         metadata = {"gdn_export.state_specs": json.dumps(spec_states), "gdn_export.kv_cache": layout,
                     "gdn_export.logits": logits, "gdn_export.vocab_size": str(vocab)}
+        if visual_hidden:
+            metadata.update({"gdn_export.vlm.role": "language", "gdn_export.vlm.hidden_size": str(visual_hidden),
+                             "gdn_export.vlm.fingerprint": "ab" * 32})
         Path(str(path) + ".layers.json").write_text(json.dumps({
             "trt": trt_name, "trt_version": trt_version, "metadata": metadata,
             "outputs": [t["name"] for t in tensors if t["mode"] == "OUTPUT"],
