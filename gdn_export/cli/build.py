@@ -26,18 +26,14 @@ def add_parser(sub) -> None:
                    help="longest prompt chunk of the prefill profile (default min(512, cache length))")
     p.add_argument("--decode-batch", type=int, metavar="N",
                    help="batch the decode profile (seq = 1) is tuned for (default --max-batch)")
-<<<<<<< HEAD
     p.add_argument("--workspace", type=int, metavar="MiB",
                    help="workspace memory pool limit (default: TensorRT's, the GPU's memory)")
-    add_overwrite(p, "the engine file (and its .layers.json)")
-=======
-    p.add_argument("--workspace", type=int, metavar="MiB", help="workspace memory pool limit")
     p.add_argument("--image-sizes", default="448x448", metavar="WxH,...",
                    help="vision-language exports: image sizes the engines take (default 448x448); "
                    "the vision engine <stem>.vision.engine is built beside the output")
     p.add_argument("--max-images", type=int, default=1, metavar="N",
                    help="vision-language exports: most images or videos (grid_thw rows) per call (default 1)")
->>>>>>> vlm
+    add_overwrite(p, "the engine file (and its .layers.json)")
     add_quiet(p)
     p.set_defaults(handler=run)
 

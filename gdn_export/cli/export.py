@@ -24,13 +24,10 @@ def add_parser(sub) -> None:
                    "TensorRT plugins); standard: ONNX opset-27 LinearAttention / CausalConvWithState "
                    "with standard ops around them (README 'Standard ONNX ops')")
     add_layout_flags(p)
-<<<<<<< HEAD
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
-=======
     from gdn_export.vlm.cli import add_export_flags
 
     add_export_flags(p)
->>>>>>> vlm
     add_quiet(p)
     p.set_defaults(handler=run)
 

@@ -34,16 +34,12 @@ def add_parser(sub) -> None:
                    "on cuda needs onnxruntime-gpu)")
     p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
                    help="torch backend: implementation of the gdn ops (default reference)")
-<<<<<<< HEAD
     add_plugins(p, "the trt backend")
     add_ort_kernels(p)
     add_overwrite(p, "the --save-logits file")
-=======
-    p.add_argument("--plugins", help="trt backend: path of libgdn_plugins.so")
     from gdn_export.vlm.cli import add_image_flags
 
     add_image_flags(p)
->>>>>>> vlm
     add_quiet(p)
     p.set_defaults(handler=run)
 

@@ -81,9 +81,9 @@ def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, model
     return plan
 
 
-def _meta_model(config: HybridConfig, dtype: torch.dtype | None = None) -> HybridForCausalLM:
+def _meta_model(config: HybridConfig, dtype: torch.dtype | None = None, model_class=HybridForCausalLM):
     with torch.device("meta"):
-        model = HybridForCausalLM(config)
+        model = model_class(config)
         return model.to(dtype) if dtype is not None else model
 
 
@@ -116,17 +116,7 @@ def load_checkpoint(
     check_readable(directory, "checkpoint directory", folder=True)
     config = read_config(directory / "config.json")
     dtype = _dtype(dtype, config)
-<<<<<<< HEAD
-    model = _meta_model(config, dtype)
-=======
-    family = FAMILIES[config.family]
-
-    with torch.device("meta"):
-        model = model_class(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop(LM_HEAD)
->>>>>>> vlm
+    model = _meta_model(config, dtype, model_class)
 
     with CheckpointReader(directory) as reader:
         plan = _plan(directory, reader, config, model)
