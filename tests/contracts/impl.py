@@ -67,12 +67,25 @@ def dtype_id(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 
 
+def _interpreted_dtypes(dtypes, n):
+    """Under Triton's interpreter fp16 and bf16 take the same code path (the kernels branch on
+    "16-bit", not on which): fp32 and one 16-bit dtype a case, alternating between cases."""
+    halves = [d for d in dtypes if d in (torch.float16, torch.bfloat16)]
+    keep = [d for d in dtypes if d not in halves]
+    if halves:
+        keep.append(halves[n % len(halves)])
+    return [d for d in dtypes if d in keep]
+
+
 def params(impls, cases, dtypes, cost=lambda case: 0):
     """pytest params (impl, case, dtype) for every supported combination, id `impl-case-dtype`."""
     out = []
     for impl in impls:
-        for case in cases:
-            for dtype in (case.dtypes if getattr(case, "dtypes", None) else dtypes):
+        for n, case in enumerate(cases):
+            case_dtypes = case.dtypes if getattr(case, "dtypes", None) else dtypes
+            if impl.interpreted:
+                case_dtypes = _interpreted_dtypes(case_dtypes, n)
+            for dtype in case_dtypes:
                 if impl.supports(case, dtype):
                     out.append(pytest.param(impl, case, dtype, id=f"{impl.name}-{case.name}-{dtype_id(dtype)}",
                                             marks=impl.marks(cost(case))))

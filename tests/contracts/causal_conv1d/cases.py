@@ -72,6 +72,8 @@ GPU = [
     *[_case(f"T{T}-B3-C130-K{K}", 3, T, 130, K, ("gpu",)) for T in (1, 2, 5, 300) for K in (1, 3, 8)],
     *[_case(f"ragged-{name}-C203-K{K}", len(lens), T, 203, K, ("gpu",), lengths=tuple(lens))
       for name, (T, lens) in CONV_RAGGED.items() for K in (2, 3, 4)],
+    # a model's channel count (2 x 1024 + 64): several channel blocks
+    *[_case(f"T{T}-B3-C2112-K4", 3, T, 2112, 4, ("gpu",)) for T in (1, 4097)],
 ]
 
 CASES = SMALL + GPU

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import torch
 
-from tests.contracts.impl import Impl, poisoned
+from tests.contracts.impl import HAS_CUDA, Impl, poisoned
 from tests.plugins import host_reference
 
 
@@ -118,6 +118,11 @@ def _any(case, dtype):
     return True
 
 
+def _triton_cases(case, dtype):
+    """Small cases; on a GPU the GPU ones too."""
+    return "small" in case.tags or HAS_CUDA
+
+
 _K2 = lambda case, dtype: case.K >= 2  # noqa: E731  (K = 1 has no state to update in place)
 _STATE = lambda case, dtype: case.state  # noqa: E731
 _ORT = lambda case, dtype: "small" in case.tags and dtype != torch.bfloat16 and case.K >= 2  # noqa: E731
@@ -127,7 +132,7 @@ _OP = lambda case, dtype: case.name.startswith(("decode-T1", "T65", "ragged-T63"
 IMPLS = [
     Impl("reference", "reference", _naive, _small),
     Impl("op-reference", "reference", _op("reference"), _small),
-    Impl("triton", "triton", _triton, _small),
+    Impl("triton", "triton", _triton, _triton_cases),
     Impl("op-triton", "triton", _op("triton"), _OP),
     Impl("cuda", "cuda", _cuda_out, _any),
     Impl("cuda-inplace", "cuda", _cuda_inplace, lambda c, d: _K2(c, d) and _STATE(c, d), extra={"inplace": True}),

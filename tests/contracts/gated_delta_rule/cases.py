@@ -145,7 +145,8 @@ GPU = [
       for T in (65, 1000, 4097) for D in (64, 128)],
     # the kernels' path choice around its switch points, and each path pinned (tag "paths")
     *[_case(f"T{T}-D64-Hv2Hk", 2, T, 2, 4, 64, 64, ("gpu", "paths", "triton-ok")) for T in (16, 17, 200, 1000)],
-    *[_case(f"T{T}-Dk{Dk}-Dv{Dv}", 2, T, 1, 3, Dk, Dv, ("gpu",))
+    *[_case(f"T{T}-Dk{Dk}-Dv{Dv}", 2, T, 1, 3, Dk, Dv,
+            ("gpu", "triton-ok") if {Dk, Dv} <= {16, 32, 64, 128} else ("gpu",))
       for T in (1, 130) for Dk, Dv in ((64, 128), (128, 64), (32, 64), (16, 16), (24, 40), (40, 24), (72, 96),
                                        (256, 64), (20, 36))],
     *[_case(f"T{T}-D64-{'state' if st else 'no-state'}-{'l2norm' if l2 else 'no-l2norm'}", 2, T, 2, 2, 64, 64,
@@ -153,6 +154,8 @@ GPU = [
       for T in (1, 7, 300) for st in (True, False) for l2 in (True, False)],
     *[_packed(f"pack-{'-'.join(map(str, lens))}-D64", lens, 2, 4, 64, 64, ("gpu", "paths", "triton-ok"))
       for lens in ((1, 63, 66, 1000), (5, 3, 1), (64, 64, 128), (1, 1, 1, 1, 1), (700,), (17, 300, 2, 65))],
+    *[_packed(f"pack-{'-'.join(map(str, lens))}-D128", lens, 2, 4, 128, 128, ("gpu", "paths", "triton-ok"))
+      for lens in ((1000, 1, 64, 65, 4097), (1, 3, 16, 2))],
     *[_case(f"padded-1-63-130-D{D}-Hv2Hk-{kind}", 3, 130, 2, 4, D, D, ("gpu", "paths", "triton-ok"), padded=(1, 63, 130),
             correlated=kind == "model-like") for D in (64, 128) for kind in ("random", "model-like")],
     _case("padded-1-63-130-as-pack-Dk128-Dv64", 3, 130, 2, 4, 128, 64, ("gpu", "paths", "triton-ok"),
