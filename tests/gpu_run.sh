@@ -7,7 +7,7 @@
 #   tests/gpu_run.sh [OUT_DIR] [pytest args...]      e.g. tests/gpu_run.sh gpu-tests -k contracts
 #
 # OUT_DIR (default gpu-tests): pytest.log, junit.xml, extension.log, the Triton cache.
-# GDN_GPU_WORKERS (default 8): workers on the one GPU; each holds its own CUDA context and caching
+# GDN_GPU_WORKERS (default 6): workers on the one GPU; each holds its own CUDA context and caching
 #   allocator (the tests give cached blocks back after each test). GDN_GPU_TIMEOUT (default 530 s).
 # TensorRT headers for the plugin build: TENSORRT_INCLUDE_DIR, else .carry/tensorrt/include if present.
 # Exit status: pytest's (5 if nothing was selected), 124 if the time limit cut the run (pytest runs
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 out=${1:-gpu-tests}
 shift $(($# > 0 ? 1 : 0))
 mkdir -p "$out"
-workers=${GDN_GPU_WORKERS:-8}
+workers=${GDN_GPU_WORKERS:-6}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/$out/triton-cache}
 export GDN_TEST_THREADS=${GDN_TEST_THREADS:-2}

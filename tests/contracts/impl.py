@@ -67,12 +67,14 @@ def dtype_id(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 
 
-def _interpreted_dtypes(dtypes, n):
-    """Under Triton's interpreter fp16 and bf16 take the same code path (the kernels branch on
-    "16-bit", not on which): fp32 and one 16-bit dtype a case, alternating between cases."""
+def _interpreted_dtypes(case, dtypes, n):
+    """Under Triton's interpreter (CPU) fp16 and bf16 take the same code path as each other (the
+    kernels branch on "16-bit", not on which), and below 64-wide heads the same fp32-operand path as
+    fp32: fp32 alone there; at Dk >= 64 (16-bit tensor-core operands) also one 16-bit dtype,
+    alternating between cases, or the case's only dtypes. Every dtype runs on the GPU."""
     halves = [d for d in dtypes if d in (torch.float16, torch.bfloat16)]
     keep = [d for d in dtypes if d not in halves]
-    if halves:
+    if halves and (not keep or getattr(case, "Dk", 0) >= 64):
         keep.append(halves[n % len(halves)])
     return [d for d in dtypes if d in keep]
 
@@ -84,7 +86,7 @@ def params(impls, cases, dtypes, cost=lambda case: 0):
         for n, case in enumerate(cases):
             case_dtypes = case.dtypes if getattr(case, "dtypes", None) else dtypes
             if impl.interpreted:
-                case_dtypes = _interpreted_dtypes(case_dtypes, n)
+                case_dtypes = _interpreted_dtypes(case, case_dtypes, n)
             for dtype in case_dtypes:
                 if impl.supports(case, dtype):
                     out.append(pytest.param(impl, case, dtype, id=f"{impl.name}-{case.name}-{dtype_id(dtype)}",

@@ -194,6 +194,8 @@ _FP32 = lambda case, dtype: dtype == torch.float32  # noqa: E731
 _SHORT = lambda case, dtype: case.T <= 16  # noqa: E731
 # The recurrent Triton kernel walks token by token: up to 300 tokens (the chunked one above).
 _NOT_LONG = lambda case, dtype: case.T <= 300  # noqa: E731
+# Interpreted on a CPU the recurrent kernel costs ~6 ms a token and program: up to 65 tokens there.
+_INTERPRETABLE = lambda case, dtype: HAS_CUDA or case.T <= 65  # noqa: E731
 # Through the public op (dispatch, checks, fast entries): one case of each kind.
 _OP = lambda case, dtype: "op" in case.tags  # noqa: E731
 
@@ -205,7 +207,7 @@ IMPLS = [
     Impl("op-reference-inplace", "reference", _op("reference", inplace=True),
          _with(_small, _NO_VARLEN, _HAS_STATE, _SHORT), extra={"inplace": True}),
     Impl("triton-chunk", "triton", _triton("chunk"), _TRITON),
-    Impl("triton-recurrent", "triton", _triton("recurrent"), _with(_TRITON, _NOT_LONG)),
+    Impl("triton-recurrent", "triton", _triton("recurrent"), _with(_TRITON, _NOT_LONG, _INTERPRETABLE)),
     Impl("triton-recurrent-inplace", "triton", _triton("recurrent", inplace=True),
          _with(_TRITON, _HAS_STATE, _SHORT), extra={"inplace": True}),
     Impl("op-triton", "triton", _op("triton"), _with(_TRITON, _OP)),
