@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of the repo in one device call (H200 here): the plugin host test under
-# compute-sanitizer, the GPU tests of the cuda and triton backends and of the whole tiny models,
-# then the kernel benchmark (ours triton / ours cuda / FLA / PyTorch side by side).
+# The GPU checks of the repo (H200 here): every GPU test, the plugin host test under
+# compute-sanitizer, then the benchmarks (ours triton / ours cuda / FLA / PyTorch side by side).
 #
-#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: cuda models runtime bench triton plugins moe state
-#                                                   attn overhead pack cudaprefill e2e (default: all but
-#                                                   pack, cudaprefill and e2e, in that order)
-#   runtime: the CUDA-graph runner, half-precision attention and in-place GDN state tests
-#   moe: the MoE GPU tests of both backends, then benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
+#   benchmarks/gpu_checks.sh OUT_DIR [steps...]     steps: tests plugins bench moe state attn overhead pack
+#                                                   cudaprefill e2e (default: tests plugins; a device call
+#                                                   has 10 minutes: run the benchmarks in later calls)
+#   tests: tests/gpu_run.sh, every `-m gpu` test across tests/ in one pytest-xdist run (< 9 min)
+#   moe: benchmarks/moe_bench.py (table in OUT_DIR/moe/moe_bench.md)
 #   state: benchmarks/state_dtype_bench.py (decode / prefill per recurrent-state dtype; FlashInfer's
 #          bf16-state decode beside it when `import flashinfer` works)
 #   attn: benchmarks/attention_decode_bench.py (split-KV decode attention vs the SDPA route) and
@@ -24,7 +23,7 @@
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
 shift
-steps=${*:-cuda models runtime bench triton plugins moe state attn overhead}
+steps=${*:-tests plugins}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -49,11 +48,7 @@ for s in $steps; do
     case $s in
         # its build alone takes ~150 s on the H200 host
         plugins) run_step plugins 480 plugins/tests/runOnDevice.sh "$out/plugins" 90 "$PWD/.carry/tensorrt/include" ;;
-        # the mma.sync prefill walk's tests (test_chunk_walk_cuda.py, 82) take ~130 s with the build (H200)
-        cuda) run_step cuda 420 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda ;;
-        models) run_step models 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/models/test_op_backends_gpu.py ;;
-        runtime) run_step runtime 120 python3 -m pytest -v -m gpu -p no:cacheprovider tests/runtime/test_cuda_graph.py \
-                     tests/ops/test_attention_cuda.py tests/kernels/test_gated_delta_rule_inplace.py ;;
+        tests) run_step tests 560 tests/gpu_run.sh "$out/tests" ;;
         state) run_step state 240 python3 benchmarks/state_dtype_bench.py --out-dir "$out/state" ;;
         attn) run_step attn 90 python3 benchmarks/attention_decode_bench.py --out-dir "$out/attn"
               run_step attn_pf 90 python3 benchmarks/attention_prefill_bench.py --graph --out-dir "$out/attn" ;;
@@ -61,12 +56,8 @@ for s in $steps; do
         overhead) run_step overhead 90 python3 benchmarks/op_overhead.py --out "$out/overhead" ;;
         cudaprefill) run_step cudaprefill 90 python3 benchmarks/cuda_prefill_profile.py --out-dir "$out/cudaprefill" ;;
         e2e) run_step e2e 560 bash benchmarks/e2e_bench.sh "$out/e2e" ;;
-        # 4 workers: with 12 on one H200 some 16-bit-state / MoE tests failed that pass serially
-        triton) run_step triton 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rf -n 4 tests/kernels ;;
         bench) run_step bench 200 python3 benchmarks/bench_kernels.py --out "$out/bench" --cuda ;;
-        moe) run_step moe_tests 300 python3 -m pytest -v -m gpu -p no:cacheprovider tests/cuda/test_moe_cuda.py \
-                 tests/kernels/test_gpu_moe_kernels.py
-             run_step moe_bench 240 python3 benchmarks/moe_bench.py --out "$out/moe" ;;
+        moe) run_step moe_bench 240 python3 benchmarks/moe_bench.py --out "$out/moe" ;;
     esac
 done
 echo "GPU: $(cat "$out/gpu.txt")"

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# pytest-xdist workers share the CPU cores: one intra-op thread each, or torch's OpenMP threads spin
+# against each other (a token-by-token loop of small ops ran ~20x slower with 2 threads a worker on 2
+# cores). GDN_TEST_THREADS overrides.
+if os.environ.get("GDN_TEST_THREADS"):
+    torch.set_num_threads(int(os.environ["GDN_TEST_THREADS"]))
+elif os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 # Relative RMS bound per dtype for fast paths against the fp32 reference.
 RMS_BOUND = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}

@@ -17,7 +17,7 @@ import torch
 
 from gdn_export.errors import GdnExportError
 from tests.conftest import GPU_ONLY, assert_close_rms, gdn_inputs, rel_rms
-from tests.cuda.test_gated_delta_rule_cuda import _reference, _run
+from tests.cuda._gdr import _reference, _run
 
 pytestmark = GPU_ONLY
 

@@ -10,7 +10,7 @@ from gdn_export.errors import GdnExportError
 from gdn_export.ops import gated_delta_rule, use_backend
 from gdn_export.ops.gated_delta_rule import gated_delta_rule_
 from tests.conftest import GPU_ONLY, assert_close_rms, gdn_inputs
-from tests.cuda.test_gated_delta_rule_cuda import _reference
+from tests.cuda._gdr import _reference
 
 pytestmark = GPU_ONLY
 

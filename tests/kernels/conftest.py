@@ -21,3 +21,16 @@ if torch.cuda.is_available():
         share one GPU, and each would otherwise keep the peak of every test it ran."""
         yield
         torch.cuda.empty_cache()
+
+
+def pytest_collection_modifyitems(config, items):
+    """With a GPU these Triton tests run on it: mark them `gpu` there, so that `pytest -m gpu`
+    (tests/gpu_run.sh) includes them; on a CPU-only machine they stay in the CPU suite."""
+    if not torch.cuda.is_available():
+        return
+    import pytest
+
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.gpu)

@@ -1,5 +1,5 @@
-"""Triton kernels with a 16-bit recurrent state at real sizes on a GPU (the interpreter tests in
-test_state_dtype_kernels.py cover the odd shapes)."""
+"""Triton kernels with a 16-bit recurrent state at real sizes on a GPU (the contract suite,
+tests/contracts/gated_delta_rule, covers the odd shapes)."""
 
 import pytest
 import torch

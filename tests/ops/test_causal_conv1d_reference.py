@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gdn_export.ops import causal_conv1d
-from tests.ragged import CONV_RAGGED, check_conv_rows, conv_ragged_inputs
+from tests.ragged import conv_ragged_inputs
 
 
 def _literal(x, w, b, s, silu):
@@ -50,26 +50,11 @@ def test_conv_bad_state_shape():
 # ----------------------------------------------------------------------------- ragged rows
 
 
-@pytest.mark.parametrize("K", [2, 3, 4], ids=lambda k: f"K{k}")
-@pytest.mark.parametrize("case", list(CONV_RAGGED), ids=list(CONV_RAGGED))
-def test_ragged_rows_equal_each_row_alone(case, K):
-    T, lengths = CONV_RAGGED[case]
-    x, w, b, s0, lens = conv_ragged_inputs(lengths, T, 7, K, torch.float32, "cpu")
-    y, s = causal_conv1d(x, w, b, s0, True, seq_lens=lens)
-    check_conv_rows(y, s, x, w, b, s0, lens, True, torch.float32, exact=True)
-
-
 def test_full_lengths_equal_no_lengths():
     x, w, b, s0, _ = conv_ragged_inputs([5, 5, 5], 5, 9, 4, torch.float32, "cpu")
     y, s = causal_conv1d(x, w, b, s0, False)
     y_l, s_l = causal_conv1d(x, w, b, s0, False, seq_lens=torch.full((3,), 5, dtype=torch.int64))
     assert torch.equal(y, y_l) and torch.equal(s, s_l)
-
-
-def test_ragged_without_state_starts_from_zeros():
-    x, w, b, _, lens = conv_ragged_inputs([3, 0, 1], 3, 5, 4, torch.float32, "cpu", state=False)
-    y, s = causal_conv1d(x, w, b, None, True, seq_lens=lens)
-    check_conv_rows(y, s, x, w, b, None, lens, True, torch.float32, exact=True)
 
 
 @pytest.mark.parametrize("lengths,match", [([4, 5], r"\[0, T=4\]"), ([-1, 2], r"\[0, T=4\]"),

@@ -5,7 +5,8 @@ include, the usual install folders). Without headers, cmake or nvcc every test t
 skips with the reason; a cmake or compiler failure with all three present is an error.
 
 Shared by tests/plugins and tests/trt (both conftests import `plugin_build`); the build itself is
-cached per process, so it runs once however many conftests ask. A small architecture list keeps
+cached per process, so it runs once however many conftests ask, and under pytest-xdist once per run:
+the first worker builds into a folder named by the run's id while the others wait on its lock. A small architecture list keeps
 CI fast; override with GDN_TEST_CUDA_ARCHS (e.g. "90"), or point GDN_TEST_PLUGIN_BUILD at an
 existing build folder to skip building.
 """
@@ -62,8 +63,6 @@ def find_tensorrt_headers(env=None) -> Path | str:
 @functools.lru_cache(maxsize=None)
 def _build() -> PluginBuild | str:
     """The build, or the reason it cannot be made here (a string)."""
-    import time
-
     existing = os.environ.get("GDN_TEST_PLUGIN_BUILD")
     if existing:
         folder = Path(existing)
@@ -74,7 +73,26 @@ def _build() -> PluginBuild | str:
     headers = find_tensorrt_headers()
     if isinstance(headers, str):
         return headers
-    folder = Path(tempfile.mkdtemp(prefix="gdn-plugins-build-"))
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id:  # pytest-xdist: one build for all workers of this run
+        from filelock import FileLock
+
+        folder = Path(tempfile.gettempdir()) / f"gdn-plugins-build-{run_id}"
+        with FileLock(str(folder) + ".lock"):
+            done = folder / "BUILD_OK"
+            if not done.is_file():
+                folder.mkdir(exist_ok=True)
+                build = _cmake(folder, headers)
+                done.write_text(str(build.seconds))
+                return build
+        return PluginBuild(folder, folder / "libgdn_plugins.so", folder / "pluginHostTest", 0.0)
+    return _cmake(Path(tempfile.mkdtemp(prefix="gdn-plugins-build-")), headers)
+
+
+def _cmake(folder: Path, headers: Path) -> PluginBuild:
+    """Configure and build plugins/ into `folder` (RuntimeError with the log's tail on failure)."""
+    import time
+
     cmd = ["cmake", "-S", str(PLUGINS_SRC), "-B", str(folder), f"-DCMAKE_CUDA_ARCHITECTURES={TEST_ARCHS}",
            "-DCMAKE_BUILD_TYPE=Release", f"-DTENSORRT_INCLUDE_DIR={headers}"]
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ on the whole of (0, 2) against the fp32 reference.
 Ragged batches are right-padded: at padded positions the model writes g = 0 and beta = 0, a step
 that leaves the state exactly unchanged (S <- 1 * S + 0), so each row's final state is the state
 after its last real token; o at padded positions is meaningless. cu_seqlens packs of padded rows
-obey the same rule. Tested on every backend (tests/*/test_gated_delta_rule_padding*.py).
+obey the same rule. Tested on every backend (tests/contracts/gated_delta_rule, the padded cases).
 
 TensorRT plugin twin: plugins/gatedDeltaRulePlugin (kGDR_PLUGIN_NAME / VERSION / NAMESPACE).
 """

@@ -60,7 +60,8 @@ def _per_sequence(fn, q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_
     bounds = cu_seqlens.tolist()
     for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         init = None if initial_state is None else initial_state[n : n + 1]
-        o, s = fn(
+        # an empty sequence keeps its state: the token loop runs zero times (no chunks to reshape)
+        o, s = (fn if end > start else recurrent_gated_delta_rule)(
             q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end],
             beta[:, start:end], init, scale, use_qk_l2norm,
         )

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every GPU test of the repo (`pytest -m gpu` across tests/) in one call on one GPU, in under 9 minutes
+# on an H200 (16 CPU cores): pytest-xdist workers share the GPU, Triton's compile cache and one build
+# of the CUDA extension (started first, in the background: the workers that need it wait on
+# torch's build lock, the others run Triton tests meanwhile) and of plugins/ (tests/plugins/cmake_build.py).
+#
+#   tests/gpu_run.sh [OUT_DIR] [pytest args...]      e.g. tests/gpu_run.sh gpu-tests -k contracts
+#
+# OUT_DIR (default gpu-tests): pytest.log, junit.xml, extension.log, the Triton cache.
+# GDN_GPU_WORKERS (default 6): workers on the one GPU; each holds its own CUDA context and caching
+#   allocator (the tests give cached blocks back after each test). GDN_GPU_TIMEOUT (default 530 s).
+# TensorRT headers for the plugin build: TENSORRT_INCLUDE_DIR, else .carry/tensorrt/include if present.
+# Exit status: pytest's (5 if nothing was selected), 124 if the time limit cut the run (pytest runs
+# -v: each outcome is a line of pytest.log as it finishes, so a cut run still names its failures).
+set -u
+cd "$(dirname "$0")/.."
+out=${1:-gpu-tests}
+shift $(($# > 0 ? 1 : 0))
+mkdir -p "$out"
+workers=${GDN_GPU_WORKERS:-6}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/$out/triton-cache}
+export GDN_TEST_THREADS=${GDN_TEST_THREADS:-2}
+if [ -z "${TENSORRT_INCLUDE_DIR:-}" ] && [ -f .carry/tensorrt/include/NvInferRuntime.h ]; then
+    export TENSORRT_INCLUDE_DIR=$PWD/.carry/tensorrt/include
+fi
+t0=$SECONDS
+python3 -c "from gdn_export.cuda import backend; backend.load()" > "$out/extension.log" 2>&1 &
+timeout "${GDN_GPU_TIMEOUT:-530}" python3 -m pytest -m gpu -n "$workers" -p no:cacheprovider -v -rfEs \
+    --durations=25 --junitxml="$out/junit.xml" tests "$@" > "$out/pytest.log" 2>&1
+rc=$?
+wait
+echo "gpu tests: rc=$rc in $((SECONDS - t0)) s ($workers workers): $(grep -E '(passed|failed|error)' "$out/pytest.log" | tail -1)"
+grep -oE "(FAILED|ERROR) tests/[^ ]*" "$out/pytest.log" | sort -u | head -20
+exit $rc
