@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--runtime", choices=("torch", "ort"), default="torch",
                    help="torch (default): the checkpoint on the fast torch runner; ort: --onnx on ONNX "
                    "Runtime (gdn_export/cli/bench_ort.py)")
-    p.add_argument("--onnx", help="--runtime ort: the exported file to time")
+    p.add_argument("--onnx", help="--runtime ort: the exported file to time (default: none; required there)")
     add_ort_kernels(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu; --runtime ort "
                    "on cuda needs onnxruntime-gpu)")

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--calib-seq-len", type=int, default=DEFAULT_SEQ_LEN,
                    help=f"tokens per calibration row (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--kv-cache", default=None, metavar="fp8",
-                   help="also store the attention K/V cache in FP8 (not supported yet: refused)")
+                   help="also store the attention K/V cache in FP8 (not supported yet: refused; default: the model dtype)")
     add_overwrite(p, "the output folder")
     add_quiet(p)
     p.set_defaults(handler=run)

@@ -48,10 +48,18 @@ def add_image_flags(p) -> None:
     g.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image for the first prompt row (repeat for several); read with Pillow, "
                    "resized and normalised by transformers' Qwen3.5 image processor; the runner puts "
-                   "vision_start, the image's placeholder tokens and vision_end before the row's ids")
+                   "vision_start, the image's placeholder tokens and vision_end before the row's ids (default: none)")
     g.add_argument("--pixel-values", metavar="FILE.npz",
                    help="the image processor's output instead of --image: pixel_values + "
-                   "image_grid_thw and / or pixel_values_videos + video_grid_thw")
+                   "image_grid_thw and / or pixel_values_videos + video_grid_thw (default: none)")
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, False where the path cannot be looked at (the text runner names the reason)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def is_vlm_onnx(path) -> bool:
@@ -59,7 +67,7 @@ def is_vlm_onnx(path) -> bool:
     from gdn_export.vlm.export import KEY_ROLE
 
     path = Path(path)
-    if path.suffix != ".onnx" or not path.is_file():
+    if path.suffix != ".onnx" or not _is_file(path):
         return False
     import onnx
 
@@ -76,7 +84,7 @@ def is_vlm_engine(path) -> bool:
     from gdn_export.vlm.export import KEY_ROLE
 
     path = Path(path)
-    if path.suffix not in (".engine", ".plan", ".trt") or not path.is_file():
+    if path.suffix not in (".engine", ".plan", ".trt") or not _is_file(path):
         return False
     from gdn_export.trt.build import layers_path
 

@@ -212,8 +212,8 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
     if spec is None:
         if fp8_keys:
             key = sorted(fp8_keys)[0]
-            raise CheckpointError(f"tensor {key} is float8_e4m3fn but config.json has no quantization_config "
-                                  f"(its scales would be ignored)")
+            raise CheckpointError(f"tensor {key} is stored as F8_E4M3 (float8_e4m3fn), which the model cannot "
+                                  f"take without a quantization_config in config.json (its scales would be ignored)")
         return out
     dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else torch.bfloat16
     handled: set[str] = set()

@@ -129,7 +129,7 @@ BAD = [
     pytest.param(dict(edit_config=lambda c: c["quantization_config"].update(quant_method="gptq")),
                  "quant_method 'gptq' is not supported", id="quant-method"),
     pytest.param(dict(edit_config=lambda c: c.pop("quantization_config")),
-                 "is float8_e4m3fn but config.json has no quantization_config", id="no-config"),
+                 "is stored as F8_E4M3 (float8_e4m3fn), which the model cannot take without a quantization_config", id="no-config"),
     pytest.param(dict(edit_config=lambda c: c["quantization_config"]["modules_to_not_convert"].append(
         "model.layers.1.mlp.up_proj")), "modules_to_not_convert lists its module", id="excluded-but-fp8"),
     pytest.param(dict(edit_config=lambda c: c["quantization_config"].update(activation_scheme="static")),
