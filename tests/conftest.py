@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -14,6 +15,25 @@ if os.environ.get("GDN_TEST_THREADS"):
     torch.set_num_threads(int(os.environ["GDN_TEST_THREADS"]))
 elif os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+def pytest_configure(config):
+    """In the controlling process: note when the session began (tests/plugins/cmake_build.py reads
+    it) and, for a run of the whole suite, start the plugin build beside the first tests."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller did this
+        return
+    os.environ.setdefault("GDN_TEST_SESSION_START", str(time.time()))
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if whole_suite and config.option.markexpr.strip() != "gpu":
+        from tests.plugins.cmake_build import start_background_build
+
+        start_background_build()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that need the plugin build run last (stable order otherwise), by when it is ready."""
+    items.sort(key=lambda item: "plugin_build" in getattr(item, "fixturenames", ()))
+
 
 # Relative RMS bound per dtype for fast paths against the fp32 reference.
 RMS_BOUND = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}

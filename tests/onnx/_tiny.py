@@ -1,10 +1,12 @@
-"""Tiny checkpoints of every family, loaded and exported once per test session (shared by
-tests/onnx and tests/runtime: exporting costs seconds); under pytest-xdist once per run, in a folder
-all workers share (the first one to ask writes, under a lock; the others load the same file)."""
+"""Tiny checkpoints of every family, loaded and exported once (shared by tests/onnx and
+tests/runtime: exporting costs seconds). Under pytest-xdist, in a folder every worker and every later
+session shares while gdn_export's sources and torch stay the same (named by their hash; the first
+process to ask writes under a lock, the others load the same file)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import tempfile
@@ -24,14 +26,25 @@ _CHECKPOINTS: dict[str, Path] = {}
 _EXPORTS: dict[tuple, tuple[object, Path]] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _source_tag() -> str:
+    """Hash of gdn_export's Python sources and torch's version (what an export depends on)."""
+    import gdn_export
+
+    digest = hashlib.sha256(torch.__version__.encode())
+    package = Path(gdn_export.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _shared(root: Path, name: str):
-    """(folder, lock) for `name`: the run's shared folder under pytest-xdist, else `root` unlocked."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run_id:
+    """(folder, lock) for `name`: the shared folder under pytest-xdist, else `root` unlocked."""
+    if not os.environ.get("PYTEST_XDIST_TESTRUNUID"):
         return root, contextlib.nullcontext()
     from filelock import FileLock
 
-    folder = Path(tempfile.gettempdir()) / f"gdn-tiny-{run_id}"
+    folder = Path(tempfile.gettempdir()) / f"gdn-tiny-{_source_tag()}"
     folder.mkdir(exist_ok=True)
     return folder, FileLock(str(folder / f"{name}.lock"))
 
@@ -48,19 +61,24 @@ def tiny_checkpoint(family: str, root: Path) -> Path:
 
 
 def tiny_export(family: str, root: Path, dtype: torch.dtype = torch.float32,
-                layout: DeployLayout = TEST_LAYOUT):
+                layout: DeployLayout = TEST_LAYOUT, onnx_ops: str = "gdn"):
     """(model, path of its exported .onnx), built on first use; the model is shared by every caller
-    of the same key: do not change its layout."""
-    key = (family, dtype, layout)
+    of the same (family, dtype, layout), whatever the form: do not change its layout."""
+    key = (family, dtype, layout, onnx_ops)
     if key not in _EXPORTS:
-        model = load_checkpoint(tiny_checkpoint(family, root), dtype=dtype)
-        model.layout = layout
+        model_key = next((k for k in _EXPORTS if k[:3] == key[:3]), None)
+        if model_key is None:
+            model = load_checkpoint(tiny_checkpoint(family, root), dtype=dtype)
+            model.layout = layout
+        else:
+            model = _EXPORTS[model_key][0]
         tag = hashlib.sha1(repr(layout).encode()).hexdigest()[:10]
-        name = f"{family}-{str(dtype).removeprefix('torch.')}-{tag}.onnx"
+        form = "" if onnx_ops == "gdn" else f"-{onnx_ops}"
+        name = f"{family}-{str(dtype).removeprefix('torch.')}-{tag}{form}.onnx"
         folder, lock = _shared(root, name)
         with lock:
             path = folder / name
             if not path.is_file():
-                export_onnx(model, path)
+                export_onnx(model, path, onnx_ops=onnx_ops)
         _EXPORTS[key] = (model, path)
     return _EXPORTS[key]

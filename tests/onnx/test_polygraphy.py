@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from gdn_export.onnx import export_onnx
 from tests.onnx._tiny import tiny_export
 
 POLYGRAPHY = shutil.which("polygraphy") or str(Path(sys.executable).parent / "polygraphy")
@@ -25,9 +24,7 @@ def _run(*args, timeout=300):
 @pytest.fixture(scope="module")
 def files(tiny_root):
     model, gdn = tiny_export("qwen3_5", tiny_root)
-    std = gdn.with_name("polygraphy-standard.onnx")
-    if not std.exists():
-        export_onnx(model, std, onnx_ops="standard")
+    _, std = tiny_export("qwen3_5", tiny_root, onnx_ops="standard")
     return model, gdn, std
 
 

@@ -19,17 +19,11 @@ from gdn_export.runtime.torch_runner import TorchRunner
 from gdn_export.validate.compare import Tolerances, default_tolerances, run_parity
 from tests.onnx._tiny import CONCAT, FAMILIES, TEST_LAYOUT, tiny_export
 
-_STANDARD: dict[tuple, object] = {}
-
-
 def standard_export(family, root, dtype=torch.float32, layout=TEST_LAYOUT):
     """(model, gdn path, standard path): the same model exported in both forms."""
     model, gdn_path = tiny_export(family, root, dtype=dtype, layout=layout)
-    key = (family, dtype, layout)
-    if key not in _STANDARD:
-        _STANDARD[key] = export_onnx(model, gdn_path.with_name(gdn_path.stem + "-standard.onnx"),
-                                     onnx_ops="standard")
-    return model, gdn_path, _STANDARD[key]
+    _, std_path = tiny_export(family, root, dtype=dtype, layout=layout, onnx_ops="standard")
+    return model, gdn_path, std_path
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -1,19 +1,23 @@
-"""Build plugins/ (libgdn_plugins.so + pluginHostTest) once per test session with the machine's
-nvcc and cmake, against TensorRT headers found by `find_tensorrt_headers` (in this order: env
-TENSORRT_INCLUDE_DIR, env TENSORRT_ROOT/include, the repository's ../shared/third_party/tensorrt/
-include, the usual install folders). Without headers, cmake or nvcc every test that needs the build
-skips with the reason; a cmake or compiler failure with all three present is an error.
+"""Build plugins/ (libgdn_plugins.so + pluginHostTest) with the machine's nvcc and cmake, against
+TensorRT headers found by `find_tensorrt_headers` (in this order: env TENSORRT_INCLUDE_DIR, env
+TENSORRT_ROOT/include, the repository's ../shared/third_party/tensorrt/include, the usual install
+folders). Without headers, cmake or nvcc every test that needs the build skips with the reason; a
+cmake or compiler failure with all three present is an error.
 
-Shared by tests/plugins and tests/trt (both conftests import `plugin_build`); the build itself is
-cached per process, so it runs once however many conftests ask, and under pytest-xdist once per run:
-the first worker builds into a folder named by the run's id while the others wait on its lock. A small architecture list keeps
-CI fast; override with GDN_TEST_CUDA_ARCHS (e.g. "90"), or point GDN_TEST_PLUGIN_BUILD at an
-existing build folder to skip building.
+Shared by tests/plugins and tests/trt (both conftests import `plugin_build`). One build serves every
+pytest process that asks for the same sources: the folder is named by a hash of plugins/, the
+architectures and the header folder, and guarded by a file lock, so xdist workers wait on the first
+one and a second pytest session (CI's slow tier) reuses it. `start_background_build` starts it when a
+session begins, so it compiles beside the other tests instead of stalling a worker (tests/conftest.py
+also orders the tests that need it last). The gated-delta-rule kernels take ~4 min of one core to
+compile for one architecture: tests build sm_90 only (the H200's); override with GDN_TEST_CUDA_ARCHS
+(e.g. "80;90"), or point GDN_TEST_PLUGIN_BUILD at an existing build folder to skip building.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -30,7 +34,8 @@ SHARED_TRT_HEADERS = REPO.parent / "shared" / "third_party" / "tensorrt" / "incl
 SYSTEM_TRT_HEADERS = (Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include/aarch64-linux-gnu"),
                       Path("/usr/local/tensorrt/include"), Path("/opt/tensorrt/include"))
 HEADER = "NvInferRuntime.h"
-TEST_ARCHS = os.environ.get("GDN_TEST_CUDA_ARCHS", "80;90")
+BUILD_LOG = "build.log"  # cmake's and the compilers' output, kept beside the build
+TEST_ARCHS = os.environ.get("GDN_TEST_CUDA_ARCHS", "90")
 
 
 @dataclass(frozen=True)
@@ -60,33 +65,81 @@ def find_tensorrt_headers(env=None) -> Path | str:
             f"{HEADER}> or TENSORRT_ROOT=<TensorRT install>, or place them in {SHARED_TRT_HEADERS}")
 
 
+def _why_not() -> str | None:
+    """Why the build cannot be made here, or None."""
+    missing = [tool for tool in ("cmake", "nvcc") if shutil.which(tool) is None]
+    if missing:
+        return f"needs {' and '.join(missing)} on PATH to build plugins/"
+    headers = find_tensorrt_headers()
+    return headers if isinstance(headers, str) else None
+
+
+def build_folder(headers: Path) -> Path:
+    """The shared build folder for this source tree, architectures and header folder."""
+    digest = hashlib.sha256(f"{TEST_ARCHS}\0{headers.resolve()}\0".encode())
+    for path in sorted(p for p in PLUGINS_SRC.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(PLUGINS_SRC)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return Path(tempfile.gettempdir()) / f"gdn-plugins-build-{digest.hexdigest()[:16]}"
+
+
+def _existing(folder: Path) -> PluginBuild:
+    return PluginBuild(folder, folder / "libgdn_plugins.so", folder / "pluginHostTest", 0.0)
+
+
+def _shared_build(headers: Path) -> PluginBuild:
+    """Build into the shared folder under its lock, or reuse a finished build there."""
+    from filelock import FileLock
+
+    folder = build_folder(headers)
+    with FileLock(str(folder) + ".lock"):
+        done, failed = folder / "BUILD_OK", folder / "BUILD_FAILED"
+        if done.is_file():
+            return _existing(folder)
+        started = float(os.environ.get("GDN_TEST_SESSION_START", "inf"))
+        if failed.is_file() and failed.stat().st_mtime >= started:  # failed earlier in this session
+            raise RuntimeError(failed.read_text())
+        shutil.rmtree(folder, ignore_errors=True)  # an interrupted or older failed build starts over
+        folder.mkdir()
+        try:
+            build = _cmake(folder, headers)
+        except RuntimeError as err:
+            failed.write_text(str(err))
+            raise
+        done.write_text(str(build.seconds))
+        return build
+
+
 @functools.lru_cache(maxsize=None)
 def _build() -> PluginBuild | str:
     """The build, or the reason it cannot be made here (a string)."""
     existing = os.environ.get("GDN_TEST_PLUGIN_BUILD")
     if existing:
-        folder = Path(existing)
-        return PluginBuild(folder, folder / "libgdn_plugins.so", folder / "pluginHostTest", 0.0)
-    missing = [tool for tool in ("cmake", "nvcc") if shutil.which(tool) is None]
-    if missing:
-        return f"needs {' and '.join(missing)} on PATH to build plugins/"
-    headers = find_tensorrt_headers()
-    if isinstance(headers, str):
-        return headers
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id:  # pytest-xdist: one build for all workers of this run
-        from filelock import FileLock
+        return _existing(Path(existing))
+    reason = _why_not()
+    if reason:
+        return reason
+    return _shared_build(find_tensorrt_headers())
 
-        folder = Path(tempfile.gettempdir()) / f"gdn-plugins-build-{run_id}"
-        with FileLock(str(folder) + ".lock"):
-            done = folder / "BUILD_OK"
-            if not done.is_file():
-                folder.mkdir(exist_ok=True)
-                build = _cmake(folder, headers)
-                done.write_text(str(build.seconds))
-                return build
-        return PluginBuild(folder, folder / "libgdn_plugins.so", folder / "pluginHostTest", 0.0)
-    return _cmake(Path(tempfile.mkdtemp(prefix="gdn-plugins-build-")), headers)
+
+def start_background_build() -> None:
+    """Start the shared build in a daemon thread (no-op when it cannot be made or is done); a test
+    asking for `plugin_build` meanwhile waits on the folder's lock. A failure here is not reported:
+    the test's own `_build()` repeats it and raises."""
+    import threading
+
+    if os.environ.get("GDN_TEST_PLUGIN_BUILD") or _why_not():
+        return
+    headers = find_tensorrt_headers()
+    if (build_folder(headers) / "BUILD_OK").is_file():
+        return
+
+    def work():
+        try:
+            _shared_build(headers)
+        except Exception:  # noqa: BLE001  (reported by the test that needs the build)
+            pass
+
+    threading.Thread(target=work, name="gdn-plugins-build", daemon=True).start()
 
 
 def _cmake(folder: Path, headers: Path) -> PluginBuild:
@@ -96,11 +149,14 @@ def _cmake(folder: Path, headers: Path) -> PluginBuild:
     cmd = ["cmake", "-S", str(PLUGINS_SRC), "-B", str(folder), f"-DCMAKE_CUDA_ARCHITECTURES={TEST_ARCHS}",
            "-DCMAKE_BUILD_TYPE=Release", f"-DTENSORRT_INCLUDE_DIR={headers}"]
     t0 = time.perf_counter()
+    log = []
     for step in (cmd, ["cmake", "--build", str(folder), "-j", str(os.cpu_count() or 2)]):
         proc = subprocess.run(step, capture_output=True, text=True)
+        log.append(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
             raise RuntimeError(f"{' '.join(step)} failed ({proc.returncode}):\n{tail}")
+    (folder / BUILD_LOG).write_text("\n".join(log))
     return PluginBuild(folder, folder / "libgdn_plugins.so", folder / "pluginHostTest",
                        time.perf_counter() - t0)
 

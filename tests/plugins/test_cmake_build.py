@@ -56,7 +56,5 @@ def test_failing_cmake_is_an_error_not_a_skip(monkeypatch, tmp_path):
     monkeypatch.setattr(cmake_build, "PLUGINS_SRC", src)
     monkeypatch.setenv("TENSORRT_INCLUDE_DIR", str(_headers(tmp_path / "inc")))
     monkeypatch.delenv("GDN_TEST_PLUGIN_BUILD", raising=False)
-    # Outside xdist's shared folder: that one holds the real build for this run's other tests.
-    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
     with pytest.raises(RuntimeError, match="boom"):
         cmake_build._build.__wrapped__()

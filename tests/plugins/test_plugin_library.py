@@ -60,3 +60,15 @@ def test_host_test_quick_on_gpu(plugin_build):
         pytest.skip("needs a CUDA GPU (none found)")
     proc = subprocess.run([str(plugin_build.host_test), "--quick"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_build_has_no_compiler_warnings(plugin_build):
+    """nvcc and the C++ compiler (-Wall -Wextra) stay silent: the sm_90 half of what
+    tests/cuda/test_kernels_compile.py checks for sm_80."""
+    from tests.plugins.cmake_build import BUILD_LOG
+
+    log = plugin_build.folder / BUILD_LOG
+    if not log.is_file():
+        pytest.skip(f"{plugin_build.folder} was built outside the test suite (no {BUILD_LOG})")
+    warnings = [line for line in log.read_text().splitlines() if "warning" in line.lower()]
+    assert not warnings, "\n".join(warnings[:20])
