@@ -30,9 +30,19 @@ def pytest_configure(config):
         start_background_build()
 
 
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        from tests.plugins.cmake_build import stop_builds
+
+        stop_builds()
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests that need the plugin build run last (stable order otherwise), by when it is ready."""
-    items.sort(key=lambda item: "plugin_build" in getattr(item, "fixturenames", ()))
+    """The tests that need the plugin build last, by when it is ready (it compiles beside the
+    others); before them the fast tier first, then the tests marked slow, so that a failure shows
+    early under -x. Stable otherwise."""
+    items.sort(key=lambda item: ("plugin_build" in getattr(item, "fixturenames", ()),
+                                 item.get_closest_marker("slow") is not None))
 
 
 # Relative RMS bound per dtype for fast paths against the fp32 reference.

@@ -16,6 +16,7 @@ compile for one architecture: tests build sm_90 only (the H200's); override with
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -34,6 +35,7 @@ SHARED_TRT_HEADERS = REPO.parent / "shared" / "third_party" / "tensorrt" / "incl
 SYSTEM_TRT_HEADERS = (Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include/aarch64-linux-gnu"),
                       Path("/usr/local/tensorrt/include"), Path("/opt/tensorrt/include"))
 HEADER = "NvInferRuntime.h"
+_RUNNING: set[subprocess.Popen] = set()  # the cmake steps this process runs now
 BUILD_LOG = "build.log"  # cmake's and the compilers' output, kept beside the build
 TEST_ARCHS = os.environ.get("GDN_TEST_CUDA_ARCHS", "90")
 
@@ -121,6 +123,15 @@ def _build() -> PluginBuild | str:
     return _shared_build(find_tensorrt_headers())
 
 
+def stop_builds() -> None:
+    """End the builds this process started that still run (a session stopped early, e.g. by -x)."""
+    import signal
+
+    for proc in list(_RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+
 def start_background_build() -> None:
     """Start the shared build in a daemon thread (no-op when it cannot be made or is done); a test
     asking for `plugin_build` meanwhile waits on the folder's lock. A failure here is not reported:
@@ -151,10 +162,17 @@ def _cmake(folder: Path, headers: Path) -> PluginBuild:
     t0 = time.perf_counter()
     log = []
     for step in (cmd, ["cmake", "--build", str(folder), "-j", str(os.cpu_count() or 2)]):
-        proc = subprocess.run(step, capture_output=True, text=True)
-        log.append(proc.stdout + proc.stderr)
+        # Its own process group, so that stop_builds() can end make and the compilers with it.
+        proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        _RUNNING.add(proc)
+        try:
+            output, _ = proc.communicate()
+        finally:
+            _RUNNING.discard(proc)
+        log.append(output)
         if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+            tail = "\n".join(output.splitlines()[-40:])
             raise RuntimeError(f"{' '.join(step)} failed ({proc.returncode}):\n{tail}")
     (folder / BUILD_LOG).write_text("\n".join(log))
     return PluginBuild(folder, folder / "libgdn_plugins.so", folder / "pluginHostTest",
