@@ -127,8 +127,10 @@ def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None,
             G = -(-K // GROUP_SIZE)
             amax = wq.amax.detach().float().reshape(N, G)
             scale = amax.clamp(min=MIN_SCALE) / INT4_MAX
-            full = scale.repeat_interleave(GROUP_SIZE, 1)[:, :K]
-            q = torch.round(W / full).clamp(-8, 7).to(torch.int8)
+            # W * (7 / amax), rounded: ModelOpt's own arithmetic (its fake quantization), so that a
+            # value on a rounding tie lands where ModelOpt's does
+            inv = (INT4_MAX / amax.clamp(min=MIN_SCALE)).repeat_interleave(GROUP_SIZE, 1)[:, :K]
+            q = torch.round(W * inv).clamp(-8, 7).to(torch.int8)
             pre = getattr(m.input_quantizer, "pre_quant_scale", None)
             out[name] = {"weight": pack_int4(q), "weight_scale": scale,
                          "pre_quant_scale": (pre.detach().float().reshape(K) if pre is not None
