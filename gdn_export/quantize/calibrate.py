@@ -35,7 +35,7 @@ from torch import nn
 
 from gdn_export.errors import GdnExportError
 from gdn_export.modules.quant_linear import Fp8Linear, Int4Linear, swap_linear
-from gdn_export.quantize.fusion import share_sibling_quantities
+from gdn_export.quantize.fusion import share_sibling_quantities, use_torch_fake_quant
 from gdn_export.ops.quant_linear.naive import FP8_MAX, pack_int4
 
 GROUP_SIZE = 128
@@ -104,6 +104,7 @@ def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None,
     chatter = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
         warnings.simplefilter("ignore")
+        use_torch_fake_quant()  # no nvcc build of ModelOpt's CUDA extensions on a GPU
         mtq.quantize(model, _config(mtq, fmt), _forward_loop(rows, batch, say))
     share_sibling_quantities(model)  # one input scale / pre_quant_scale per sibling group
     out: dict[str, dict[str, torch.Tensor]] = {}

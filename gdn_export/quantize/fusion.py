@@ -1,4 +1,5 @@
-"""Sibling projections calibrated for one fused quantized GEMM each, as ModelOpt's own export does.
+"""Sibling projections calibrated for one fused quantized GEMM each, as ModelOpt's own export does
+(and `use_torch_fake_quant`: ModelOpt's fake quantization without its CUDA extensions).
 
 Siblings are the Linears of one input that `fusible_linears()` lists (attention q / k / v, MLP
 gate / up, the GDN input projections). The runtime (gdn_export.modules.quant_fusion) runs a run of
@@ -54,3 +55,17 @@ def share_sibling_quantities(model: nn.Module) -> int:
         for members in groups:
             preprocess_linear_fusion(members)
     return len(groups)
+
+
+def use_torch_fake_quant() -> None:
+    """Make ModelOpt fake-quantize with its PyTorch implementation, never its CUDA extensions. On a
+    CUDA device ModelOpt otherwise builds them with nvcc (torch.utils.cpp_extension.load) on first
+    use: minutes on a fresh machine. The PyTorch form is also the arithmetic that calibrate.py's
+    extraction repeats (int4: round(W * 7 / amax); fp8: the e4m3 cast), on the CPU and the GPU alike.
+    An extension already loaded in this process is left in use."""
+    from modelopt.torch.quantization import extensions
+
+    for name in ("get_cuda_ext", "get_cuda_ext_fp8", "get_cuda_ext_mx"):
+        loader = getattr(extensions, name, None)
+        if loader is not None and not hasattr(loader, "extension"):
+            loader.extension = None  # ModelOpt's own "could not be built" state: the PyTorch fallback
