@@ -1,6 +1,7 @@
 """Write a random Qwen3.5 text checkpoint of real size with transformers (for e2e_bench.sh).
 
     python benchmarks/make_random_checkpoint.py DIR --size 1.6b|9b [--device cuda] [--seed 0]
+                                                [--layers N] [--vocab V]
 
 1.6b: 24 layers (3 Gated DeltaNet : 1 gated attention), hidden 2048, intermediate 6144, GDN Hk 16 /
 Hv 32 of Dk = Dv = 128, 16 query / 2 KV heads of head_dim 256 (rope on 64 channels), vocab 248320,
@@ -8,7 +9,10 @@ tied embeddings: 1.66B parameters besides the embedding (2.17B with it). 9b: Qwe
 (32 layers, hidden 4096, intermediate 12288, 16 / 4 heads of 256, same GDN heads, untied).
 Weights are made on `device` in bf16 from a seeded generator (transformers' own init), with the
 constants transformers initialises (norm weights, dt_bias) spread out so that they matter, then
-saved with save_pretrained (safetensors). Prints the parameter counts.
+saved with save_pretrained (safetensors). Prints the parameter counts. --layers / --vocab override the
+size's layer count (a multiple of 4 keeps the 3 : 1 pattern) and vocabulary with every per-layer shape
+kept (quant_bench.sh: fewer layers with the vocabulary cut by the same factor keep the 16-bit
+embedding / lm_head's share of the weight bytes).
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ COMMON = dict(vocab_size=248320, head_dim=256, linear_num_key_heads=16, linear_n
 
 
 @torch.no_grad()
-def make(directory: str, size: str, device: str, seed: int) -> None:
+def make(directory: str, size: str, device: str, seed: int, layers: int | None = None,
+         vocab: int | None = None) -> None:
     import transformers
 
     t0 = time.perf_counter()
-    config = transformers.Qwen3_5TextConfig(**COMMON, **SIZES[size])
+    over = {k: v for k, v in (("num_hidden_layers", layers), ("vocab_size", vocab)) if v is not None}
+    config = transformers.Qwen3_5TextConfig(**{**COMMON, **SIZES[size], **over})
     torch.manual_seed(seed)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -70,8 +76,13 @@ def main() -> None:
     p.add_argument("--size", choices=SIZES, default="1.6b")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="layer count (default: the size's)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: 248320)")
     args = p.parse_args()
-    make(args.directory, args.size, args.device, args.seed)
+    for flag, value in (("--layers", args.layers), ("--vocab", args.vocab)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    make(args.directory, args.size, args.device, args.seed, args.layers, args.vocab)
 
 
 if __name__ == "__main__":

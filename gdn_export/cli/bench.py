@@ -1,14 +1,18 @@
 """`gdn-export bench CHECKPOINT`: prefill and decode latency, tokens/s and peak memory of the fast
 torch runner (gdn_export.runtime.cuda_graph.GraphRunner), optionally beside transformers, and the
-bf16-vs-fp32 accuracy of both. What is measured: gdn_export.runtime.bench."""
+bf16-vs-fp32 accuracy of both; with --quant FORMAT, beside the same checkpoint quantized
+(gdn_export/cli/bench_quant.py). What is measured: gdn_export.runtime.bench."""
 
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
+from gdn_export.cli import bench_quant
 from gdn_export.cli.common import (checkpoint_dir, Progress, add_dtype, add_overwrite, add_quiet, add_seed, check_at_least,
                                    output_file, torch_dtype)
 from gdn_export.cli.runners import add_ort_kernels, check_device
@@ -53,6 +57,7 @@ def add_parser(sub) -> None:
                    help="compare the logits with the fp32 model's on the same prompts (and "
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
                    "runner against the eager runner")
+    bench_quant.add_arguments(p)
     add_seed(p, "seed of the random prompts")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON (default: not written)")
     add_overwrite(p, "the --json file")
@@ -73,10 +78,8 @@ def run(args) -> int:
         raise InputError("--runtime torch needs a checkpoint folder")
     import torch
 
+    from gdn_export.hf_config import read_config
     from gdn_export.layout import DeployLayout
-    from gdn_export.runtime import bench as B
-    from gdn_export.runtime.cuda_graph import GraphRunner
-    from gdn_export.weights import load_checkpoint
     from gdn_export.weights.loader import check_checkpoint
 
     for flag, value, low in (("--batch", args.batch, 1), ("--prompt-len", args.prompt_len, 1),
@@ -89,6 +92,8 @@ def run(args) -> int:
         output_file(args.json, "--json", args)
     checkpoint_dir(args.checkpoint)
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
+    if args.quant:
+        bench_quant.check(args)  # format, a 16-bit checkpoint, ModelOpt present: before any work
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)
@@ -98,7 +103,8 @@ def run(args) -> int:
     progress = Progress("bench", args.quiet)
     dtype = torch_dtype(args.dtype)
     args.compile = args.compile or args.compile_mode is not None
-    layout = DeployLayout.make(cache_len=args.prompt_len + max(args.decode_steps, ACCURACY_STEPS) + 1)
+    steps = max(args.decode_steps, ACCURACY_STEPS, args.quant_steps if args.quant else 0)
+    layout = DeployLayout.make(cache_len=args.prompt_len + steps + 1)
     result: dict = {"checkpoint": str(args.checkpoint), "device": str(device),
                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "dtype": args.dtype, "op_backend": op_backend, "batch": args.batch,
@@ -109,32 +115,13 @@ def run(args) -> int:
     rng = np.random.default_rng(args.seed)
     _check_memory(args, layout, dtype, device)  # before the first progress line and any allocation
 
-    B.reset_peak_memory(device)
-    progress(f"loading {args.checkpoint} ({args.dtype}, {device})")
-    model = load_checkpoint(args.checkpoint, dtype=dtype, device=device)
-    model.layout = layout
-    phases = {"load": B.peak_memory(device)[0]}
-    B.reset_peak_memory(device)
-    prompts = rng.integers(0, model.config.vocab_size, (args.batch, args.prompt_len))
+    prompts = rng.integers(0, read_config(Path(args.checkpoint) / "config.json").vocab_size,
+                           (args.batch, args.prompt_len))
     ids = torch.from_numpy(prompts).to(device)
-    runner = GraphRunner(model, device=device, op_backend=op_backend, cuda_graph=cuda_graph,
-                         compile=args.compile, compile_mode=args.compile_mode or "default")
-    result["prefill_chunk"] = args.prefill_chunk or runner.default_prefill_chunk(args.batch)
-    result["parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    result["weights_bytes"] = B.tensor_bytes(model.parameters())
-    result["states_bytes"] = B.tensor_bytes(runner.empty_states(args.batch))
-    phases["setup"] = B.peak_memory(device)[0]  # fused projections, states, decode graph capture
-    progress(f"ours: {result['parameters'] / 1e9:.3f}B parameters, batch {args.batch}, prompt "
-             f"{args.prompt_len}, {args.decode_steps} decode steps, {op_backend} ops, "
-             f"CUDA graph {'on' if cuda_graph else 'off'}{', compiled' if args.compile else ''}")
-    timings = B.bench_runner(runner, ids, args.decode_steps, args.warmup, args.repeats,
-                             args.prefill_chunk, progress)
-    result.update(timings.as_dict())
-    result["peak_memory_bytes"], result["peak_memory_source"] = B.peak_memory_through(timings, device)
-    if device.type == "cuda":  # the peak of each phase: where the memory above weights + states goes
-        phases.update(prefill=timings.prefill_peak_bytes, decode=timings.decode_peak_bytes)
-        result["peak_memory_phases"] = phases
-        result["peak_memory_bytes"] = max(result["peak_memory_bytes"], phases["load"])
+    setup = Setup(device, dtype, layout, op_backend, cuda_graph, progress)
+    if args.quant:
+        return bench_quant.run(args, result, ids, setup)
+    runner, model = measure(args, args.checkpoint, ids, setup, result)
     rows = [("gdn-export", result)]
 
     if args.accuracy:
@@ -153,6 +140,54 @@ def run(args) -> int:
         _write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0
+
+
+@dataclass
+class Setup:
+    """What every timed model of one bench call shares."""
+
+    device: Any
+    dtype: Any
+    layout: Any
+    op_backend: str
+    cuda_graph: bool
+    progress: Callable[[str], None]
+
+
+def measure(args, checkpoint, ids, setup: Setup, result: dict, label: str = "ours"):
+    """Load `checkpoint` in setup.dtype on setup.device, time it on a GraphRunner over prompts ids
+    [B, T] and add the timing / memory keys to `result`. Returns (runner, model): the caller drops
+    them before the next model is loaded."""
+    from gdn_export.cli.bench_quant import model_weights
+    from gdn_export.runtime import bench as B
+    from gdn_export.runtime.cuda_graph import GraphRunner
+    from gdn_export.weights import load_checkpoint
+
+    device, progress = setup.device, setup.progress
+    B.reset_peak_memory(device)
+    progress(f"loading {checkpoint} ({args.dtype}, {device})")
+    model = load_checkpoint(checkpoint, dtype=setup.dtype, device=device)
+    model.layout = setup.layout
+    phases = {"load": B.peak_memory(device)[0]}
+    result["parameters"], result["weights_bytes"] = model_weights(model)
+    B.reset_peak_memory(device)
+    runner = GraphRunner(model, device=device, op_backend=setup.op_backend, cuda_graph=setup.cuda_graph,
+                         compile=args.compile, compile_mode=args.compile_mode or "default")
+    result["prefill_chunk"] = args.prefill_chunk or runner.default_prefill_chunk(args.batch)
+    result["states_bytes"] = B.tensor_bytes(runner.empty_states(args.batch))
+    phases["setup"] = B.peak_memory(device)[0]  # fused projections, states, decode graph capture
+    progress(f"{label}: {result['parameters'] / 1e9:.3f}B parameters, batch {args.batch}, prompt "
+             f"{args.prompt_len}, {args.decode_steps} decode steps, {setup.op_backend} ops, "
+             f"CUDA graph {'on' if setup.cuda_graph else 'off'}{', compiled' if args.compile else ''}")
+    timings = B.bench_runner(runner, ids, args.decode_steps, args.warmup, args.repeats,
+                             args.prefill_chunk, progress)
+    result.update(timings.as_dict())
+    result["peak_memory_bytes"], result["peak_memory_source"] = B.peak_memory_through(timings, device)
+    if device.type == "cuda":  # the peak of each phase: where the memory above weights + states goes
+        phases.update(prefill=timings.prefill_peak_bytes, decode=timings.decode_peak_bytes)
+        result["peak_memory_phases"] = phases
+        result["peak_memory_bytes"] = max(result["peak_memory_bytes"], phases["load"])
+    return runner, model
 
 
 def _check_memory(args, layout, dtype, device) -> None:

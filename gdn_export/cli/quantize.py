@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gdn_export.cli.common import Progress, add_overwrite, add_quiet, checkpoint_dir, output_dir
+from gdn_export.cli.runners import check_device
 from gdn_export.errors import InputError
 
 
@@ -31,6 +32,8 @@ def add_parser(sub) -> None:
                    help=f"tokens per calibration row (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--kv-cache", default=None, metavar="fp8",
                    help="also store the attention K/V cache in FP8 (not supported yet: refused; default: the model dtype)")
+    p.add_argument("--device", default="cpu", help="where the calibration runs: cpu, cuda, cuda:1, ... "
+                   "(default cpu; the gdn ops through the reference backend)")
     add_overwrite(p, "the output folder")
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -48,11 +51,12 @@ def run(args) -> int:
                          f"(the K/V cache stays in the model dtype)")
     checkpoint = Path(args.checkpoint)
     checkpoint_dir(checkpoint)
+    check_device(args.device)
     read_config(checkpoint / "config.json")  # a bad config.json is named before anything else
     output_dir(args.output, "-o", args)  # writable, and the overwrite policy, before calibration
     progress = Progress("quantize", args.quiet)
     path = quantize_checkpoint(checkpoint, args.output, args.format, calib_data=args.calib_data,
                                samples=args.calib_samples, seq_len=args.calib_seq_len,
-                               overwrite=args.overwrite, progress=progress)
+                               overwrite=args.overwrite, progress=progress, device=args.device)
     print(f"wrote {path}")
     return 0

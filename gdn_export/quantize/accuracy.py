@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -87,3 +88,45 @@ def compare(quantized, reference, prompt: torch.Tensor, steps: int = 64) -> dict
     picks = _decode(quantized, prompt, steps, forced=ref_tokens)
     return {"logits_rel_rms": rel, "greedy_agreement": float((picks == ref_tokens).float().mean()),
             "greedy_steps": steps}
+
+
+# ------------------------------------------------------------------ through a Runner (bench --quant)
+def runner_greedy(runner, prompts: np.ndarray, steps: int) -> dict:
+    """The reference side of `runner_compare`: {"last_logits": fp32 [B, V] at the prompts' last
+    token, "tokens": int64 [B, steps] greedy picks}, through the Runner interface (prompts [B, T]
+    int64; the runner's layout must hold T + steps tokens). One row of logits a step is kept."""
+    from gdn_export.runtime.base import prefill
+
+    B, T = prompts.shape
+    logits, states = prefill(runner, list(prompts), runner.empty_states(B))
+    last = logits[:, -1]
+    first, picks = last.astype(np.float32), []
+    for i in range(steps):
+        pick = last.argmax(-1).astype(np.int64)[:, None]
+        picks.append(pick)
+        if i + 1 < steps:
+            logits, states = runner.forward(pick, T + i, states)
+            last = logits[:, -1]
+    return {"last_logits": first, "tokens": np.concatenate(picks, axis=1)}
+
+
+def runner_compare(runner, prompts: np.ndarray, reference: dict) -> dict:
+    """compare()'s metrics for a Runner against `runner_greedy`'s output of the reference model:
+    {"logits_rel_rms", "greedy_agreement", "greedy_steps"}; the runner is fed the reference's
+    greedy tokens (teacher forcing) and its argmax compared at each step."""
+    from gdn_export.runtime.base import prefill
+
+    ref_tokens = reference["tokens"]
+    B, T = prompts.shape
+    steps = ref_tokens.shape[1]
+    logits, states = prefill(runner, list(prompts), runner.empty_states(B))
+    a, b = logits[:, -1].astype(np.float64), reference["last_logits"].astype(np.float64)
+    rel = float(np.sqrt(np.mean((a - b) ** 2)) / max(np.sqrt(np.mean(b ** 2)), 1e-30))
+    agree = 0
+    last = logits[:, -1]
+    for i in range(steps):
+        agree += int((last.argmax(-1) == ref_tokens[:, i]).sum())
+        if i + 1 < steps:
+            logits, states = runner.forward(ref_tokens[:, i:i + 1], T + i, states)
+            last = logits[:, -1]
+    return {"logits_rel_rms": rel, "greedy_agreement": agree / (B * steps), "greedy_steps": steps}

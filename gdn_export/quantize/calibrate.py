@@ -17,8 +17,9 @@ OLMo-Hybrid's a_proj / b_proj. Routed experts are stacked parameters run by the 
 ModelOpt does not wrap: they stay 16-bit (the MoE op takes 16-bit experts).
 
 Sibling projections of one input (q/k/v, gate/up, GDN q|k|v/z) get one shared FP8 input scale (the
-max of their amax) so that the runtime can fuse them into one FP8 GEMM
-(gdn_export.modules.quant_fusion).
+max of their amax) or one AWQ pre_quant_scale (their mean, weights rescaled), as ModelOpt's export
+does for fused layers (gdn_export.quantize.fusion), so that the runtime runs each group as one
+quantized GEMM (gdn_export.modules.quant_fusion).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 
 from gdn_export.errors import GdnExportError
 from gdn_export.modules.quant_linear import Fp8Linear, Int4Linear, swap_linear
+from gdn_export.quantize.fusion import share_sibling_quantities, use_torch_fake_quant
 from gdn_export.ops.quant_linear.naive import FP8_MAX, pack_int4
 
 GROUP_SIZE = 128
@@ -102,7 +104,9 @@ def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None,
     chatter = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
         warnings.simplefilter("ignore")
+        use_torch_fake_quant()  # no nvcc build of ModelOpt's CUDA extensions on a GPU
         mtq.quantize(model, _config(mtq, fmt), _forward_loop(rows, batch, say))
+    share_sibling_quantities(model)  # one input scale / pre_quant_scale per sibling group
     out: dict[str, dict[str, torch.Tensor]] = {}
     for name, m in model.named_modules():
         wq = getattr(m, "weight_quantizer", None)
@@ -124,30 +128,15 @@ def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None,
             G = -(-K // GROUP_SIZE)
             amax = wq.amax.detach().float().reshape(N, G)
             scale = amax.clamp(min=MIN_SCALE) / INT4_MAX
-            full = scale.repeat_interleave(GROUP_SIZE, 1)[:, :K]
-            q = torch.round(W / full).clamp(-8, 7).to(torch.int8)
+            # W * (7 / amax), rounded: ModelOpt's own arithmetic (its fake quantization), so that a
+            # value on a rounding tie lands where ModelOpt's does
+            inv = (INT4_MAX / amax.clamp(min=MIN_SCALE)).repeat_interleave(GROUP_SIZE, 1)[:, :K]
+            q = torch.round(W * inv).clamp(-8, 7).to(torch.int8)
             pre = getattr(m.input_quantizer, "pre_quant_scale", None)
             out[name] = {"weight": pack_int4(q), "weight_scale": scale,
                          "pre_quant_scale": (pre.detach().float().reshape(K) if pre is not None
                                              else torch.ones(K))}
-    if fmt == "fp8":
-        _share_input_scales(model, out)
     return out
-
-
-def _share_input_scales(model: nn.Module, out: dict) -> None:
-    """One input scale per sibling group (the max): the fused FP8 GEMM quantizes the input once."""
-    names = {id(m): n for n, m in model.named_modules()}
-    for module in model.modules():
-        lister = getattr(module, "fusible_linears", None)
-        if lister is None:
-            continue
-        for members in lister():
-            group = [names[id(m)] for m in members if names.get(id(m)) in out]
-            if len(group) > 1:
-                shared = torch.stack([out[n]["input_scale"] for n in group]).max()
-                for n in group:
-                    out[n]["input_scale"] = shared.clone()
 
 
 def apply(model: nn.Module, fmt: str, tensors: dict) -> nn.Module:

@@ -23,8 +23,9 @@ def check_not_quantized(checkpoint: Path) -> None:
 
 def quantize_model(model, checkpoint: Path, fmt: str, calib_data=None, samples: int = DEFAULT_SAMPLES,
                    seq_len: int = DEFAULT_SEQ_LEN, progress=None, rows=None):
-    """Calibrate on an fp32 copy of checkpoint's weights and swap the quantized Linears into
-    `model` (a 16-bit HybridForCausalLM of that checkpoint). Returns (model, calibrator name)."""
+    """Calibrate on an fp32 copy of checkpoint's weights, on model's device, and swap the quantized
+    Linears into `model` (a 16-bit HybridForCausalLM of that checkpoint). Returns (model,
+    calibrator name)."""
     from gdn_export.quantize.calibrate import apply, calibrate, modelopt_version
     from gdn_export.weights import load_checkpoint
 
@@ -33,7 +34,7 @@ def quantize_model(model, checkpoint: Path, fmt: str, calib_data=None, samples: 
         rows, _ = load_calibration(calib_data, checkpoint, model.config.vocab_size, samples, seq_len, say)
     version = modelopt_version()
     say("loading an fp32 copy for calibration")
-    calib_model = load_checkpoint(checkpoint, dtype=torch.float32)
+    calib_model = load_checkpoint(checkpoint, dtype=torch.float32, device=next(model.parameters()).device)
     tensors = calibrate(calib_model, fmt, rows, say)
     del calib_model
     if not tensors:
@@ -43,9 +44,11 @@ def quantize_model(model, checkpoint: Path, fmt: str, calib_data=None, samples: 
 
 
 def quantize_checkpoint(checkpoint, out, fmt: str, *, calib_data=None, samples: int = DEFAULT_SAMPLES,
-                        seq_len: int = DEFAULT_SEQ_LEN, overwrite: bool = False, progress=None) -> Path:
-    """Write the fmt-quantized form of the 16-bit `checkpoint` folder to `out`; every check (format,
-    already quantized, OUT, calibration data, ModelOpt present) before the model is loaded."""
+                        seq_len: int = DEFAULT_SEQ_LEN, overwrite: bool = False, progress=None,
+                        device: str | torch.device = "cpu") -> Path:
+    """Write the fmt-quantized form of the 16-bit `checkpoint` folder to `out`, calibrating on
+    `device` (the gdn ops through the active op backend; "reference" by default); every check
+    (format, already quantized, OUT, calibration data, ModelOpt present) before the model is loaded."""
     from gdn_export.quantize.calibrate import modelopt_version
     from gdn_export.quantize.writer import check_output, write_quantized
     from gdn_export.weights import load_checkpoint
@@ -61,8 +64,8 @@ def quantize_checkpoint(checkpoint, out, fmt: str, *, calib_data=None, samples: 
     rows, _ = load_calibration(calib_data, checkpoint, config.vocab_size, samples, seq_len, say)
     say("importing ModelOpt")
     modelopt_version()  # ModelOpt missing: said before the load
-    say(f"loading {checkpoint} ({config.torch_dtype})")
-    model = load_checkpoint(checkpoint)
+    say(f"loading {checkpoint} ({config.torch_dtype}, {device})")
+    model = load_checkpoint(checkpoint, device=device)
     model, calibrator = quantize_model(model, checkpoint, fmt, progress=say, rows=rows)
     return write_quantized(model, FAMILIES[config.family], config, checkpoint, out, fmt, calibrator,
                            config.torch_dtype, overwrite=overwrite, progress=say)

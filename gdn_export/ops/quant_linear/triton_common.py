@@ -1,5 +1,6 @@
-"""Triton pieces shared by the quantized-linear kernels (triton_fp8.py, triton_int4.py): e4m3 rounding,
-the 16-bit / fp32 product, the split-K arrival counters and the launch heuristics.
+"""Triton pieces shared by the quantized-linear kernels (triton_fp8.py, triton_int4.py, triton_gemv.py):
+e4m3 rounding, the 16-bit / fp32 product, the grouped tile order, the split-K epilogue and its
+arrival counters, and the launch heuristics.
 
 The arithmetic is the contract's (gdn_export/ops/quant_linear/__init__.py): fp8 values are exact in
 bf16 and int4 values exact in fp16 / bf16, so a product of such operands on the tensor cores with
@@ -83,6 +84,37 @@ def arrive_last(counter, tile, SPLIT):
 def release(counter, tile):
     """Leave `tile`'s arrival counter at 0 for the next launch."""
     tl.atomic_xchg(counter + tile, 0)
+
+
+@triton.jit
+def grouped_tile(i_mn, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program i_mn in grouped order: GROUP_M row tiles take each column
+    tile of W in turn while it sits in L2."""
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    width = GROUP_M * n_n
+    first_m = (i_mn // width) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    return first_m + (i_mn % width) % rows, (i_mn % width) // rows
+
+
+@triton.jit
+def finish_split(b_acc, part, counter, tile, i_s, SPLIT, size, o_y, mask, PARTIAL: tl.constexpr):
+    """Split-K epilogue of one output tile, in the same launch. b_acc: this program's fp32 partial
+    over its K range; o_y / mask: the tile's element offsets into y ([size] elements) and bounds.
+    PARTIAL (SPLIT > 1): store the partial in part [SPLIT, size], count the arrival; the last of the
+    SPLIT programs of `tile` sums every partial (in split order) and resets the counter.
+    Returns (the tile's full fp32 sum, whether this program stores y: the last arrival, or always
+    without PARTIAL)."""
+    last = True
+    if PARTIAL:
+        tl.store(part + i_s * size + o_y, b_acc, mask=mask)
+        last = arrive_last(counter, tile, SPLIT)
+        if last:
+            b_acc = tl.zeros(b_acc.shape, dtype=tl.float32)
+            for j in range(SPLIT):
+                b_acc += tl.load(part + j * size + o_y, mask=mask, other=0.0, cache_modifier=".cg")
+            release(counter, tile)
+    return b_acc, last
 
 
 _COUNTERS: dict = {}

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.quant_linear import triton_common as common
-from gdn_export.ops.quant_linear.triton_common import SOFT_FP8, arrive_last, device_sms, release, to_e4m3
+from gdn_export.ops.quant_linear.triton_common import SOFT_FP8, device_sms, finish_split, to_e4m3
 from gdn_export.ops.triton_utils import cdiv
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
@@ -73,15 +73,8 @@ def gemv_kernel(x, w, ws, s_in, bias, y, part, counter, N, K, KH, G, SPLIT, TILE
                 b_acc += b_d * sg * b_wsc
             else:
                 b_acc += b_d
-    if PARTIAL:
-        tl.store(part + i_s * N + o_n, b_acc, mask=m_n)
-        if arrive_last(counter, i_n, SPLIT):
-            b_acc = tl.zeros([BN], dtype=tl.float32)
-            for j in range(SPLIT):
-                b_acc += tl.load(part + j * N + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-            _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT, HAS_BIAS)
-            release(counter, i_n)
-    else:
+    b_acc, last = finish_split(b_acc, part, counter, i_n, i_s, SPLIT, N, o_n, m_n, PARTIAL)
+    if last:
         _store_y(b_acc, o_n, m_n, ws, s_in, bias, y, FMT, HAS_BIAS)
 
 

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.quant_linear.triton_common import (
-    SKINNY_M, UPCAST, arrive_last, device_sms, exact_dot, release, skinny_block_m, split_k)
+    SKINNY_M, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, skinny_block_m, split_k)
 from gdn_export.ops.quant_linear import triton_common as common
 from gdn_export.ops.triton_utils import cdiv, to_state_dtype
 
@@ -26,12 +26,7 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, counter, M, N, K, KH, G, stride_x
                      GS: tl.constexpr, UP: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     i_mn, i_s = tl.program_id(0), tl.program_id(1)
-    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    width = GROUP_M * n_n
-    first_m = (i_mn // width) * GROUP_M
-    rows = tl.minimum(n_m - first_m, GROUP_M)
-    i_m = first_m + (i_mn % width) % rows
-    i_n = (i_mn % width) // rows
+    i_m, i_n = grouped_tile(i_mn, M, N, BM, BN, GROUP_M)
 
     o_m = i_m * BM + tl.arange(0, BM)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -64,15 +59,7 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, counter, M, N, K, KH, G, stride_x
         b_acc += b_d * b_s[None, :]
     mask = m_m[:, None] & m_n[None, :]
     o_y = o_m64[:, None] * N + o_n64[None, :]
-    last = True
-    if PARTIAL:
-        tl.store(part + i_s * M * N + o_y, b_acc, mask=mask)
-        last = arrive_last(counter, i_mn, SPLIT)
-        if last:
-            b_acc = tl.zeros([BM, BN], dtype=tl.float32)
-            for j in range(SPLIT):
-                b_acc += tl.load(part + j * M * N + o_y, mask=mask, other=0.0, cache_modifier=".cg")
-            release(counter, i_mn)
+    b_acc, last = finish_split(b_acc, part, counter, i_mn, i_s, SPLIT, M * N, o_y, mask, PARTIAL)
     if last:
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
