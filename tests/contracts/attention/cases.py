@@ -89,7 +89,23 @@ def _case(name, B, G, Hkv, S, L, D, tags=("small",), **kw):
     return Case(name, B, G, Hkv, S, L, D, tags=frozenset(tags), **kw)
 
 
+BF16_ONLY, FP16_ONLY = (torch.bfloat16,), (torch.float16,)
+
 SMALL = [
+    # the decode kernel's grid: every (G, S) pair with D, L, B and the dtype rotating (L = 1: a row of
+    # one visible slot), then every D at the model's G = 8, S = 1
+    *[_case(f"decode-G{G}-S{S}-D{D}-L{L}-B{B}-Hkv{Hkv}", B, G, Hkv, S, L, D, mask="decode-lengths", dtypes=dt)
+      for G, S, D, L, B, Hkv, dt in (
+          (1, 1, 64, 300, 3, 2, BF16_ONLY), (1, 2, 128, 37, 1, 2, FP16_ONLY), (1, 3, 256, 5, 3, 2, BF16_ONLY),
+          (2, 1, 128, 5, 3, 2, FP16_ONLY), (2, 2, 256, 300, 3, 2, BF16_ONLY), (2, 3, 64, 1, 3, 2, FP16_ONLY),
+          (8, 1, 256, 37, 3, 2, FP16_ONLY), (8, 2, 64, 300, 1, 2, BF16_ONLY), (8, 1, 128, 300, 3, 2, BF16_ONLY),
+          (8, 1, 256, 300, 1, 2, FP16_ONLY), (8, 3, 256, 37, 1, 2, BF16_ONLY))],
+    # the SDPA route's shapes (fp32: what it computes on a CPU), causal over a ragged past and with holes
+    *[_case(f"sdpa-{name}-{kind}", B, H // Hkv, Hkv, S, L, D, ("small", "sdpa"), mask=kind, dtypes=(torch.float32,))
+      for name, (B, H, Hkv, S, L, D) in {"gqa8": (2, 16, 2, 33, 70, 32), "mha": (3, 4, 4, 5, 9, 16),
+                                          "gqa3-one-query": (1, 6, 2, 1, 40, 64),
+                                          "mqa-full-cache": (2, 3, 1, 17, 17, 8)}.items()
+      for kind in ("causal", "holes")],
     # decode steps (S = 1): ragged rows, positions near the end, every group size, D 64 / 128 / 80
     _case("decode-B3-G4-D64-ragged", 3, 4, 2, 1, 37, 64, ("small", "sdpa"), mask="decode-lengths"),
     _case("decode-B2-G3-D128-near-end", 2, 3, 1, 1, 65, 128, ("small", "sdpa"), mask="near-end"),
@@ -101,15 +117,16 @@ SMALL = [
     # a few query rows against the cache (speculative / multi-token decode)
     _case("S2-B3-G2-D128-L37-ragged", 3, 2, 2, 2, 37, 128, mask="decode-lengths"),
     _case("S3-B3-G8-D128-L37-ragged", 3, 8, 2, 3, 37, 128, mask="decode-lengths", dtypes=HALF),
-    _case("S3-B1-G1-D256-L5", 1, 1, 2, 3, 5, 256, mask="decode-lengths", dtypes=HALF),
     _case("S2-B3-G2-D64-empty-rows", 3, 2, 2, 2, 37, 64, ("small", "sdpa"), mask="decode-lengths", empty_rows=True),
     # decode splits of one 16-slot block, most of them past a short row's visible slots
     _case("decode-B3-G8-D64-L300-19-splits", 3, 8, 2, 1, 300, 64, mask="decode-lengths", splits=(19, 16),
           dtypes=HALF),
-    # prefill: T = 63, 65, 130 against ragged pasts and the other masks the model makes
-    _case("S63-B2-G3-Hkv1-D64-causal", 2, 3, 1, 63, 100, 64, ("small", "sdpa")),
-    _case("S65-B2-G4-D128-near-end", 2, 4, 1, 65, 80, 128, ("small", "sdpa"), mask="near-end"),
-    _case("S130-B1-G1-Hkv2-D80-past0", 1, 1, 2, 130, 130, 80, mask="past0"),
+    # prefill: T = 63, 65, 130 against ragged pasts and the other masks the model makes (the Triton
+    # kernel in its own blocks for the new lengths, 16 x 16 for many tiles at small sizes elsewhere)
+    _case("S63-B2-G3-Hkv1-D64-causal", 2, 3, 1, 63, 100, 64, ("small", "sdpa"), block=None),
+    _case("S63-B2-G3-Hkv1-D16-causal", 2, 3, 1, 63, 100, 16),
+    _case("S65-B2-G4-D128-near-end", 2, 4, 1, 65, 80, 128, ("small", "sdpa"), mask="near-end", block=None),
+    _case("S130-B1-G1-Hkv2-D80-past0", 1, 1, 2, 130, 130, 80, mask="past0", block=None),
     _case("S17-B3-G2-D32-causal", 3, 2, 2, 17, 63, 32),
     _case("S5-B2-G2-Hkv1-D16-L20-causal", 2, 2, 1, 5, 20, 16),
     _case("S100-B2-G1-D64-causal-default-blocks", 2, 1, 2, 100, 100, 64, block=None),
@@ -124,7 +141,7 @@ SMALL = [
     _case("S63-B2-G1-D40-holes", 2, 1, 2, 63, 100, 40, mask="holes"),
     _case("S33-B3-G2-Hkv1-D32-padded", 3, 2, 1, 33, 63, 32, ("small", "sdpa"), mask="padded"),
     _case("S17-B2-G3-D64-padded-default-blocks", 2, 3, 2, 17, 17, 64, mask="padded", block=None),
-    _case("S65-B2-G4-D64-gated", 2, 4, 2, 65, 70, 64, gated=True),
+    _case("S65-B2-G4-D64-gated", 2, 4, 2, 65, 70, 64, gated=True, block=None),
     # masks that arrive broadcast (stride 0), rows that read nothing, the model's strided views
     *[_case(f"S33-B3-G2-D32-{kind}-mask-{shape}", 3, 2, 2, 33, 70, 32, mask=kind, mask_shape=shape)
       for kind, shape in (("causal", "1-1-S-L"), ("holes", "B-1-1-L"), ("window", "1-1-1-L"))],

@@ -177,9 +177,11 @@ _PREFILL_KIND = lambda case, dtype: HAS_CUDA or case.S > 3 or case.mask == "shor
 
 _FP32 = lambda case, dtype: dtype == torch.float32  # noqa: E731
 _ORT = lambda case, dtype: _small(case, dtype) and dtype != torch.bfloat16  # noqa: E731
-# The SDPA route on a GPU: every small case, and the model-sized ones it serves when Triton is absent.
+# The SDPA route (the op's half-precision GPU path where neither Triton kernel applies): its cases
+# ("sdpa"), fp32 on a CPU; on a GPU in every dtype, with two model-sized ones (a decode step over a
+# 4099-slot cache; a prefill above REPEATED_MASK_MAX, where it calls once per query head).
 _SDPA_CPU = lambda case, dtype: "sdpa" in case.tags  # noqa: E731
-_SDPA_GPU = lambda case, dtype: "small" in case.tags or case.name.startswith(("decode-B2-G8", "prefill-B1-G8-S2100"))  # noqa: E731
+_SDPA_GPU = lambda case, dtype: "sdpa" in case.tags or case.name.startswith(("decode-B2-G8", "prefill-B1-G8-S2100"))  # noqa: E731
 
 
 def _with(*conds):
