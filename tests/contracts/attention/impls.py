@@ -260,15 +260,15 @@ def _triton_write(x, case):
 
 
 @functools.lru_cache(maxsize=None)
-def _ort_scatter(dtype, Hkv, D):
+def _ort_scatter(dtype):
     """Two ONNX TensorScatter nodes (opset 24, axis 2, mode "linear"), as
-    gdn_export.ops.attention.onnx emits for gdn::kv_cache_update of each cache."""
+    gdn_export.ops.attention.onnx emits for gdn::kv_cache_update of each cache (every dim symbolic)."""
     from gdn_export.ops.attention.onnx import OPSET
 
     vi = onnx.helper.make_tensor_value_info
     t = _ELEM[dtype]
-    inputs = [vi("key_cache", t, ["B", Hkv, "L", D]), vi("value_cache", t, ["B", Hkv, "L", D]),
-              vi("key", t, ["B", Hkv, "S", D]), vi("value", t, ["B", Hkv, "S", D]),
+    inputs = [vi("key_cache", t, ["B", "Hkv", "L", "D"]), vi("value_cache", t, ["B", "Hkv", "L", "D"]),
+              vi("key", t, ["B", "Hkv", "S", "D"]), vi("value", t, ["B", "Hkv", "S", "D"]),
               vi("write_indices", onnx.TensorProto.INT64, ["B"])]
     nodes = [onnx.helper.make_node("TensorScatter", [c, u, "write_indices"], [f"new_{c}"], axis=2, mode="linear")
              for c, u in (("key_cache", "key"), ("value_cache", "value"))]
@@ -278,7 +278,7 @@ def _ort_scatter(dtype, Hkv, D):
 
 
 def _ort_write(x, case):
-    session = _ort_scatter(x["key_cache"].dtype, case.Hkv, case.D)
+    session = _ort_scatter(x["key_cache"].dtype)
     kc, vc = session.run(None, {n: x[n].contiguous().numpy() for n in _WRITE})
     return {"key_cache": torch.from_numpy(np.asarray(kc)), "value_cache": torch.from_numpy(np.asarray(vc))}
 
