@@ -181,7 +181,8 @@ _ORT = lambda case, dtype: _small(case, dtype) and dtype != torch.bfloat16  # no
 # ("sdpa"), fp32 on a CPU; on a GPU in every dtype, with two model-sized ones (a decode step over a
 # 4099-slot cache; a prefill above REPEATED_MASK_MAX, where it calls once per query head).
 _SDPA_CPU = lambda case, dtype: "sdpa" in case.tags  # noqa: E731
-_SDPA_GPU = lambda case, dtype: "sdpa" in case.tags or case.name.startswith(("decode-B2-G8", "prefill-B1-G8-S2100"))  # noqa: E731
+_SDPA_GPU = lambda case, dtype: (  # noqa: E731
+    "sdpa" in case.tags or case.name.startswith(("decode-B2-G8", "prefill-B1-G8-S2100")))
 
 
 def _with(*conds):
