@@ -16,7 +16,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from gdn_export.cuda import backend as cuda
+from gdn_export.ops.causal_conv1d import cuda as conv_cuda
+from gdn_export.ops.gated_delta_rule import cuda as gdr_cuda
 from gpu_timing import copy_tbps, graph_ms, median_ms
 
 HV, D = 32, 128
@@ -49,7 +50,7 @@ def bench_decode(rows, bw, with_triton=True):
         state = torch.randn(B, HV, D, D, device="cuda") * 0.1
         o = torch.empty_like(v)
         scale = D**-0.5
-        run = lambda: cuda.gated_delta_rule_out(q, k, v, g, beta, state, scale, True, None, o, state)  # noqa: E731
+        run = lambda: gdr_cuda.gated_delta_rule_out(q, k, v, g, beta, state, scale, True, None, o, state)  # noqa: E731
         ms = graph_ms(run)
         bytes_ = 2 * state.numel() * 4 + 2 * (q.numel() + k.numel() + v.numel() + o.numel())
         tri = float("nan")
@@ -81,7 +82,7 @@ def bench_prefill(rows, which, emit):
     scale = D**-0.5
     fn = None
     if which == 0:
-        fn = lambda q, k, v, g, beta: cuda.gated_delta_rule(q, k, v, g, beta, None, scale, True, None)  # noqa: E731
+        fn = lambda q, k, v, g, beta: gdr_cuda.gated_delta_rule(q, k, v, g, beta, None, scale, True, None)  # noqa: E731
     elif which == 1:
         try:
             from gdn_export.ops import triton_backend
@@ -120,7 +121,7 @@ def bench_prefill(rows, which, emit):
 
 def kernel_breakdown(B=1, T=16384):
     q, k, v, g, beta = _inputs(B, T, HV, HV)
-    fn = lambda: cuda.gated_delta_rule(q, k, v, g, beta, None, D**-0.5, True, None)  # noqa: E731
+    fn = lambda: gdr_cuda.gated_delta_rule(q, k, v, g, beta, None, D**-0.5, True, None)  # noqa: E731
     fn()
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
@@ -141,7 +142,7 @@ def bench_conv(rows, bw):
         b = torch.randn(C, device="cuda", dtype=torch.bfloat16)
         s = torch.randn(B, C, K - 1, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
-        run = lambda: cuda.causal_conv1d_out(x, w, b, s, True, y, s)  # noqa: E731
+        run = lambda: conv_cuda.causal_conv1d_out(x, w, b, s, True, y, s)  # noqa: E731
         ms = graph_ms(run) if T == 1 else median_ms(run)
         bytes_ = 2 * (2 * x.numel() + 2 * s.numel())
         rows.append((f"conv B={B} T={T} C={C} K={K} bf16", ms * 1e3, "us",

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
     ap.add_argument("--calls", type=int, default=5)
     args = ap.parse_args(argv)
-    from gdn_export.cuda import backend as cb
+    from gdn_export.ops.gated_delta_rule import cuda as cb
     pins = {"auto": (cb.PATH_AUTO, 0), "wmma": (cb.PATH_CHUNKED_WMMA, 0),
             **{f"walk{w}": (p, 0) for w, p in cb.PATH_CHUNKED_WALK.items()},
             "walk4 @99KB": (cb.PATH_CHUNKED_WALK[4], cb.SMEM_SM86)}

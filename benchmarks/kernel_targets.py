@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case", choices=sorted(CASES))
     args = ap.parse_args(argv)
-    from gdn_export.cuda import backend as cb
+    from gdn_export.ops.gated_delta_rule import cuda as cb
     hk, hv, B, T = CASES[args.case]
     q, k, v, g, beta = (x.reshape(B, T, *x.shape[2:]) for x in _tokens(B * T, hk, hv))
     state_dtype = torch.bfloat16 if T == 1 else torch.float32

@@ -83,7 +83,7 @@ def main() -> int:
             return gated_delta_rule_(q, k, v, g, beta, state, use_qk_l2norm=True)
 
         if name == "cuda":  # the floor: the compiled extension alone (its pybind call, checks, launch)
-            from gdn_export.cuda.backend import load
+            from gdn_export.cuda.extension import load
 
             cases.append((name, "cuda: extension call alone", lambda: load().gated_delta_rule(
                 q, k, v, g, beta, state, scale, True, None)))

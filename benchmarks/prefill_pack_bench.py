@@ -87,7 +87,7 @@ def _time(fn):
 
 def _pinned_cuda(backend):
     """The cuda backend with the chunked path's sequential pass pinned (`cuda-wmma`, `cuda-walkN`)."""
-    from gdn_export.cuda import backend as cuda_backend
+    from gdn_export.ops.gated_delta_rule import cuda as cuda_backend
     walk = backend.removeprefix("cuda-")
     path = cuda_backend.PATH_CHUNKED_WMMA if walk == "wmma" else cuda_backend.PATH_CHUNKED_WALK[int(walk[4:])]
 

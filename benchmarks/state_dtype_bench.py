@@ -27,7 +27,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from gdn_export.cuda import backend as cuda
+from gdn_export.cuda import extension
 from gpu_timing import copy_tbps, graph_ms, median_ms, save_table
 from gdn_export.ops import gated_delta_rule, use_backend
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
@@ -92,7 +92,7 @@ def _rotating(make, count):
 
 def bench_decode(batches, bw, rows):
     fi = _flashinfer_decode()
-    ext = cuda.load()
+    ext = extension.load()
     scale = D**-0.5
     for B in batches:
         for name, sd in STATES.items():

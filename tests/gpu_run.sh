@@ -25,7 +25,7 @@ if [ -z "${TENSORRT_INCLUDE_DIR:-}" ] && [ -f .carry/tensorrt/include/NvInferRun
     export TENSORRT_INCLUDE_DIR=$PWD/.carry/tensorrt/include
 fi
 t0=$SECONDS
-python3 -c "from gdn_export.cuda import backend; backend.load()" > "$out/extension.log" 2>&1 &
+python3 -c "from gdn_export.cuda import extension; extension.load()" > "$out/extension.log" 2>&1 &
 timeout "${GDN_GPU_TIMEOUT:-530}" python3 -m pytest -m gpu -n "$workers" -p no:cacheprovider -v -rfEs \
     --durations=25 --junitxml="$out/junit.xml" tests "$@" > "$out/pytest.log" 2>&1
 rc=$?

@@ -1,7 +1,8 @@
 // PyTorch binding of the gdn CUDA kernels (plugins/*/…Kernels.cu). Validation happens here so that a
-// bad tensor fails with a message naming it instead of a kernel fault; gdn_export/cuda/backend.py
-// casts and lays out the tensors first (its checked entries) or calls straight in (the public op's
-// fast entry, which relies on these checks: gated_delta_rule returns its problem instead of raising).
+// bad tensor fails with a message naming it instead of a kernel fault; each op's wrapper
+// (gdn_export/ops/<op>/cuda.py) casts and lays out the tensors first (its checked entries) or calls
+// straight in (the public op's fast entry, which relies on these checks: gated_delta_rule returns
+// its problem instead of raising).
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>

@@ -11,7 +11,8 @@ Every backend implements the same three functions with the same argument order a
 Backends:
     reference  fp32 PyTorch (`naive.py` beside each op); runs anywhere
     triton     the Triton kernels beside each op (gdn_export/ops/<op>/triton*); CUDA tensors, or CPU under TRITON_INTERPRET=1
-    cuda       our CUDA kernels (plugins/) built as a PyTorch extension; CUDA tensors
+    cuda       our CUDA kernels (plugins/) built as a PyTorch extension (gdn_export.cuda.extension), their
+               wrappers beside each op (gdn_export/ops/<op>/cuda.py); CUDA tensors
 
 The active backend is, in order: the innermost `use_backend(...)` block, the environment variable
 GDN_EXPORT_BACKEND, then "reference". The ops check the device of their tensors against it
@@ -56,7 +57,7 @@ class Backend:
 _MODULES = {
     "reference": "gdn_export.ops.reference_backend",
     "triton": "gdn_export.ops.triton_backend",
-    "cuda": "gdn_export.cuda.backend",
+    "cuda": "gdn_export.ops.cuda_backend",
 }
 _LOADED: dict[str, Backend] = {}
 # GPU-only backends -> what to do instead on CPU tensors. Triton's interpreter runs its kernels on

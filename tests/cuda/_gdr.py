@@ -14,7 +14,7 @@ def _reference(x, l2norm=True, cu_seqlens=None):
 
 def _run(x, l2norm=True, cu_seqlens=None, path=0, smem_limit=0):
     """o [B, T, Hv, Dv] and fp32 final_state [N, Hv, Dk, Dv] written by the extension on `path`."""
-    from gdn_export.cuda import backend as cuda_backend
+    from gdn_export.ops.gated_delta_rule import cuda as cuda_backend
 
     B, T, _, Dk = x["q"].shape
     Hv, Dv = x["v"].shape[2:]

@@ -8,7 +8,8 @@ Not collected by pytest (leading underscore); prints one line per case with the 
 import torch
 import torch.nn.functional as F
 
-from gdn_export.cuda import backend as cuda
+from gdn_export.ops.causal_conv1d import cuda as conv_cuda
+from gdn_export.ops.gated_delta_rule import cuda as gdr_cuda
 from gdn_export.ops.causal_conv1d.naive import causal_conv1d as conv_ref
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule
 
@@ -32,7 +33,7 @@ def main():
             cus = None if cu is None else torch.tensor(cu, device=dev, dtype=torch.int32)
             N = B if cu is None else len(cu) - 1
             s0 = torch.randn(N, 2, Dk, Dv, device=dev) * 0.1
-            o, s = cuda.gated_delta_rule(q, k, v, g, beta, s0, Dk**-0.5, True, cus, path=path)
+            o, s = gdr_cuda.gated_delta_rule(q, k, v, g, beta, s0, Dk**-0.5, True, cus, path=path)
             ro, rs = chunked_gated_delta_rule(q, k, v, g, beta, s0, Dk**-0.5, True, cus)
             print(f"gdr {dtype} T={T} path={path} varlen={cu is not None}: o {rel(o, ro):.2e} state {rel(s, rs):.2e}")
         for T in (1, 2, 70):
@@ -41,7 +42,7 @@ def main():
             b = torch.randn(72, device=dev).to(dtype)
             st = torch.randn(2, 72, 3, device=dev).to(dtype)
             ry, rs = conv_ref(x, w, b, st, True)
-            y = cuda.causal_conv1d_inplace(x, w, b, st, True)
+            y = conv_cuda.causal_conv1d_inplace(x, w, b, st, True)
             print(f"conv {dtype} T={T} in place: y {rel(y, ry):.2e} state {rel(st, rs):.2e}")
     torch.cuda.synchronize()
 

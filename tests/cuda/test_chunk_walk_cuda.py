@@ -22,7 +22,7 @@ from tests.cuda._gdr import _reference, _run
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
-    from gdn_export.cuda import backend as cuda_backend
+    from gdn_export.ops.gated_delta_rule import cuda as cuda_backend
 
 DTYPES16 = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
 WIDTHS = [1, 2, 4]

@@ -3,13 +3,13 @@ of them rebuilds the cached extension instead of loading a stale one."""
 
 import re
 
-from gdn_export.cuda import backend
+from gdn_export.cuda import extension
 
 INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"', re.M)
 
 
 def test_build_hash_covers_every_local_include():
-    seen, todo = set(), list(backend.SOURCES)
+    seen, todo = set(), list(extension.SOURCES)
     while todo:
         path = todo.pop().resolve()
         if path in seen:
@@ -19,6 +19,6 @@ def test_build_hash_covers_every_local_include():
             included = path.parent / name
             if included.exists():  # local headers; TensorRT / CUDA headers are not ours
                 todo.append(included)
-    hashed = {p.resolve() for p in backend.SOURCES + backend._HEADERS}
-    missing = sorted(str(p.relative_to(backend.PLUGINS_DIR.parent)) for p in seen - hashed)
+    hashed = {p.resolve() for p in extension.SOURCES + extension.HEADERS}
+    missing = sorted(str(p.relative_to(extension.PLUGINS_DIR.parent)) for p in seen - hashed)
     assert not missing, f"included but not in the build hash: {missing}"

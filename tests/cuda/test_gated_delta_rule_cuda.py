@@ -8,7 +8,7 @@ from tests.conftest import GPU_ONLY, gdn_inputs
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
-    from gdn_export.cuda import backend as cuda_backend
+    from gdn_export.cuda import extension
 
 
 def test_extension_names_problems_without_raising():
@@ -21,10 +21,10 @@ def test_extension_names_problems_without_raising():
            "k": x["k"][:, :3].contiguous()}
     for name, t in bad.items():
         args = dict(x, **{name: t})
-        out, problem = cuda_backend.load().gated_delta_rule(
+        out, problem = extension.load().gated_delta_rule(
             args["q"], args["k"], args["v"], args["g"], args["beta"], args["initial_state"], 0.125, True, None
         )
         assert out == [] and problem.startswith(f"{name} must"), (name, problem)
-    out, problem = cuda_backend.load().gated_delta_rule(
+    out, problem = extension.load().gated_delta_rule(
         x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], 0.125, True, None, path=9)
     assert out == [] and problem.startswith("path must be"), problem

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gdn_export.cuda import backend as cuda_backend
+from gdn_export.ops.moe import cuda as cuda_backend
 from gdn_export.errors import GdnExportError
 from tests.conftest import GPU_ONLY
 from tests.ops.test_moe_reference import moe_inputs

@@ -1,4 +1,4 @@
-"""The public op's fast entries on the cuda backend (gdn_export.cuda.backend.*_fast): on a GPU, the
+"""The public op's fast entries on the cuda backend (gdn_export.ops.gated_delta_rule.cuda.*_fast): on a GPU, the
 eager op calls the extension with no Python checks where nothing needs a cast, and falls back to the
 checked entry otherwise. Each case against the checked entry (bit-equal: the same kernels) or the
 fp32 reference, with outputs poisoned; bad input still ends in the checked entry's one-line error."""
@@ -15,7 +15,8 @@ from tests.cuda._gdr import _reference
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
-    from gdn_export.cuda import backend as cuda_backend
+    from gdn_export.cuda.extension import load
+    from gdn_export.ops.gated_delta_rule import cuda as cuda_backend
 
 CASES = [  # B, T, Hk, Hv, Dk, Dv, dtype, state dtype
     pytest.param(3, 1, 2, 4, 128, 128, torch.bfloat16, torch.float32, id="decode-bf16-state32"),
@@ -34,7 +35,7 @@ def _x(B, T, Hk, Hv, Dk, Dv, dtype, sdtype, correlated=False):
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv,dtype,sdtype", CASES)
 def test_fast_entry_equals_checked_entry_and_reference(B, T, Hk, Hv, Dk, Dv, dtype, sdtype):
     x = _x(B, T, Hk, Hv, Dk, Dv, dtype, sdtype, correlated=True)
-    cuda_backend.load()
+    load()
     with use_backend("cuda"):
         o, s = gated_delta_rule(**x, use_qk_l2norm=True)
     co, cs = cuda_backend.gated_delta_rule(**x, scale=Dk ** -0.5, use_qk_l2norm=True, cu_seqlens=None)
@@ -48,7 +49,7 @@ def test_fast_entry_equals_checked_entry_and_reference(B, T, Hk, Hv, Dk, Dv, dty
 @pytest.mark.parametrize("B,T,Hk,Hv,Dk,Dv,dtype,sdtype", CASES[:3])
 def test_fast_inplace_entry_updates_the_state_where_it_lies(B, T, Hk, Hv, Dk, Dv, dtype, sdtype):
     x = _x(B, T, Hk, Hv, Dk, Dv, dtype, sdtype)
-    cuda_backend.load()
+    load()
     _, expected = cuda_backend.gated_delta_rule(**x, scale=Dk ** -0.5, use_qk_l2norm=True, cu_seqlens=None)
     state = x["initial_state"].clone()
     ptr = state.data_ptr()
@@ -69,7 +70,7 @@ def test_views_and_casts_give_the_checked_results():
     g = -torch.rand(B, T, Hv, device="cuda") * 0.1
     beta = torch.rand(B, T, Hv, device="cuda").to(torch.bfloat16)
     s0 = torch.randn(B, Hv, D, D, device="cuda") * 0.1
-    cuda_backend.load()
+    load()
     expected = cuda_backend.gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, s0, D ** -0.5,
                                              True, None)
     with use_backend("cuda"):
@@ -84,7 +85,7 @@ def test_views_and_casts_give_the_checked_results():
 def test_bad_input_is_the_checked_one_line_error():
     """A shape the extension refuses makes the fast entry decline; the checked entry names it."""
     x = _x(2, 1, 2, 4, 64, 64, torch.bfloat16, torch.float32)
-    cuda_backend.load()
+    load()
     with use_backend("cuda"):
         with pytest.raises(ValueError, match=r"^initial_state must be \[N, Hv, Dk, Dv\]"):
             gated_delta_rule(**dict(x, initial_state=x["initial_state"][:, :2].contiguous()))
@@ -98,7 +99,7 @@ def test_bad_input_is_the_checked_one_line_error():
 
 def test_fast_entry_captures_in_a_cuda_graph():
     x = _x(4, 1, 2, 4, 128, 128, torch.bfloat16, torch.bfloat16)
-    cuda_backend.load()
+    load()
     state = x["initial_state"].clone()
     with use_backend("cuda"):
         gated_delta_rule_(x["q"], x["k"], x["v"], x["g"], x["beta"], state.clone())  # warm-up

@@ -11,7 +11,7 @@ from tests.conftest import GPU_ONLY, RMS_BOUND, gdn_inputs, rel_rms
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
-    from gdn_export.cuda import backend as cuda_backend
+    from gdn_export.ops.gated_delta_rule import cuda as cuda_backend
 
 STATE_DTYPES = [pytest.param(torch.bfloat16, id="bf16-state"), pytest.param(torch.float16, id="fp16-state")]
 # Kernel and reference round nearly equal fp32 values: now and then one 16-bit step apart.

@@ -33,3 +33,22 @@ def test_ops_import_no_application_layer(path):
 def test_the_scan_sees_the_ops():
     assert len(list(OPS.rglob("*.py"))) > 10
     assert "gdn_export.errors" in set(_imports(OPS / "backends.py"))
+
+
+def test_the_cuda_extension_loader_sits_below_the_ops():
+    """gdn_export/cuda (the shared build of the plugins' kernels) imports no op: each op's wrappers
+    (gdn_export/ops/<op>/cuda.py) call into it, never the other way."""
+    cuda = OPS.parent / "cuda"
+    bad = {str(p.relative_to(OPS.parent)): m for p in cuda.rglob("*.py") for m in _imports(p)
+           if m.startswith("gdn_export.ops")}
+    assert not bad, f"the extension loader imports ops: {bad}"
+
+
+def test_the_cuda_backend_is_each_ops_own_wrapper():
+    """The `cuda` backend's entries are the wrappers beside each op, found without building anything."""
+    from gdn_export.ops import backends
+
+    b = backends.get("cuda")
+    assert {f.__module__ for f in (b.gated_delta_rule, b.gated_delta_rule_inplace, b.gated_delta_rule_fast,
+                                   b.gated_delta_rule_inplace_fast, b.causal_conv1d, b.moe)} == {
+        "gdn_export.ops.gated_delta_rule.cuda", "gdn_export.ops.causal_conv1d.cuda", "gdn_export.ops.moe.cuda"}

@@ -46,7 +46,7 @@ def _triton(x, case):
 
 
 def _cuda_out(x, case):
-    from gdn_export.cuda import backend
+    from gdn_export.ops.causal_conv1d import cuda as backend
 
     y, s = _outputs(x, case)
     backend.causal_conv1d_out(x["x"], x["weight"], x["bias"], x["conv_state"], case.silu, y, s, seq_lens=x["seq_lens"])
@@ -55,7 +55,7 @@ def _cuda_out(x, case):
 
 def _cuda_inplace(x, case):
     """The state updated where it lies: the kernel reads the old state it overwrites."""
-    from gdn_export.cuda import backend
+    from gdn_export.ops.causal_conv1d import cuda as backend
 
     state = x["conv_state"]
     y = backend.causal_conv1d_inplace(x["x"], x["weight"], x["bias"], state, case.silu, seq_lens=x["seq_lens"])

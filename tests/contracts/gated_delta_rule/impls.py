@@ -84,12 +84,12 @@ def _triton(kernel, inplace=False):
 
 # -------------------------------------------------------------------------------------------- cuda
 
-PATHS = {"auto": 0, "recurrent": 1, "chunked": 2}  # gdn_export.cuda.backend.PATH_*
+PATHS = {"auto": 0, "recurrent": 1, "chunked": 2}  # gdn_export.ops.gated_delta_rule.cuda.PATH_*
 
 
 def _cuda(path):
     def run(x, case):
-        from gdn_export.cuda import backend
+        from gdn_export.ops.gated_delta_rule import cuda as backend
 
         o, s = _outputs(x, case)
         scale = case.Dk ** -0.5 if case.scale is None else case.scale
@@ -101,7 +101,7 @@ def _cuda(path):
 
 
 def _cuda_inplace(x, case):
-    from gdn_export.cuda import backend
+    from gdn_export.ops.gated_delta_rule import cuda as backend
 
     state = x["initial_state"]
     scale = case.Dk ** -0.5 if case.scale is None else case.scale

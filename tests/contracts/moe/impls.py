@@ -36,7 +36,7 @@ def _triton(x, case):
 
 
 def _cuda(x, case):
-    from gdn_export.cuda import backend
+    from gdn_export.ops.moe import cuda as backend
 
     return backend.moe(*(x[n] for n in _ARGS), case.top_k, case.norm)
 

@@ -1,0 +1,130 @@
+"""The shared loader of our CUDA kernels as one PyTorch extension, and the checks every op's wrapper
+(gdn_export/ops/<op>/cuda.py) makes before calling it.
+
+    load()      the compiled extension (extension.cpp binding plugins/*/…Kernels.cu), built on first
+                call for the running GPU into ~/.cache/gdn_export/cuda_ext (GDN_EXPORT_CUDA_BUILD_DIR)
+    loaded()    the extension if already built in this process, else None (the ops' fast entries)
+
+Every failure is one GdnExportError line: no GPU, a failed build, a tensor on the CPU, a dtype the
+kernels do not take, an output buffer of the wrong shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from gdn_export.errors import GdnExportError
+
+PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+SOURCES = (
+    Path(__file__).resolve().parent / "extension.cpp",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu",
+    PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.cu",
+    PLUGINS_DIR / "moePlugin" / "moeKernels.cu",
+)
+# Headers the build depends on: a change to any of them must rebuild the extension.
+HEADERS = (
+    PLUGINS_DIR / "common" / "floatConvert.cuh",
+    PLUGINS_DIR / "common" / "mmaSync.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.h",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernelsDetail.h",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleCommon.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleRecurrent.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkPrepare16.cuh",
+    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkWalk.cuh",
+    PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
+    PLUGINS_DIR / "moePlugin" / "moeKernels.h",
+    PLUGINS_DIR / "moePlugin" / "moeCommon.cuh",
+    PLUGINS_DIR / "moePlugin" / "moeGemmSimt.cuh",
+    PLUGINS_DIR / "moePlugin" / "moeGemmWmma.cuh",
+)
+BUILD_DIR_ENV = "GDN_EXPORT_CUDA_BUILD_DIR"
+ACTIVATIONS = (torch.float32, torch.float16, torch.bfloat16)
+
+_lock = threading.Lock()
+_module = None
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def _build_dir(arch: str) -> Path:
+    digest = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
+    tag = f"sm{arch.replace('.', '')}-torch{torch.__version__}-{digest.hexdigest()[:12]}"
+    root = Path(os.environ.get(BUILD_DIR_ENV, Path.home() / ".cache" / "gdn_export" / "cuda_ext"))
+    path = root / tag
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load():
+    """The compiled extension, built on first call for the current GPU (minutes the first time)."""
+    global _module
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is not None:
+            return _module
+        try:
+            if not torch.cuda.is_available():
+                raise RuntimeError("no CUDA device is visible to PyTorch")
+            from torch.utils import cpp_extension
+
+            arch = _arch()
+            os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
+            # No -std flag: the binding includes torch headers and must use torch's own standard
+            # (C++20 since torch 2.10); a -std=c++17 here made every TORCH_CHECK failure segfault.
+            flags = ["-O3"]
+            _module = cpp_extension.load(
+                name="gdn_export_cuda_ext",
+                sources=[str(s) for s in SOURCES],
+                extra_include_paths=[str(PLUGINS_DIR)],
+                extra_cflags=flags,
+                extra_cuda_cflags=flags + ["--expt-relaxed-constexpr", "-lineinfo"],
+                build_directory=str(_build_dir(arch)),
+                verbose=bool(os.environ.get("GDN_EXPORT_CUDA_VERBOSE")),
+            )
+        except Exception as exc:  # a failed build or import: one clear line for the user
+            raise GdnExportError(f"cuda backend unavailable: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    return _module
+
+
+def loaded():
+    """The extension when this process has already built or loaded it, else None (never builds)."""
+    return _module
+
+
+def require_cuda(**tensors) -> None:
+    """GdnExportError naming the first given tensor (None skipped) that is not on a CUDA device."""
+    for name, t in tensors.items():
+        if t is not None and t.device.type != "cuda":
+            raise GdnExportError(f"cuda backend needs CUDA tensors, got {name} on {t.device}")
+
+
+def compute_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
+    """The dtype the kernels run a tensor of `dtype` in: itself for fp32 / fp16 / bf16, fp32 for
+    float64; anything else is a GdnExportError naming `name`."""
+    if dtype == torch.float64:
+        return torch.float32
+    if dtype not in ACTIVATIONS:
+        raise GdnExportError(f"cuda backend: {name} must be a floating tensor, got {dtype}")
+    return dtype
+
+
+def check_out(name, t, shape, dtype, device) -> None:
+    """An output buffer given by the caller: exact shape, dtype, device, contiguous."""
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device or not t.is_contiguous():
+        raise GdnExportError(
+            f"cuda backend: {name} must be a contiguous {dtype} tensor of shape {tuple(shape)} on {device}, "
+            f"got {t.dtype} {tuple(t.shape)} on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}"
+        )
