@@ -7,7 +7,8 @@ stored form, FP8 E4M3 bytes or packed INT4 nibbles, and dequantize each [BK, BN]
 cross memory. With static FP8 activation scales, each row tile of the expert's tokens is rounded to
 e4m3 by that expert's scale (clamp to +-448, round to nearest even) before the dot, as the contract's
 fake quantization says. fp32 inputs use IEEE fp32 dots; fp16 / bf16 inputs dot in their dtype with
-fp32 accumulation.
+fp32 accumulation (under the CPU interpreter, whose fp32 -> bf16 conversion truncates, the
+dequantized tiles stay fp32: `UPCAST_DOT` widens every dot there anyway).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.moe.triton import _expert_block, _tiles, moe_route_kernel
-from gdn_export.ops.triton_utils import cdiv, dot, next_pow2
+from gdn_export.ops.triton_utils import UPCAST_DOT, cdiv, dot, next_pow2
 
 FP8, INT4 = 0, 1
 
@@ -75,10 +76,12 @@ def moe_q_gate_up_kernel(x, gate_up, scale, in_scale, rows, counts, act, N, H, I
             b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0)
             if STATIC:
                 b_x = _fake_fp8(b_x.to(tl.float32), s_in)
-            b_x = b_x.to(act.dtype.element_ty)
             m_w = m_k[:, None] & m_n[None, :]
-            b_wg = _weight_tile(p_g, s_g, o_k, m_w, GS, QUANT).to(act.dtype.element_ty)
-            b_wu = _weight_tile(p_u, s_u, o_k, m_w, GS, QUANT).to(act.dtype.element_ty)
+            b_wg = _weight_tile(p_g, s_g, o_k, m_w, GS, QUANT)
+            b_wu = _weight_tile(p_u, s_u, o_k, m_w, GS, QUANT)
+            if not UPCAST_DOT:  # the GPU: operands in the activation dtype (tensor cores)
+                b_x, b_wg, b_wu = (b_x.to(act.dtype.element_ty), b_wg.to(act.dtype.element_ty),
+                                   b_wu.to(act.dtype.element_ty))
             b_g += dot(b_x, b_wg, IEEE)
             b_u += dot(b_x, b_wu, IEEE)
         b_a = b_g * tl.sigmoid(b_g) * b_u
@@ -107,7 +110,9 @@ def moe_q_down_kernel(act, down, scale, weights, rows, counts, y, N, H, I, E, W_
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < I
             b_a = tl.load(act + b_pair[:, None] * I + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0)
-            b_w = _weight_tile(p_d, s_d, o_k, m_k[:, None] & m_n[None, :], GS, QUANT).to(act.dtype.element_ty)
+            b_w = _weight_tile(p_d, s_d, o_k, m_k[:, None] & m_n[None, :], GS, QUANT)
+            if not UPCAST_DOT:
+                b_w = b_w.to(act.dtype.element_ty)
             b_y += dot(b_a, b_w, IEEE)
         b_y *= tl.load(weights + b_pair, mask=m_m, other=0)[:, None]
         tl.store(y + b_pair[:, None] * H + o_n[None, :], b_y.to(y.dtype.element_ty),
