@@ -126,7 +126,8 @@ def _int4_weight(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     E, N, K = W.shape
     G = -(-K // GROUP_SIZE)
     padded = F.pad(W, (0, G * GROUP_SIZE - K)).reshape(E, N, G, GROUP_SIZE)
-    scale = (padded.abs().amax(-1).clamp(min=MIN_SCALE) / INT4_MAX).to(dtype)
+    # in the stored dtype, kept >= its smallest normal (an all-zero group in fp16 would round to 0)
+    scale = (padded.abs().amax(-1).clamp(min=MIN_SCALE) / INT4_MAX).to(dtype).clamp(min=torch.finfo(dtype).tiny)
     full = scale.float().repeat_interleave(GROUP_SIZE, -1)[..., :K]
     q = torch.round(W / full).clamp(-8, 7).to(torch.int8)
     return pack_int4(q.reshape(E * N, K)).reshape(E, N, -1), scale

@@ -11,6 +11,10 @@ from tests.contracts.impl import HAS_CUDA, NO_GPU
 from tests.contracts.moe_quant.cases import ALL, CASES, FORMS, Case, args, check, make_inputs, oracle
 
 
+# the public entries on CUDA tensors (dispatch to the Triton kernels through the custom op)
+OP_CUDA_CASES = ("N7-H160-E5-I37-k3", "decode-B32-qwen35")
+
+
 def _op(x, case):
     from gdn_export.ops.moe.quant import moe_fp8, moe_int4
 
@@ -25,13 +29,14 @@ def _triton(x, case):
 
 def _params():
     out = []
-    for impl, run in (("op", _op), ("triton", _triton)):
-        device = "cuda" if impl == "triton" and HAS_CUDA else "cpu"
+    impls = (("op", _op, "cpu"), ("op-cuda", _op, "cuda"), ("triton", _triton, "cuda" if HAS_CUDA else "cpu"))
+    for impl, run, device in impls:
         for n, case in enumerate(CASES):
             gpu_case = "gpu" in case.tags
-            if gpu_case and impl != "triton":
+            if (gpu_case and impl == "op") or (impl == "op-cuda" and case.name not in OP_CUDA_CASES):
                 continue
-            marks = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)] if gpu_case else (
+            needs_gpu = gpu_case or impl == "op-cuda"
+            marks = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)] if needs_gpu else (
                 [pytest.mark.gpu] if device == "cuda" else [])
             for f, form in enumerate(FORMS):
                 dtypes = ALL if (device == "cuda" or impl == "op") else (
@@ -82,3 +87,29 @@ def test_unrouted_experts_are_never_read(run, form):
     out = run(x, case)
     assert torch.isfinite(out).all()
     check(case, x, out, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)
+@pytest.mark.parametrize("form", FORMS)
+def test_cuda_graph_replay_and_compile(form):
+    """The ops capture in a CUDA graph (no host sync, no data-dependent allocation) and compile as
+    one node each: replay and torch.compile give eager's output on fresh inputs."""
+    case = next(c for c in CASES if c.name == "decode-B32-qwen35")
+    x = make_inputs(case, form, torch.bfloat16, "cuda", seed=5)
+    eager = _op(x, case)
+    fresh = make_inputs(case, form, torch.bfloat16, "cuda", seed=6)
+    static = dict(x)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = _op(static, case)
+    for name in ("hidden", "router_logits"):
+        static[name].copy_(fresh[name])
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _op({**x, "hidden": fresh["hidden"], "router_logits": fresh["router_logits"]}, case)
+    assert torch.equal(captured, want)
+    compiled = torch.compile(lambda *a: _op(dict(zip(("hidden", "router_logits"), a), **{k: v for k, v in x.items()
+                                                   if k not in ("hidden", "router_logits")}), case))
+    torch.testing.assert_close(compiled(x["hidden"], x["router_logits"]), eager, rtol=0, atol=0)
