@@ -27,6 +27,9 @@ ONNX: one gdn.MoE node. ONNX Runtime runs it through a model-local function body
 ONNX rather than a compiled custom op (stock ORT, the exported file stays what TensorRT parses),
 written so that its cost follows top-k: a Loop over the hit experts only (see onnx.py).
 TensorRT plugin twin: plugins/moePlugin (kMOE_PLUGIN_NAME / VERSION / NAMESPACE).
+
+Quantized experts (FP8 / INT4 weights): gdn::moe_fp8 / gdn::moe_int4 in `quant.py` (reference
+`quant_naive.py`, Triton `quant_triton.py`, ONNX `quant_onnx.py`: DequantizeLinear into this node).
 """
 
 from __future__ import annotations
