@@ -147,8 +147,8 @@ def prepare_experts(model: nn.Module, config, family, spec, reader, fmt_names) -
                     s = base + "weight_scale"
                     _need(reader, s, SCALE_DTYPES, (N, -(-K // G)), f"group-{G} weight scales of " + w)
                     if base + "pre_quant_scale" in reader.shapes:
-                        raise CheckpointError(f"tensor {base}pre_quant_scale: an AWQ pre-scale on routed experts is not "
-                                              f"supported (the MoE op has no per-expert activation scale)")
+                        raise CheckpointError(f"tensor {base}pre_quant_scale: an AWQ pre-scale on routed experts "
+                                              f"is not supported (the MoE op has no per-expert activation scale)")
                     pieces.setdefault(buf, []).append(((w,), idx, _repack(K)))
                     pieces.setdefault(buf + "_weight_scale", []).append(((s,), idx, lambda t: t))
                 consumed.update((w, s))

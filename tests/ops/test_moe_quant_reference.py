@@ -87,13 +87,13 @@ def _bad(form, edit):
 
 
 BAD = [
-    pytest.param("fp8-static", lambda x: x.update(gate_up_scale=x["gate_up_scale"][:, :5]), "gate_up_scale must be fp32",
-                 id="fp8-gate_up_scale-rows"),
+    pytest.param("fp8-static", lambda x: x.update(gate_up_scale=x["gate_up_scale"][:, :5]),
+                 "gate_up_scale must be fp32", id="fp8-gate_up_scale-rows"),
     pytest.param("fp8-block", lambda x: x.update(down_scale=torch.ones(5, 160, 3)), "down_scale must be fp32",
                  id="fp8-down_scale-groups"),
     pytest.param("fp8-static", lambda x: x.update(down_input_scale=None), "given together", id="fp8-one-input-scale"),
-    pytest.param("fp8-static", lambda x: x.update(gate_up_input_scale=torch.ones(4)), "gate_up_input_scale must be fp32 [E=5]",
-                 id="fp8-input-scale-shape"),
+    pytest.param("fp8-static", lambda x: x.update(gate_up_input_scale=torch.ones(4)),
+                 "gate_up_input_scale must be fp32 [E=5]", id="fp8-input-scale-shape"),
     pytest.param("fp8-channel", lambda x: x.update(gate_up=x["gate_up"].float()), "gate_up must be float8_e4m3fn",
                  id="fp8-16bit-weight"),
     pytest.param("int4-g32", lambda x: x.update(down_scale=x["down_scale"][..., :1]), "down_scale must be",

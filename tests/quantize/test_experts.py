@@ -136,3 +136,16 @@ def test_bad_modelopt_expert_tensors(written_fp8, tmp_path, edit, message):
         load_checkpoint(folder)
     assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
     assert json.loads((folder / "config.json").read_text())["quantization_config"]["quant_algo"] == "FP8"
+
+
+def test_expert_awq_pre_scale_is_refused_by_name(src, tmp_path):
+    calib = load_checkpoint(src)
+    with recording(calib) as stats:
+        _logits(calib, torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(3)))
+    model = apply_experts(load_checkpoint(src), "int4-awq", quantize_experts(calib, "int4-awq", stats, torch.float32))
+    out = write_quantized(model, FAMILIES[model.config.family], model.config, src, tmp_path / "q", "int4-awq", "test",
+                          torch.float32)
+    key = "model.layers.1.mlp.experts.0.up_proj.pre_quant_scale"
+    _edit(out, lambda t: t.update({key: torch.ones(160)}))
+    with pytest.raises(CheckpointError, match=f"tensor {key}: an AWQ pre-scale on routed experts is not supported"):
+        load_checkpoint(out)

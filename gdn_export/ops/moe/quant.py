@@ -96,12 +96,6 @@ def _check_common(hidden, router_logits, top_k) -> tuple[int, int, int]:
     return N, H, E
 
 
-def scale_groups(K: int, G: int) -> int:
-    """The group width along K of a [.., G] fp8 weight scale: K (one scale per row) when G == 1,
-    else 128 (G must then be ceil(K / 128))."""
-    return K if G == 1 else BLOCK
-
-
 def check_fp8(hidden, router_logits, gate_up, gate_up_scale, down, down_scale,
               gate_up_input_scale, down_input_scale, top_k) -> None:
     """ValueError naming the argument that breaks moe_fp8's contract, in one line."""
@@ -193,4 +187,4 @@ def moe_int4(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, to
     return torch.ops.gdn.moe_int4(*args, int(top_k), bool(norm_topk_prob), int(group_size))
 
 
-__all__ = ["moe_fp8", "moe_int4", "check_fp8", "check_int4", "scale_groups"]
+__all__ = ["moe_fp8", "moe_int4", "check_fp8", "check_int4"]
