@@ -130,12 +130,12 @@ def fixed_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
     those tensors in that dtype rather than the model's)."""
     out = {}
     for prefix, module in model.named_modules():
-        if isinstance(module, QuantLinear):
+        if isinstance(module, QuantLinear) or getattr(module, "QUANTIZED_EXPERTS", False):
             for name, dtype in module.fixed_dtypes().items():
                 out[f"{prefix}.{name}"] = dtype
     return out
 
 
 def quantized_formats(model: nn.Module) -> set[str]:
-    """The FORMATs of the quantized layers in model (empty for a 16-bit model)."""
-    return {m.FORMAT for m in model.modules() if isinstance(m, QuantLinear)}
+    """The FORMATs of the quantized layers and routed experts in model (empty for a 16-bit model)."""
+    return {m.FORMAT for m in model.modules() if isinstance(m, QuantLinear) or getattr(m, "QUANTIZED_EXPERTS", False)}

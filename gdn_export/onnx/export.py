@@ -128,8 +128,10 @@ def _trace(model, specs, opset: int):
 
         InlinePass()(ir_model)
         RemoveUnusedFunctionsPass()(ir_model)
+    from gdn_export.ops.moe.quant_onnx import fold_int4_expert_weights
     from gdn_export.ops.quant_linear.onnx import fold_int4_weights
 
+    fold_int4_expert_weights(ir_model)  # quantized routed experts as INT4 [E, N, K] initializers
     fold_int4_weights(ir_model)  # W4A16 weights as INT4 initializers (none in a 16-bit model)
     return ir_model
 

@@ -6,6 +6,8 @@ activations; int4-awq: W4A16 with AWQ, groups of 128). See README "## Quantizati
                     (.npy or whitespace-separated ids) or the built-in default
     calibrate.py    ModelOpt calibration (mtq.quantize) -> per-Linear quantized tensors; `apply`
                     swaps them into a model as gdn_export.modules.quant_linear layers
+    experts.py      the routed experts: per-expert activation ranges recorded during the same
+                    forward loop, FP8 per channel / INT4 round-to-nearest, written per expert
     writer.py       the quantized checkpoint folder (config.json quantization_config,
                     hf_quant_config.json, model.safetensors), written atomically
 """

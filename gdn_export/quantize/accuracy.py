@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from gdn_export.modules.mlp import MoeExperts
+from gdn_export.modules.quant_experts import QuantMoeExperts, dequantized_experts
 from gdn_export.modules.quant_linear import Fp8BlockLinear, Fp8Linear, Int4Linear, QuantLinear, swap_linear
 from gdn_export.ops.quant_linear.naive import dequantize_block, dequantize_int4
 
@@ -45,6 +47,15 @@ def dequantized_copy(model: nn.Module) -> nn.Module:
                     lin.bias.copy_(m.bias)
             lin.requires_grad_(False)
             swap_linear(out, name, lin)
+        elif isinstance(m, QuantMoeExperts):  # routed experts: 16-bit MoeExperts of the dequantized weights
+            experts = MoeExperts(m.num_experts, m.hidden_size, m.intermediate_size).to(device=m.gate_up_proj.device,
+                                                                                      dtype=dtype)
+            gate_up, down = dequantized_experts(m)
+            with torch.no_grad():
+                experts.gate_up_proj.copy_(gate_up)
+                experts.down_proj.copy_(down)
+            experts.requires_grad_(False)
+            swap_linear(out, name, experts)
     return out
 
 

@@ -13,8 +13,9 @@ runs the forward loop (the gdn custom ops run through their reference backend) a
 
 ModelOpt's default exclusions already leave lm_head, the routers (mlp.gate), shared_expert_gate,
 in_proj_a / in_proj_b and the convs in 16 bits; we add Qwen3-Next's fused in_proj_ba and
-OLMo-Hybrid's a_proj / b_proj. Routed experts are stacked parameters run by the gdn::moe op, which
-ModelOpt does not wrap: they stay 16-bit (the MoE op takes 16-bit experts).
+OLMo-Hybrid's a_proj / b_proj. Routed experts are stacked parameters run by the gdn::moe op, whose
+calls ModelOpt's fused-experts wrapper never sees: gdn_export.quantize.experts calibrates them
+during the same forward loop (the pipeline wraps this call in its `recording`).
 
 Sibling projections of one input (q/k/v, gate/up, GDN q|k|v/z) get one shared FP8 input scale (the
 max of their amax) or one AWQ pre_quant_scale (their mean, weights rescaled), as ModelOpt's export

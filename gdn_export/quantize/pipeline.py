@@ -27,20 +27,24 @@ def quantize_model(model, checkpoint: Path, fmt: str, calib_data=None, samples: 
     Linears into `model` (a 16-bit HybridForCausalLM of that checkpoint). Returns (model,
     calibrator name)."""
     from gdn_export.quantize.calibrate import apply, calibrate, modelopt_version
+    from gdn_export.quantize.experts import apply_experts, check_experts, quantize_experts, recording
     from gdn_export.weights import load_checkpoint
 
     say = progress or (lambda _m: None)
+    check_experts(model.config, fmt)
     if rows is None:
         rows, _ = load_calibration(calib_data, checkpoint, model.config.vocab_size, samples, seq_len, say)
     version = modelopt_version()
     say("loading an fp32 copy for calibration")
     calib_model = load_checkpoint(checkpoint, dtype=torch.float32, device=next(model.parameters()).device)
-    tensors = calibrate(calib_model, fmt, rows, say)
-    del calib_model
+    with recording(calib_model) as expert_stats:  # the routed experts (quantize/experts.py)
+        tensors = calibrate(calib_model, fmt, rows, say)
     if not tensors:
         raise GdnExportError(f"{checkpoint}: no Linear layer to quantize")
     say(f"{len(tensors)} Linear layers quantized ({fmt})")
-    return apply(model, fmt, tensors), f"modelopt {version}"
+    experts = quantize_experts(calib_model, fmt, expert_stats, model.dtype, say)
+    del calib_model
+    return apply_experts(apply(model, fmt, tensors), fmt, experts), f"modelopt {version}"
 
 
 def quantize_checkpoint(checkpoint, out, fmt: str, *, calib_data=None, samples: int = DEFAULT_SAMPLES,
@@ -50,6 +54,7 @@ def quantize_checkpoint(checkpoint, out, fmt: str, *, calib_data=None, samples: 
     `device` (the gdn ops through the active op backend; "reference" by default); every check
     (format, already quantized, OUT, calibration data, ModelOpt present) before the model is loaded."""
     from gdn_export.quantize.calibrate import modelopt_version
+    from gdn_export.quantize.experts import check_experts
     from gdn_export.quantize.writer import check_output, write_quantized
     from gdn_export.weights import load_checkpoint
     from gdn_export.weights.loader import FAMILIES
@@ -60,6 +65,7 @@ def quantize_checkpoint(checkpoint, out, fmt: str, *, calib_data=None, samples: 
         raise GdnExportError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
     config = read_config(checkpoint / "config.json")
     check_not_quantized(checkpoint)
+    check_experts(config, fmt)
     out = check_output(out, overwrite, checkpoint)
     rows, _ = load_calibration(calib_data, checkpoint, config.vocab_size, samples, seq_len, say)
     say("importing ModelOpt")

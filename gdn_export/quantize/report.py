@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from gdn_export.modules.quant_experts import Fp8MoeExperts
 from gdn_export.modules.quant_linear import Fp8BlockLinear, quantized_formats
 
 # validate's default (atol, rtol) floor per quantization format of the exported graph. fp8 (static
@@ -29,6 +30,12 @@ def match_graph_form(model, progress=None) -> None:
     if blocks and progress:
         progress(f"{len(blocks)} fine-grained FP8 layers: the PyTorch reference keeps activations in 16 bits, "
                  f"as the exported graph does")
+    experts = [m for m in model.modules() if isinstance(m, Fp8MoeExperts) and m.FORMAT == "fp8"]
+    for m in experts:
+        m.activations = "16bit"
+    if experts and progress:
+        progress(f"{len(experts)} FP8 routed-expert layers: the PyTorch reference keeps their activations in "
+                 f"16 bits, as the exported graph does (gdn.MoE takes no per-expert activation scale)")
 
 
 def quantization_distance(model, seed: int = 0, progress=None, baseline=None) -> str | None:
@@ -47,6 +54,10 @@ def quantization_distance(model, seed: int = 0, progress=None, baseline=None) ->
     saved = {m: m.activations for m in model.modules() if isinstance(m, Fp8BlockLinear)}
     for m in saved:
         m.activations = "dynamic"  # the checkpoint's own arithmetic
+    saved.update({m: m.activations for m in model.modules() if isinstance(m, Fp8MoeExperts)})
+    for m in model.modules():
+        if isinstance(m, Fp8MoeExperts):
+            m.activations = "static"
     if baseline is not None:
         from gdn_export.weights import load_checkpoint
 

@@ -11,6 +11,9 @@
                          W4A16_AWQ: weight uint8 [out/2, in] (ModelOpt's packing: output rows 2i and
                          2i+1 in the low / high nibble), weight_scale [out, in/128] and
                          pre_quant_scale [in] in the model dtype
+                         quantized routed experts per expert under ModelOpt's / vLLM's keys
+                         (mlp.experts.{e}.gate_proj|up_proj|down_proj.weight, .weight_scale and,
+                         for FP8, .input_scale: gdn_export.quantize.experts.checkpoint_tensors)
     every other file of the source folder (tokenizer, generation config) copied as it is
 
 Written in a temporary folder beside OUT and renamed into place: OUT appears complete or not at all.
@@ -30,8 +33,10 @@ from torch import nn
 
 from gdn_export import __version__
 from gdn_export.errors import GdnExportError
+from gdn_export.modules.quant_experts import QuantMoeExperts
 from gdn_export.modules.quant_linear import Int4Linear, QuantLinear
 from gdn_export.ops.quant_linear.naive import unpack_int4
+from gdn_export.quantize.experts import checkpoint_tensors as expert_checkpoint_tensors
 from gdn_export.weights.quantized import pack_modelopt_int4
 from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
 
@@ -53,12 +58,16 @@ def check_output(out: str | Path, overwrite: bool, source: str | Path) -> Path:
     return out
 
 
+def _has_quantized_experts(model: nn.Module) -> bool:
+    return any(isinstance(m, QuantMoeExperts) for m in model.modules())
+
+
 def _ignored(model: nn.Module, family, config) -> list[str]:
     names = []
     for name, m in model.named_modules():
         if type(m) is nn.Linear:
             names.append(family.checkpoint_name(f"{name}.weight", config)[: -len(".weight")])
-    if config.num_experts:
+    if config.num_experts and not _has_quantized_experts(model):
         names.append("*mlp.experts*")
     return sorted(names)
 
@@ -96,8 +105,11 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
     int4 = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, Int4Linear)}
     quant_buffers = {f"{n}.{b}" for n, m in model.named_modules() if isinstance(m, QuantLinear)
                      for b, _ in m.named_buffers(recurse=False)}
+    expert_buffers = {f"{n}.{b}" for n, m in model.named_modules() if isinstance(m, QuantMoeExperts)
+                      for b, _ in m.named_buffers(recurse=False)}
+    tensors.update(expert_checkpoint_tensors(model, family, config))  # per expert, ModelOpt's keys
     for name, t in model.state_dict().items():
-        if config.tie_word_embeddings and name == "lm_head.weight":
+        if (config.tie_word_embeddings and name == "lm_head.weight") or name in expert_buffers:
             continue
         if name in int4:
             m = int4[name]

@@ -6,14 +6,15 @@ Two on-disk forms load:
   `{"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic",
   "modules_to_not_convert": [...]}`; each quantized Linear stores `weight` float8_e4m3fn [out, in]
   and `weight_scale_inv` [ceil(out/128), ceil(in/128)] (fp32 or bf16). Those Linears become
-  `Fp8BlockLinear` (gdn::fp8_block_linear). Routed experts stored that way are dequantized into the
-  stacked 16-bit expert tensors at load (the gdn::moe op takes 16-bit experts).
+  `Fp8BlockLinear` (gdn::fp8_block_linear). Routed experts stored that way stay FP8 in memory
+  (gdn_export.weights.quantized_experts -> gdn::moe_fp8).
 * ModelOpt's unified Hugging Face form, which `gdn-export quantize` writes:
   `{"quant_method": "modelopt", "quant_algo": "FP8" | "W4A16_AWQ", "ignore": [...], ...}`.
   FP8: `weight` float8_e4m3fn [out, in], `weight_scale` fp32 [] or [out], `input_scale` fp32 []
   -> `Fp8Linear`. W4A16_AWQ: `weight` uint8 [out/2, in] (ModelOpt packs two output rows a byte),
   `weight_scale` [out, in/group] 16-bit, `pre_quant_scale` [in] -> `Int4Linear` (repacked two
-  input columns a byte, the ONNX INT4 order, at load).
+  input columns a byte, the ONNX INT4 order, at load). Routed experts in either form stay quantized
+  (gdn_export.weights.quantized_experts).
 
 Every problem is a one-line CheckpointError naming the key, raised before any tensor data is read:
 an unsupported quant_method / quant_algo / block size, float8 tensors without a quantization_config,
@@ -216,7 +217,11 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
                                   f"take without a quantization_config in config.json (its scales would be ignored)")
         return out
     dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else torch.bfloat16
-    handled: set[str] = set()
+    from gdn_export.weights.quantized_experts import prepare_experts
+
+    expert_sources, handled = prepare_experts(model, config, family, spec, reader, (FP8_BLOCK, FP8, INT4_AWQ))
+    out.sources.update(expert_sources)  # routed experts kept quantized (weights/quantized_experts.py)
+    out.consumed.update(handled)
     for name, linear in _linears(model):
         key = family.checkpoint_name(f"{name}.weight", config)
         base = key[: -len("weight")]

@@ -65,3 +65,21 @@ def test_quantized_engine_builds(plugins_lib, tiny, tmp_path, fmt):
         else:
             gemms = [e for e in record["engine_layers"] if e["type"] == "gemm" and "fp8_block_linear" in e["name"]]
             assert len(gemms) >= 3 * n_gdn, record["engine_layers"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["fp8", "int4-awq"])
+def test_quantized_experts_engine_builds(plugins_lib, tmp_path, fmt):
+    """A Qwen3.5-MoE export with quantized routed experts: the stacked FP8 / INT4 expert weights go
+    through standalone DequantizeLinear layers into the MoE plugin (which takes 16-bit weights)."""
+    from gdn_export.weights.tiny import make_tiny_checkpoint
+
+    src = make_tiny_checkpoint(tmp_path / "bf", "qwen3_5_moe", seed=4, hidden_size=160, moe_intermediate_size=40)
+    model, onnx_path = _export(src, fmt, tmp_path)
+    n_moe = sum(1 for m in model.modules() if type(m).__name__ in ("Fp8MoeExperts", "Int4MoeExperts"))
+    assert n_moe > 0
+    engine = build_engine(onnx_path, tmp_path / f"{fmt}.engine", plugins=plugins_lib)
+    record = json.loads(layers_path(engine).read_text())
+    kinds = Counter(layer["type"] for layer in record["layers"])
+    assert kinds["DEQUANTIZE"] >= 2 * n_moe, kinds  # gate_up and down of every MoE layer
+    assert kinds["PLUGIN_V3"] >= n_moe or any("MoE" in str(layer) for layer in record["layers"]), kinds

@@ -27,6 +27,9 @@ ONNX: one gdn.MoE node. ONNX Runtime runs it through a model-local function body
 ONNX rather than a compiled custom op (stock ORT, the exported file stays what TensorRT parses),
 written so that its cost follows top-k: a Loop over the hit experts only (see onnx.py).
 TensorRT plugin twin: plugins/moePlugin (kMOE_PLUGIN_NAME / VERSION / NAMESPACE).
+
+Quantized experts (FP8 / INT4 weights): gdn::moe_fp8 / gdn::moe_int4 in `quant.py` (reference
+`quant_naive.py`, Triton `quant_triton.py`, ONNX `quant_onnx.py`: DequantizeLinear into this node).
 """
 
 from __future__ import annotations
@@ -115,13 +118,19 @@ def sparse_moe_forward(x: torch.Tensor, block) -> torch.Tensor:
 
     x [..., H] -> [..., H]. `block` holds gate (Linear H -> E), experts.gate_up_proj [E, 2I, H],
     experts.down_proj [E, H, I], shared_expert (an MLP), shared_expert_gate (Linear H -> 1),
-    top_k and norm_topk_prob (transformers' names: num_experts_per_tok also accepted).
+    top_k and norm_topk_prob (transformers' names: num_experts_per_tok also accepted). Experts
+    with a `routed(x, logits, top_k, norm)` method (quantized experts: gdn_export.ops.moe.quant)
+    run through it.
     """
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     top_k = getattr(block, "top_k", None) or block.gate.top_k
     norm = getattr(block, "norm_topk_prob", getattr(block.gate, "norm_topk_prob", True))
     logits = torch.nn.functional.linear(flat, block.gate.weight)
-    routed = moe(flat, logits, block.experts.gate_up_proj, block.experts.down_proj, top_k, norm)
+    quantized = getattr(block.experts, "routed", None)  # gdn_export.modules.quant_experts
+    if quantized is not None:
+        routed = quantized(flat, logits, top_k, norm)
+    else:
+        routed = moe(flat, logits, block.experts.gate_up_proj, block.experts.down_proj, top_k, norm)
     shared = torch.sigmoid(block.shared_expert_gate(flat)) * block.shared_expert(flat)
     return (routed + shared).reshape(shape)
