@@ -53,7 +53,7 @@ def set_kv_scales(model: nn.Module, scales: dict[int, tuple[float, float]] | Non
                              f"layers are {sorted(layers)} (layer {missing[0]} differs)")
     layout = getattr(model, "layout", None)
     if layout is not None and not layout.inplace:
-        raise GdnExportError("an FP8 K/V cache needs the in-place cache layout (--kv-cache-layout inplace); "
+        raise GdnExportError("an FP8 K/V cache needs the in-place cache layout (export --kv-cache inplace); "
                              "the concat layout keeps the model dtype")
     for i, (ks, vs) in scales.items():
         for name, s in (("k_scale", ks), ("v_scale", vs)):
@@ -70,8 +70,15 @@ def kv_scales(model: nn.Module) -> dict[int, tuple[float, float]] | None:
 
 
 def kv_cache_dtype(model: nn.Module, default: torch.dtype) -> torch.dtype:
-    """float8_e4m3fn for an FP8-cache model, else `default` (the model dtype)."""
-    return FP8 if kv_scales(model) is not None else default
+    """float8_e4m3fn for an FP8-cache model, else `default` (the model dtype). GdnExportError for an
+    FP8 cache under the concat layout (which stores past K / V in the model dtype)."""
+    if kv_scales(model) is None:
+        return default
+    layout = getattr(model, "layout", None)
+    if layout is not None and not layout.inplace:
+        raise GdnExportError("an FP8 K/V cache needs the in-place cache layout (export --kv-cache inplace); "
+                             "the concat layout keeps K / V in the model dtype")
+    return FP8
 
 
 def write_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
