@@ -30,22 +30,22 @@ def attention_translation(q, key, value, mask, scale: float):
 def kv_quantize_translation(x, scale: float):
     """Cast(FLOAT) -> QuantizeLinear with an fp32 scalar scale (an initializer) to FLOAT8E4M3FN,
     saturating: x / scale in fp32, as gdn::kv_quantize."""
-    import numpy as np
     from onnxscript.onnx_opset import opset24 as op
 
-    s = op.Constant(value=np.array(scale, dtype=np.float32))
+    s = op.Constant(value_float=float(scale))
     return op.QuantizeLinear(op.Cast(x, to=FLOAT), s, output_dtype=FLOAT8E4M3FN, saturate=1)
 
 
 def kv_dequantize_translation(q, scale: float, dtype):
     """DequantizeLinear (fp32 scalar scale) -> Cast to dtype: q * scale in fp32, rounded once."""
-    import numpy as np
     import torch
     from onnxscript.onnx_opset import opset24 as op
 
-    s = op.Constant(value=np.array(scale, dtype=np.float32))
+    s = op.Constant(value_float=float(scale))
     y = op.DequantizeLinear(q, s)
-    onnx_dtype = {torch.float32: FLOAT, torch.float16: 10, torch.bfloat16: 16}[dtype]
+    # the exporter hands dtype over as an ONNX data type (onnx_ir.DataType); a torch dtype when called directly
+    onnx_dtype = ({torch.float32: FLOAT, torch.float16: 10, torch.bfloat16: 16}[dtype]
+                  if isinstance(dtype, torch.dtype) else int(dtype))
     return y if onnx_dtype == FLOAT else op.Cast(y, to=onnx_dtype)
 
 
