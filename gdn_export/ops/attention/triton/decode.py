@@ -71,8 +71,9 @@ def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc):
 
 @triton.jit
 def dequantize_tiles(b_k, b_v, k_scale, v_scale, dtype: tl.constexpr):
-    """FP8 K / V tiles times their scales in fp32, rounded to dtype (q's) for the tensor cores."""
-    return (b_k.to(tl.float32) * k_scale).to(dtype), (b_v.to(tl.float32) * v_scale).to(dtype)
+    """FP8 K / V tiles times their scales in fp32, rounded to nearest even to dtype (q's) for the
+    tensor cores: the values kv_dequantize gives (also under the interpreter, to_state_dtype)."""
+    return to_state_dtype(b_k.to(tl.float32) * k_scale, dtype), to_state_dtype(b_v.to(tl.float32) * v_scale, dtype)
 
 
 @triton.jit
@@ -113,8 +114,8 @@ def attn_decode_split_kernel(
                       mask=row_ok[:, None] & (cols < hi)[None, :], other=0) != 0
         # slots no row may read are not loaded (zeros): no bytes moved, no garbage read
         read = (tl.max(b_m.to(tl.int32), 0) > 0)[:, None]
-        b_k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kl, mask=read, other=0)
-        b_v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vl, mask=read, other=0)
+        b_k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kl, mask=read, other=0.0)
+        b_v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vl, mask=read, other=0.0)
         if KV_FP8:
             b_k, b_v = dequantize_tiles(b_k, b_v, k_scale, v_scale, b_q.dtype)
         m_i, l_i, acc = online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc)

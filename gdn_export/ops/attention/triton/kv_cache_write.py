@@ -42,11 +42,11 @@ def kv_cache_write_kernel(kc, vc, k, v, widx, Hkv, S, L, D,
     b64, h64, s64 = b.to(tl.int64), h.to(tl.int64), s.to(tl.int64)
     x = tl.load(k + b64 * s_k_b + h64 * s_k_h + s64 * s_k_s + offs * s_k_d, mask=m)
     if QUANT:  # FP8 cache: scale in fp32 and saturate to e4m3's finite range before the cast
-        x = tl.clamp(x.to(tl.float32) / k_scale, -448.0, 448.0)
+        x = tl.clamp(tl.math.div_rn(x.to(tl.float32), k_scale), -448.0, 448.0)  # IEEE division, as torch
     tl.store(kc + b64 * s_kc_b + h64 * s_kc_h + slot * s_kc_l + offs * s_kc_d, x.to(kc.dtype.element_ty), mask=m)
     y = tl.load(v + b64 * s_v_b + h64 * s_v_h + s64 * s_v_s + offs * s_v_d, mask=m)
     if QUANT:
-        y = tl.clamp(y.to(tl.float32) / v_scale, -448.0, 448.0)
+        y = tl.clamp(tl.math.div_rn(y.to(tl.float32), v_scale), -448.0, 448.0)
     tl.store(vc + b64 * s_vc_b + h64 * s_vc_h + slot * s_vc_l + offs * s_vc_d, y.to(vc.dtype.element_ty), mask=m)
 
 

@@ -121,8 +121,8 @@ def attn_prefill_kernel(
         # slots no row of the block may read are not loaded (zeros): no bytes moved, no NaN read
         read = tl.load(p_read + cols, mask=in_range, other=0) != 0
         kv_ok = read[:, None] & d_ok[None, :]
-        b_k = tl.load(k_ptr + cols[:, None] * stride_kl + d[None, :] * stride_kd, mask=kv_ok, other=0)
-        b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=kv_ok, other=0)
+        b_k = tl.load(k_ptr + cols[:, None] * stride_kl + d[None, :] * stride_kd, mask=kv_ok, other=0.0)
+        b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=kv_ok, other=0.0)
         if KV_FP8:
             b_k, b_v = dequantize_tiles(b_k, b_v, k_scale, v_scale, b_q.dtype)
         b_m = tl.load(m_ptr + rows[:, None] * stride_ms + cols[None, :] * stride_ml, mask=row_ok[:, None] & in_range[None, :], other=0) != 0
