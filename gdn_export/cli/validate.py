@@ -97,7 +97,7 @@ def run(args) -> int:
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
     from gdn_export.validate.kv_fp8 import raise_cache_tolerances
 
-    raise_cache_tolerances(candidates.values(), tolerances)  # FP8 K/V caches: one e4m3 code
+    raise_cache_tolerances(candidates.values(), tolerances)  # FP8 K/V caches: atol / scale, one e4m3 code
     _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
     reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device, layout=first.layout)

@@ -120,14 +120,15 @@ def test_default_has_no_kv_keys(root, ids_file):
     assert kv_scales(load_checkpoint(out)) is None
 
 
-@pytest.mark.parametrize("case", ["qwen3_5_text-fp8", "qwen3_5_moe_text-fp8"])
-def test_export_and_validate_in_onnxruntime(cli_main, root, case):
+@pytest.mark.parametrize("case,dtype", [("qwen3_5_text-fp8", "fp32"), ("qwen3_5_moe_text-fp8", "bf16"),
+                                        ("olmo_hybrid-int4-awq", "bf16")])
+def test_export_and_validate_in_onnxruntime(cli_main, root, case, dtype):
     """Needs test_quantize_kv_fp8_scales_and_format's folders (same module, run before)."""
     q = root / f"{case}-kv"
     if not q.is_dir():
         pytest.skip("run with the quantize tests of this module")
-    onnx_path = root / f"{case}.onnx"
-    assert cli_main("export", q, "-o", onnx_path, "--max-cache-len", 96, "-q").code == 0
+    onnx_path = root / f"{case}-{dtype}.onnx"
+    assert cli_main("export", q, "-o", onnx_path, "--max-cache-len", 96, "--dtype", dtype, "-q").code == 0
     m = onnx.load(str(onnx_path))
     meta = {p.key: p.value for p in m.metadata_props}
     assert meta["gdn_export.kv_cache_format"] == "fp8"

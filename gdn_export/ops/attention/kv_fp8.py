@@ -116,10 +116,23 @@ def attention_fp8_ref(q, key, value, mask, scale: float, k_scale: float, v_scale
                       mask, scale)
 
 
-@torch.library.custom_op(ATTENTION_OP, mutates_args=())
 def attention_fp8(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float,
                   k_scale: float, v_scale: float) -> torch.Tensor:
-    """Masked GQA attention over an FP8 cache (module docstring)."""
+    """Masked GQA attention over an FP8 cache (module docstring): q [B, H, S, D], key / value
+    [B, Hkv, L, D] float8_e4m3fn, mask [B, 1, S, L] bool -> o [B, H, S, D] in q's dtype
+    (gdn::attention_fp8; eager calls skip the dispatcher)."""
+    if backends.can_call_directly(q, key, value, mask):
+        return _attention_fp8(q, key, value, mask, scale, k_scale, v_scale)
+    return _attention_fp8_op(q, key, value, mask, scale, k_scale, v_scale)
+
+
+@torch.library.custom_op(ATTENTION_OP, mutates_args=())
+def _attention_fp8_op(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float,
+                      k_scale: float, v_scale: float) -> torch.Tensor:
+    return _attention_fp8(q, key, value, mask, scale, k_scale, v_scale)
+
+
+def _attention_fp8(q, key, value, mask, scale, k_scale, v_scale):
     if q.dtype in (torch.float16, torch.bfloat16) and _hardware_fp8(q):
         from gdn_export.ops.attention import DECODE_MIN_SLOTS
 
@@ -132,6 +145,6 @@ def attention_fp8(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
     return attention_fp8_ref(q, key, value, mask, scale, k_scale, v_scale)
 
 
-@attention_fp8.register_fake
+@_attention_fp8_op.register_fake
 def _(q, key, value, mask, scale, k_scale, v_scale):
     return torch.empty_like(q)
