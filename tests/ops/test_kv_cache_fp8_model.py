@@ -136,3 +136,40 @@ def test_scale_saturates_outliers(checkpoints):
     key = [s for s, spec in zip(out[1:], model.state_specs()) if spec.kind == "key"][0]
     assert key.float()[:, :, :9].abs().max() == FP8_MAX and torch.isfinite(key.float()).all()
     assert torch.isfinite(out[0]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none found)")
+@pytest.mark.parametrize("cache_len", [160, 320], ids=["prefill-kernel-decode", "split-kv-decode"])
+@torch.no_grad()
+def test_fp8_cache_model_on_gpu_matches_oracle(checkpoints, cache_len):
+    """bf16 on the GPU: the Triton write (scale, clamp, cast) and the fp8 decode / prefill kernels
+    against the oracle's 16-bit cache of the same dequantized values through the 16-bit kernels:
+    the same tile values, so equal up to 1e-6 (expected bitwise)."""
+    layout = DeployLayout.make(cache_len=cache_len)
+    model = load_checkpoint(checkpoints["qwen3_5"], dtype=torch.bfloat16, device="cuda")
+    model.layout = layout
+    scales = _scales(model)
+    set_kv_scales(model, scales)
+    oracle = _fake_quant_oracle(load_checkpoint(checkpoints["qwen3_5"], dtype=torch.bfloat16, device="cuda"), scales)
+    oracle.layout = layout
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, model.config.vocab_size, (3, 65), generator=gen).cuda()
+    lengths = torch.tensor([65, 1, 63]).cuda()
+
+    def run(m):
+        B = prompts.shape[0]
+        out = m(prompts, torch.zeros(B, dtype=torch.long, device="cuda"), lengths, *m.empty_states(B))
+        logits, states, past = [out[0]], list(out[1:]), lengths.clone()
+        for i in range(6):
+            out = m(torch.full((B, 1), 7 + i, device="cuda"), past, torch.ones(B, dtype=torch.long, device="cuda"),
+                    *states)
+            logits.append(out[0])
+            states, past = list(out[1:]), past + 1
+        return logits, states
+
+    got, states = run(model)
+    want, _ = run(oracle)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and rel(a, b) <= 1e-6
+    assert all(s.dtype == FP8 for s, spec in zip(states, model.state_specs()) if spec.kind in ("key", "value"))
