@@ -31,7 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--calib-seq-len", type=int, default=DEFAULT_SEQ_LEN,
                    help=f"tokens per calibration row (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--kv-cache", default=None, metavar="fp8",
-                   help="also store the attention K/V cache in FP8 (not supported yet: refused; default: the model dtype)")
+                   help="fp8: also calibrate per-layer K and V scales (amax / 448, per tensor) in the same pass "
+                   "and store the attention K/V cache in FP8 E4M3 (README 'FP8 K/V cache'); default: the "
+                   "cache stays in the model dtype")
     p.add_argument("--device", default="cpu", help="where the calibration runs: cpu, cuda, cuda:1, ... "
                    "(default cpu; the gdn ops through the reference backend)")
     add_overwrite(p, "the output folder")
@@ -46,17 +48,23 @@ def run(args) -> int:
 
     if args.format not in FORMATS:
         raise InputError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}")
-    if args.kv_cache is not None:
-        raise InputError(f"--kv-cache {args.kv_cache!r}: an FP8 K/V cache is not supported yet "
-                         f"(the K/V cache stays in the model dtype)")
+    from gdn_export.quantize.pipeline import KV_CACHE_FORMATS
+
+    if args.kv_cache is not None and args.kv_cache not in KV_CACHE_FORMATS:
+        raise InputError(f"--kv-cache {args.kv_cache!r} is not one of {', '.join(KV_CACHE_FORMATS)}")
     checkpoint = Path(args.checkpoint)
     checkpoint_dir(checkpoint)
     check_device(args.device)
-    read_config(checkpoint / "config.json")  # a bad config.json is named before anything else
+    config = read_config(checkpoint / "config.json")  # a bad config.json is named before anything else
+    if args.kv_cache is not None:
+        from gdn_export.quantize.pipeline import check_kv_cache
+
+        check_kv_cache(args.kv_cache, config)
     output_dir(args.output, "-o", args)  # writable, and the overwrite policy, before calibration
     progress = Progress("quantize", args.quiet)
     path = quantize_checkpoint(checkpoint, args.output, args.format, calib_data=args.calib_data,
                                samples=args.calib_samples, seq_len=args.calib_seq_len,
-                               overwrite=args.overwrite, progress=progress, device=args.device)
+                               overwrite=args.overwrite, progress=progress, device=args.device,
+                               kv_cache=args.kv_cache)
     print(f"wrote {path}")
     return 0

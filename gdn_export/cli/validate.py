@@ -95,6 +95,9 @@ def run(args) -> int:
 
     atol, rtol = tolerance_floor(first, atol, rtol)  # quantized graphs: README "Quantization"
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
+    from gdn_export.validate.kv_fp8 import raise_cache_tolerances
+
+    raise_cache_tolerances(candidates.values(), tolerances)  # FP8 K/V caches: atol / scale, one e4m3 code
     _check_tensor_names(tolerances, first)
     progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
     reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device, layout=first.layout)

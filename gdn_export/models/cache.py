@@ -4,8 +4,9 @@ States are one flat tuple in layer order; each layer contributes two tensors:
 
     linear_attention   past.{i}.conv        [batch, conv_dim, K-1]        model dtype
                        past.{i}.recurrent   [batch, Hv, Dk, Dv]           state dtype (fp32 default)
-    full_attention     past.{i}.key         [batch, Hkv, L, head_dim]     model dtype
-                       past.{i}.value       [batch, Hkv, L, head_dim]     model dtype
+    full_attention     past.{i}.key         [batch, Hkv, L, head_dim]     model dtype (float8_e4m3fn
+                       past.{i}.value       [batch, Hkv, L, head_dim]      with an FP8 K/V cache:
+                                                                           gdn_export.modules.kv_cache_fp8)
 
 L is the cache length (static) of the in-place layout, or the dynamic "past" of the concat layout.
 The forward pass returns the new states in the same order, named present.{i}.*. "batch" (and "past")

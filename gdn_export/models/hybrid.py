@@ -31,6 +31,7 @@ from gdn_export.models.cache import BATCH, PAST, StateSpec, check_states
 from gdn_export.layout import DEFAULT_LAYOUT, LOGITS_LAST, DeployLayout
 from gdn_export.modules.kv_cache import StepInputs, check_call, make_step
 from gdn_export.modules.gated_attention import GatedAttention
+from gdn_export.modules.kv_cache_fp8 import kv_cache_dtype
 from gdn_export.modules.gated_deltanet import GatedDeltaNet
 from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
 from gdn_export.modules.norm import make_rmsnorm
@@ -128,6 +129,7 @@ class HybridForCausalLM(nn.Module):
     def state_specs(self) -> list[StateSpec]:
         """One StateSpec per state tensor, in the order forward takes and returns them."""
         c, dtype, specs = self.config, self.dtype, []
+        kv_dtype = kv_cache_dtype(self, dtype)  # float8_e4m3fn with an FP8 K/V cache
         kv_len = self.layout.cache_len if self.layout.inplace else PAST
         for i, kind in enumerate(c.layer_kinds):
             if kind == LINEAR:
@@ -138,8 +140,8 @@ class HybridForCausalLM(nn.Module):
                                        self.layout.state_dtype, i, "recurrent"))
             else:
                 kv = (BATCH, c.num_key_value_heads, kv_len, c.head_dim)
-                specs.append(StateSpec(f"past.{i}.key", kv, dtype, i, "key"))
-                specs.append(StateSpec(f"past.{i}.value", kv, dtype, i, "value"))
+                specs.append(StateSpec(f"past.{i}.key", kv, kv_dtype, i, "key"))
+                specs.append(StateSpec(f"past.{i}.value", kv, kv_dtype, i, "value"))
         return specs
 
     def empty_states(self, batch: int, device: torch.device | str | None = None) -> list[torch.Tensor]:

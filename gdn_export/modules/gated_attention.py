@@ -22,6 +22,7 @@ from torch import nn
 from gdn_export.config import HybridConfig
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
+from gdn_export.modules.kv_cache_fp8 import write_and_attend
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
 from gdn_export.ops.attention import attention, kv_cache_update, slot_index, write_kv_cache_
@@ -58,6 +59,8 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        # (k_scale, v_scale) of an FP8 K/V cache, else None (gdn_export.modules.kv_cache_fp8)
+        self.kv_scales: tuple[float, float] | None = None
 
     def fusible_linears(self) -> list[tuple[nn.Linear, ...]]:
         """q / k / v projections: one GEMM after fuse_linears (runtime only)."""
@@ -88,6 +91,8 @@ class GatedAttention(nn.Module):
         q, k, v, gate = self.project(x, step.cos, step.sin)
         if step.write_index is None:
             o, key, value = self._attend_concat(q, k, v, past_key, past_value)
+        elif self.kv_scales is not None:
+            o, key, value = write_and_attend(q, k, v, past_key, past_value, step, self.scaling, self.kv_scales, _kept)
         else:
             key, value = _write(past_key, past_value, k, v, step)
             o = attention(q, key, value, step.attn_mask, self.scaling)
@@ -133,5 +138,9 @@ def _kept(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch.
     update = update.to(cache.dtype)
     if step.keep_old:
         index = slot_index(cache, update, step.write_index)
-        update = torch.where(step.token_mask[:, None, :, None], update, torch.gather(cache, 2, index))
+        if cache.dtype == torch.float8_e4m3fn and not exporting():  # no CPU gather kernel for float8
+            old = torch.gather(cache.view(torch.uint8), 2, index).view(cache.dtype)
+        else:
+            old = torch.gather(cache, 2, index)
+        update = torch.where(step.token_mask[:, None, :, None], update, old)
     return update

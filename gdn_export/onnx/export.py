@@ -75,7 +75,9 @@ def _example_inputs(model, specs):
         seq_lens = torch.full((EXAMPLE_BATCH,), EXAMPLE_SEQ, device=device)
     # Small random states: zeros could let the exporter fold a state away.
     states = [0.1 * torch.randn(s.concrete_shape(EXAMPLE_BATCH, EXAMPLE_PAST), generator=gen)
-              .to(device=device, dtype=s.dtype) for s in specs]
+              .to(device=device, dtype=s.dtype) if s.dtype != torch.float8_e4m3fn  # no float8 arithmetic on CPU
+              else (0.1 * torch.randn(s.concrete_shape(EXAMPLE_BATCH, EXAMPLE_PAST), generator=gen)).to(device, s.dtype)
+              for s in specs]
     return (input_ids, past_lengths, seq_lens, *states)
 
 
@@ -218,6 +220,9 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
         vocab_size=model.config.vocab_size, states=metadata.layouts_from_specs(specs),
         layout=layout, quantization=metadata.quantization_name(formats),
     ))
+    from gdn_export.modules.kv_cache_fp8 import kv_scales
+
+    ir_model.metadata_props.update(metadata.kv_cache_metadata(kv_scales(model)))  # FP8 K/V cache only
     ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
     external = _initializer_bytes(ir_model) > EXTERNAL_DATA_THRESHOLD
     data_name = external_data_name(path)

@@ -18,6 +18,10 @@
                             "fp8-block128" (published FP8: blockwise weight DQ, 16-bit activations) |
                             "int4-awq" (INT4 weights, blockwise DQ of 128, 16-bit activations);
                             a comma-separated list when a model mixes them
+    gdn_export.kv_cache_format  "fp8" (only with an FP8 K/V cache: past / present.*.key / value
+                            FLOAT8E4M3FN, QuantizeLinear before TensorScatter, DequantizeLinear after it)
+    gdn_export.kv_cache_scales  JSON {"layer": [k_scale, v_scale]} of that cache (the graph's Q/DQ
+                            scale initializers; absent without an FP8 cache)
 
 Files written before these keys existed are the concat layout with all logits and fp32 states.
 """
@@ -42,6 +46,17 @@ KEY_WINDOW = PREFIX + "attention_window"
 KEY_LOGITS = PREFIX + "logits"
 KEY_STATE_DTYPE = PREFIX + "state_dtype"
 KEY_QUANTIZATION = PREFIX + "quantization"
+KEY_KV_CACHE_FORMAT = PREFIX + "kv_cache_format"
+KEY_KV_CACHE_SCALES = PREFIX + "kv_cache_scales"
+
+
+def kv_cache_metadata(scales: dict | None) -> dict[str, str]:
+    """The FP8 K/V cache keys for scales {layer: (k_scale, v_scale)}; {} for a model-dtype cache
+    (files without an FP8 cache carry neither key)."""
+    if not scales:
+        return {}
+    return {KEY_KV_CACHE_FORMAT: "fp8",
+            KEY_KV_CACHE_SCALES: json.dumps({str(i): [k, v] for i, (k, v) in sorted(scales.items())})}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from torch import nn
 
 from gdn_export.modules.mlp import MoeExperts
 from gdn_export.modules.quant_experts import QuantMoeExperts, dequantized_experts
+from gdn_export.modules.kv_cache_fp8 import set_kv_scales
 from gdn_export.modules.quant_linear import Fp8BlockLinear, Fp8Linear, Int4Linear, QuantLinear, swap_linear
 from gdn_export.ops.quant_linear.naive import dequantize_block, dequantize_int4
 
@@ -36,6 +37,7 @@ def dequantized_weight(m: QuantLinear) -> torch.Tensor:
 def dequantized_copy(model: nn.Module) -> nn.Module:
     """A deep copy of model with every QuantLinear as an nn.Linear of its dequantized weight."""
     out = copy.deepcopy(model)
+    set_kv_scales(out, None)  # an FP8 K/V cache back in the model dtype: the distance includes its rounding
     dtype = out.dtype
     for name, m in list(out.named_modules()):
         if isinstance(m, QuantLinear) and not name.rpartition(".")[2].startswith("_fused"):

@@ -6,6 +6,10 @@
                           "producer": {...}}
     hf_quant_config.json {"producer": ..., "quantization": {"quant_algo", "kv_cache_quant_algo",
                           "exclude_modules", ("group_size", "has_zero_point", "pre_quant_scale")}}
+    with an FP8 K/V cache (--kv-cache fp8): quantization_config kv_cache_scheme {"dynamic": false,
+                         "num_bits": 8, "type": "float"} and kv_cache_quant_algo "FP8" (hf_quant_config.json
+                         too), and per attention layer self_attn.k_proj.k_scale / self_attn.v_proj.v_scale
+                         fp32 [] (amax / 448 of the cached K / V)
     model.safetensors    16-bit tensors as in the source; per quantized Linear:
                          FP8: weight float8_e4m3fn [out, in], weight_scale fp32 [out], input_scale fp32 []
                          W4A16_AWQ: weight uint8 [out/2, in] (ModelOpt's packing: output rows 2i and
@@ -91,6 +95,23 @@ def quantization_config(fmt: str, ignore: list[str], calibrator: str, group_size
     return qc, {"producer": producer, "quantization": details}
 
 
+def kv_scale_tensors(model: nn.Module, family, config) -> dict[str, torch.Tensor]:
+    """{checkpoint key: fp32 [] tensor} of an FP8-cache model's k_scale / v_scale (under the attention
+    module's k_proj / v_proj, as ModelOpt's unified export and vLLM name them); {} otherwise."""
+    from gdn_export.modules.kv_cache_fp8 import kv_scales
+    from gdn_export.weights.kv_scales import scale_keys
+
+    scales = kv_scales(model)
+    if scales is None:
+        return {}
+    keys = scale_keys(model, config, family)
+    out = {}
+    for i, (ks, vs) in scales.items():
+        out[keys[i][0]] = torch.tensor(ks, dtype=torch.float32)
+        out[keys[i][1]] = torch.tensor(vs, dtype=torch.float32)
+    return out
+
+
 def write_quantized(model: nn.Module, family, config, source: str | Path, out: str | Path, fmt: str,
                     calibrator: str, dtype: torch.dtype, overwrite: bool = False, progress=None) -> Path:
     """Write `model` (quantized Linears swapped in) as a checkpoint folder at `out`."""
@@ -99,6 +120,10 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
     raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
     ignore = _ignored(model, family, config)
     qc, hf_qc = quantization_config(fmt, ignore, calibrator)
+    kv = kv_scale_tensors(model, family, config)
+    if kv:  # FP8 K/V cache: ModelOpt's config.json and hf_quant_config.json keys
+        qc["kv_cache_scheme"] = {"dynamic": False, "num_bits": 8, "type": "float"}
+        qc["kv_cache_quant_algo"] = hf_qc["quantization"]["kv_cache_quant_algo"] = "FP8"
     raw["quantization_config"] = qc
 
     tensors: dict[str, torch.Tensor] = {}
@@ -118,6 +143,7 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
             t = t.to(dtype)
         for key, part in family.checkpoint_tensors(name, t, config):
             tensors[key] = part.detach().contiguous().cpu()
+    tensors.update(kv)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -89,7 +89,8 @@ def generation_bytes(runner, prompts: Sequence[np.ndarray], max_new_tokens: int,
     longest = max(len(p) for p in prompts)
     past = longest + max(max_new_tokens - 1, 0)  # the concat layout's cache at its longest
     states = 0
-    for spec in runner.state_specs:
+    # run_specs: the arrays a runner really holds (ONNX Runtime: bf16 / float8 states as fp32)
+    for spec in getattr(runner, "run_specs", runner.state_specs):
         n = 1
         for d in spec.concrete_shape(batch, past):
             n *= int(d)

@@ -29,11 +29,12 @@ from google.protobuf.message import DecodeError
 from gdn_export.errors import GdnExportError, InputError
 from gdn_export.onnx import metadata
 from gdn_export.onnx.export import INPUT_IDS, LOGITS, TOKEN_INPUTS
-from gdn_export.onnx import bf16, ort_native
+from gdn_export.onnx import bf16, kv_fp8_ort, ort_native
 from gdn_export.runtime.base import Runner, StateInfo, check_states
 
 _STATE_NAME = re.compile(r"^past\.(?P<layer>\d+)\.(?P<kind>conv|recurrent|key|value)$")
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+FP8_NAME = "float8_e4m3fn"
 
 
 def _elem_name(elem_type: int) -> str:
@@ -130,19 +131,22 @@ class OrtRunner(Runner):
             raise InputError(f"{self.path}: cannot tell the vocab size (logits shape {logits_dims})")
         self.vocab_size = vocab
         for spec in self.state_specs:
-            if spec.dtype not in (*_NUMPY_DTYPES, "bfloat16"):
+            if spec.dtype not in (*_NUMPY_DTYPES, "bfloat16", FP8_NAME):
                 raise InputError(f"{self.path}: state {spec.name} is {spec.dtype}; the ONNX Runtime "
-                                 f"runner handles float32 / float16 / bfloat16 graphs")
+                                 f"runner handles float32 / float16 / bfloat16 graphs (and float8_e4m3fn K/V caches)")
         # bf16 tensors run as fp32 holding bf16 values, rounded where the graph rounds (onnx/bf16.py);
         # the runner's states are then fp32 arrays (`run_specs`) holding bf16 values.
         self.bf16_emulated = bf16.has_bf16(model)
-        self.run_specs = [replace(s, dtype="float32") if s.dtype == "bfloat16" else s
+        # FP8 K/V caches run as fp32 arrays holding the e4m3 values (gdn_export.onnx.kv_fp8_ort).
+        self.run_specs = [replace(s, dtype="float32") if s.dtype in ("bfloat16", FP8_NAME) else s
                           for s in self.state_specs]
         external = _uses_external_data(model)
         if self.bf16_emulated:
             if external:
                 onnx.load_external_data_for_model(model, str(self.path.parent))
             model = bf16.emulate_bf16(model)
+        if kv_fp8_ort.has_fp8_cache(model):
+            model = kv_fp8_ort.emulate_fp8_cache(model)
         # Native com.microsoft kernels where they apply, else function bodies (gdn_export.onnx.ort_native).
         first = list(providers)[0]
         plan = ort_native.prepare(model, kernels, provider=first if isinstance(first, str) else first[0])

@@ -81,5 +81,6 @@ class TorchRunner(Runner):
         out = {}
         for spec, t in zip(self.state_specs, states):
             t = t.detach().cpu()
-            out[spec.name] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+            # bf16 and float8_e4m3fn (an FP8 K/V cache: the stored e4m3 values, unscaled) as fp32
+            out[spec.name] = (t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn) else t).numpy()
         return out

@@ -30,7 +30,7 @@ from typing import Callable
 
 from gdn_export.errors import GdnExportError
 from gdn_export.onnx.standard_ops import gdn_form_file
-from gdn_export.trt import loader
+from gdn_export.trt import kv_fp8, loader
 from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_inputs, onnx_metadata
 
 LAYERS_SUFFIX = ".layers.json"
@@ -140,6 +140,7 @@ def build_engine(
         raise GdnExportError(f"{engine_path}: is a folder")
     if workspace is not None and workspace <= 0:
         raise GdnExportError(f"workspace must be a positive number of bytes, got {workspace}")
+    kv_fp8.check(onnx_path, onnx_metadata(onnx_path), loader.flavour())  # before any work
     library = loader.find_plugins(plugins)
     profiles = make_profiles(onnx_inputs(onnx_path), onnx_metadata(onnx_path), max_batch=max_batch,
                              max_prefill=max_prefill, decode_batch=decode_batch, min_shapes=min_shapes,

@@ -30,8 +30,9 @@ from gdn_export.hf_config import read_config
 from gdn_export.config import DTYPES, HybridConfig
 from gdn_export.errors import CheckpointError
 from gdn_export.models.hybrid import HybridForCausalLM
+from gdn_export.modules.kv_cache_fp8 import set_kv_scales
 from gdn_export.modules.quant_linear import fixed_dtypes
-from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next, quantized
+from gdn_export.weights import kv_scales, olmo_hybrid, qwen3_5, qwen3_next, quantized
 from gdn_export.weights.mapping import Plan, report
 from gdn_export.weights.dtypes import allowed_dtypes, check_tensor_dtypes
 from gdn_export.weights.reader import CheckpointReader, check_readable
@@ -64,6 +65,8 @@ def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, model
                                 str(directory / "config.json"))
     family = FAMILIES[config.family]
     quant = quantized.prepare(model, config, family, spec, reader)
+    kv = kv_scales.plan(model, config, family, spec, reader)  # FP8 K/V cache scales: read after the weights
+    quant.consumed.update(k for pair in kv.values() for k in pair)
     expected = quant.expected({name: tuple(t.shape) for name, t in model.state_dict().items()})
     shapes = quant.shapes(reader.shapes)
     if config.tie_word_embeddings:
@@ -134,11 +137,15 @@ def load_checkpoint(
         for name, source in plan.sources.items():
             state[name] = source.load(reader, read, keep.get(name, dtype), device)
         cache.clear()
+        spec = quantized.parse_spec(quantized.read_quant_config(directory / "config.json"))
+        fp8_kv = kv_scales.read(reader, kv_scales.plan(model, config, FAMILIES[config.family], spec, reader))
     if config.tie_word_embeddings:
         state[LM_HEAD] = state[EMBED]
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.tie_weights()
+    if fp8_kv:
+        set_kv_scales(model, fp8_kv)  # the cache in float8_e4m3fn (gdn_export.modules.kv_cache_fp8)
     model.requires_grad_(False)
     log.info("%s: loaded %s with %d tensors in %s", directory, config.model_type, len(state), dtype)
     return model.eval()

@@ -108,7 +108,7 @@ def parse_spec(qc: dict | None, where: str = "config.json") -> QuantSpec | None:
         group = 128
         for g in (qc.get("config_groups") or {}).values():
             group = int((g.get("weights") or {}).get("group_size") or group)
-        kv = qc.get("kv_cache_scheme")
+        kv = qc.get("kv_cache_scheme", qc.get("kv_cache_quant_algo"))  # ModelOpt's config.json / hf_quant_config form
         kv_cache = None
         if kv is not None:
             if not (isinstance(kv, dict) and kv.get("num_bits") == 8 and kv.get("type") == "float") and kv != "FP8":

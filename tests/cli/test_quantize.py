@@ -73,7 +73,8 @@ BAD = [
                  "has no tokenizer", id="text-without-tokenizer"),
     pytest.param(lambda t, c: ["--format", "fp8", "--calib-data", t / "missing.npy"], "file not found",
                  id="missing-calib"),
-    pytest.param(lambda t, c: ["--format", "fp8", "--kv-cache", "fp8"], "not supported yet", id="kv-cache-fp8"),
+    pytest.param(lambda t, c: ["--format", "fp8", "--kv-cache", "int8"], "--kv-cache 'int8' is not one of fp8",
+                 id="kv-cache-int8"),
     pytest.param(lambda t, c: ["--format", "fp8", "--calib-samples", "0"], "--calib-samples must be >= 1",
                  id="zero-samples"),
 ]

@@ -64,7 +64,12 @@ def slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.T
 
 
 def write_cache_(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
-    """The eager in-place form of kv_cache_update: writes `update` into `cache` and returns it."""
+    """The eager in-place form of kv_cache_update: writes `update` into `cache` and returns it (an
+    FP8 cache takes an update already quantized: gdn_export.ops.attention.kv_fp8)."""
+    if cache.dtype == torch.float8_e4m3fn:  # no CPU scatter kernel for float8: scatter the bytes
+        cache.view(torch.uint8).scatter_(SEQ_AXIS, slot_index(cache, update, write_indices),
+                                         update.to(cache.dtype).view(torch.uint8))
+        return cache
     return cache.scatter_(SEQ_AXIS, slot_index(cache, update, write_indices), update.to(cache.dtype))
 
 

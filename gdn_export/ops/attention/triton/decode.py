@@ -6,6 +6,8 @@
     mask   [B, 1, S, L]     bool, True where query s may read slot l (broadcastable: size-1 dims
                             are read with stride 0, never copied)
     o      [B, H, S, D]     q's dtype: softmax(scale q key^T, masked) value, softmax in fp32
+    An FP8 cache (key / value float8_e4m3fn with k_scale / v_scale, gdn_export.ops.attention.kv_fp8):
+    each tile is loaded as fp8 and multiplied by its scale in fp32, then rounded to q's dtype.
 
 At decode (S = 1) PyTorch's memory-efficient SDPA parallelises over B * Hkv * query blocks only:
 B * Hkv thread blocks (2 for one sequence of the 1.66B model) stream the whole cache. Here the
@@ -68,15 +70,22 @@ def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
+def dequantize_tiles(b_k, b_v, k_scale, v_scale, dtype: tl.constexpr):
+    """FP8 K / V tiles times their scales in fp32, rounded to nearest even to dtype (q's) for the
+    tensor cores: the values kv_dequantize gives (also under the interpreter, to_state_dtype)."""
+    return to_state_dtype(b_k.to(tl.float32) * k_scale, dtype), to_state_dtype(b_v.to(tl.float32) * v_scale, dtype)
+
+
+@triton.jit
 def attn_decode_split_kernel(
     q, k, v, mask, part_o, part_lse,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_kl, stride_kd,
     stride_vb, stride_vh, stride_vl, stride_vd,
     stride_mb, stride_ms, stride_ml,
-    qk_scale, L, keys_per_split, n_splits,
+    qk_scale, L, keys_per_split, n_splits, k_scale, v_scale,
     HKV: tl.constexpr, G: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     i_bh, i_split = tl.program_id(0), tl.program_id(1)
     i_b, i_hkv = i_bh // HKV, i_bh % HKV
@@ -105,8 +114,10 @@ def attn_decode_split_kernel(
                       mask=row_ok[:, None] & (cols < hi)[None, :], other=0) != 0
         # slots no row may read are not loaded (zeros): no bytes moved, no garbage read
         read = (tl.max(b_m.to(tl.int32), 0) > 0)[:, None]
-        b_k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kl, mask=read, other=0)
-        b_v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vl, mask=read, other=0)
+        b_k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kl, mask=read, other=0.0)
+        b_v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vl, mask=read, other=0.0)
+        if KV_FP8:
+            b_k, b_v = dequantize_tiles(b_k, b_v, k_scale, v_scale, b_q.dtype)
         m_i, l_i, acc = online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc)
 
     seen = l_i > 0
@@ -158,6 +169,16 @@ def attn_decode_combine_kernel(
     tl.store(p_o, to_state_dtype(out, o.dtype.element_ty))  # round to nearest even, also when interpreted
 
 
+def check_kv_scales(who: str, key: torch.Tensor, k_scale, v_scale) -> bool:
+    """True for an FP8 cache (float8_e4m3fn key / value, both scales given); ValueError when the
+    scales and the cache dtype disagree."""
+    fp8 = key.dtype == torch.float8_e4m3fn
+    if fp8 != (k_scale is not None and v_scale is not None):
+        raise ValueError(f"{who}: a {key.dtype} cache with k_scale {k_scale}, v_scale {v_scale} (float8_e4m3fn "
+                         f"caches, and only they, take both scales)")
+    return fp8
+
+
 def max_rows(D: int) -> int:
     """The most query rows (G * S) per kv head the kernel takes at head dim D."""
     return min(MAX_ROWS, MAX_TILE // D)
@@ -173,7 +194,8 @@ def inputs_fit(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     Bk, Hkv, L, Dk = key.shape
     if Bk != B or Dk != D or Hkv == 0 or H % Hkv:
         return False
-    if q.dtype not in DTYPES or key.dtype != q.dtype or value.dtype != q.dtype or mask.dtype != torch.bool:
+    kv_dtypes = (q.dtype, torch.float8_e4m3fn)  # float8: an FP8 cache, read with its scales
+    if q.dtype not in DTYPES or key.dtype not in kv_dtypes or value.dtype != key.dtype or mask.dtype != torch.bool:
         return False
     try:
         torch.broadcast_shapes(mask.shape, (B, 1, S, L))
@@ -248,7 +270,8 @@ def plan(q: torch.Tensor, key: torch.Tensor, n_splits: int | None = None, block_
 
 def attention_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                      scale: float, out: torch.Tensor | None = None, n_splits: int | None = None,
-                     block_n: int | None = None) -> torch.Tensor:
+                     block_n: int | None = None, k_scale: float | None = None,
+                     v_scale: float | None = None) -> torch.Tensor:
     """Masked GQA attention of a few query rows per kv head (module docstring for the shapes).
 
     Args:
@@ -257,6 +280,7 @@ def attention_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
         scale: multiplies q key^T before the softmax.
         out: optional [B, H, S, D] output in q's dtype (any strides), written whole.
         n_splits, block_n: override the split count and slots per block (tests, tuning).
+        k_scale, v_scale: the scales of a float8_e4m3fn key / value cache (both, and only then).
     Returns:
         o [B, H, S, D] in q's dtype; zeros on query rows whose mask is all False.
     """
@@ -268,6 +292,7 @@ def attention_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
         raise ValueError(f"attention_decode: out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    kv_fp8 = check_kv_scales("attention_decode", key, k_scale, v_scale)
     B, H, S, D = q.shape
     Hkv, L = key.shape[1], key.shape[2]
     G = H // Hkv
@@ -281,7 +306,9 @@ def attention_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     attn_decode_split_kernel[(B * Hkv, n_splits)](
         q, key, value, m, part_o, part_lse, *q.stride(), *key.stride(), *value.stride(),
         m.stride(0), m.stride(2), m.stride(3), float(scale) * LOG2E, L, keys, n_splits,
-        HKV=Hkv, G=G, S=S, D=D, BLOCK_M=block_m, BLOCK_N=bn, num_warps=num_warps, num_stages=stages)
+        float(k_scale or 1.0), float(v_scale or 1.0),
+        HKV=Hkv, G=G, S=S, D=D, BLOCK_M=block_m, BLOCK_N=bn, KV_FP8=kv_fp8, num_warps=num_warps,
+        num_stages=stages)
     block_d = min(D, 64)
     attn_decode_combine_kernel[(B * Hkv * M, D // block_d)](
         part_o, part_lse, o, *o.stride(), n_splits,

@@ -5,6 +5,8 @@
     write_indices           [B]              int32 / int64               row b's first slot
     cache[b, h, write_indices[b] + s] = new[b, h, s] for s < S; slots outside [0, L) are not written
     (the model's layout keeps every row inside its cache).
+    k_scale, v_scale        float or None    FP8 caches (float8_e4m3fn): new / scale in fp32, clamped to
+                                             +-448, cast (round to nearest even); gdn_export.ops.attention.kv_fp8
 
 Why a kernel: under torch.compile an in-place `scatter_` on a graph input is functionalised into
 an out-of-place scatter (the whole cache copied) and a copy back (the whole cache again): 1.5 ms of
@@ -28,7 +30,7 @@ from gdn_export.ops.triton_utils import next_pow2
 def kv_cache_write_kernel(kc, vc, k, v, widx, Hkv, S, L, D,
                           s_kc_b, s_kc_h, s_kc_l, s_kc_d, s_vc_b, s_vc_h, s_vc_l, s_vc_d,
                           s_k_b, s_k_h, s_k_s, s_k_d, s_v_b, s_v_h, s_v_s, s_v_d,
-                          BLOCK_D: tl.constexpr):
+                          k_scale, v_scale, BLOCK_D: tl.constexpr, QUANT: tl.constexpr):
     pid = tl.program_id(0)  # (b, h, s), s fastest: neighbouring programs write neighbouring slots
     s = pid % S
     h = (pid // S) % Hkv
@@ -39,8 +41,12 @@ def kv_cache_write_kernel(kc, vc, k, v, widx, Hkv, S, L, D,
     m = offs < width
     b64, h64, s64 = b.to(tl.int64), h.to(tl.int64), s.to(tl.int64)
     x = tl.load(k + b64 * s_k_b + h64 * s_k_h + s64 * s_k_s + offs * s_k_d, mask=m)
+    if QUANT:  # FP8 cache: scale in fp32 and saturate to e4m3's finite range before the cast
+        x = tl.clamp(tl.math.div_rn(x.to(tl.float32), k_scale), -448.0, 448.0)  # IEEE division, as torch
     tl.store(kc + b64 * s_kc_b + h64 * s_kc_h + slot * s_kc_l + offs * s_kc_d, x.to(kc.dtype.element_ty), mask=m)
     y = tl.load(v + b64 * s_v_b + h64 * s_v_h + s64 * s_v_s + offs * s_v_d, mask=m)
+    if QUANT:
+        y = tl.clamp(tl.math.div_rn(y.to(tl.float32), v_scale), -448.0, 448.0)
     tl.store(vc + b64 * s_vc_b + h64 * s_vc_h + slot * s_vc_l + offs * s_vc_d, y.to(vc.dtype.element_ty), mask=m)
 
 
@@ -57,9 +63,16 @@ def supports(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tens
 
 
 def kv_cache_write_(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    write_indices: torch.Tensor) -> None:
+                    write_indices: torch.Tensor, k_scale: float | None = None, v_scale: float | None = None) -> None:
     """Write key / value [B, Hkv, S, D] into key_cache / value_cache [B, Hkv, L, D] at slots
-    write_indices[b] + s (see the module docstring)."""
+    write_indices[b] + s (see the module docstring); float8_e4m3fn caches need k_scale and v_scale."""
+    quant = k_scale is not None or v_scale is not None
+    fp8 = key_cache.dtype == value_cache.dtype == torch.float8_e4m3fn
+    if (quant and not (fp8 and k_scale is not None and v_scale is not None)) or \
+            (fp8 and not quant and key.dtype != key_cache.dtype):
+        raise ValueError(f"kv_cache_write_: {key_cache.dtype} / {value_cache.dtype} caches, {key.dtype} update, "
+                         f"k_scale {k_scale}, v_scale {v_scale} (float8_e4m3fn caches take both scales, or an "
+                         f"update already in float8_e4m3fn)")
     B, Hkv, L, D = key_cache.shape
     S = key.shape[2]
     if B * Hkv * S == 0:
@@ -67,4 +80,5 @@ def kv_cache_write_(key_cache: torch.Tensor, value_cache: torch.Tensor, key: tor
     kv_cache_write_kernel[(B * Hkv * S,)](
         key_cache, value_cache, key, value, write_indices, Hkv, S, L, D,
         *key_cache.stride(), *value_cache.stride(), *key.stride(), *value.stride(),
-        BLOCK_D=next_pow2(D), num_warps=1 if D <= 128 else 2)
+        float(k_scale or 1.0), float(v_scale or 1.0),
+        BLOCK_D=next_pow2(D), QUANT=quant, num_warps=1 if D <= 128 else 2)

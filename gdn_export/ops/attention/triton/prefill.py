@@ -7,6 +7,8 @@
                             are read with stride 0, never copied)
     o      [B, H, S, D]     q's dtype, strides of torch.empty_like(q): softmax(scale q key^T,
                             masked) value, scores and softmax in fp32
+    An FP8 cache (key / value float8_e4m3fn with k_scale / v_scale, gdn_export.ops.attention.kv_fp8):
+    each tile is loaded as fp8 and multiplied by its scale in fp32, then rounded to q's dtype.
 
 PyTorch's memory-efficient SDPA takes a dense mask as a bias and computes the whole S x L rectangle:
 for a causal prefill half of it is masked, for a short context in a long cache most of it. Here
@@ -42,7 +44,7 @@ import triton.language as tl
 
 from gdn_export.ops.triton_utils import cdiv, next_pow2, to_state_dtype
 # the online-softmax update of one K / V tile, as the split-KV decode kernel does it
-from gdn_export.ops.attention.triton.decode import inputs_fit, online_softmax_step
+from gdn_export.ops.attention.triton.decode import check_kv_scales, dequantize_tiles, inputs_fit, online_softmax_step
 
 MAX_D = 256
 LOG2E = 1.4426950408889634
@@ -79,9 +81,9 @@ def attn_prefill_kernel(
     stride_ob, stride_oh, stride_os, stride_od,
     stride_mb, stride_ms, stride_ml,
     stride_rb, stride_rm, stride_ab, stride_am,
-    qk_scale, S, L,
+    qk_scale, S, L, k_scale, v_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     # heads vary fastest: a query block's G heads read the same K / V tiles close in time (L2); the
     # last query blocks (the longest ranges of a causal prefill) start first: fewer stragglers.
@@ -119,8 +121,10 @@ def attn_prefill_kernel(
         # slots no row of the block may read are not loaded (zeros): no bytes moved, no NaN read
         read = tl.load(p_read + cols, mask=in_range, other=0) != 0
         kv_ok = read[:, None] & d_ok[None, :]
-        b_k = tl.load(k_ptr + cols[:, None] * stride_kl + d[None, :] * stride_kd, mask=kv_ok, other=0)
-        b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=kv_ok, other=0)
+        b_k = tl.load(k_ptr + cols[:, None] * stride_kl + d[None, :] * stride_kd, mask=kv_ok, other=0.0)
+        b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=kv_ok, other=0.0)
+        if KV_FP8:
+            b_k, b_v = dequantize_tiles(b_k, b_v, k_scale, v_scale, b_q.dtype)
         b_m = tl.load(m_ptr + rows[:, None] * stride_ms + cols[None, :] * stride_ml, mask=row_ok[:, None] & in_range[None, :], other=0) != 0
         m_i, l_i, acc = online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc)
 
@@ -196,7 +200,8 @@ def kv_ranges(mask: torch.Tensor, L: int, block_m: int) -> tuple[torch.Tensor, t
 
 
 def attention_prefill(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                      scale: float, block: tuple[int, int] | None = None) -> torch.Tensor:
+                      scale: float, block: tuple[int, int] | None = None, k_scale: float | None = None,
+                      v_scale: float | None = None) -> torch.Tensor:
     """Masked GQA attention of many query rows (module docstring for the shapes).
 
     Args:
@@ -204,6 +209,7 @@ def attention_prefill(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
             [B, 1, S, L] bool; D <= 256 (`supports`).
         scale: multiplies q key^T before the softmax.
         block: (BLOCK_M, BLOCK_N) instead of `config`'s (tests, tuning); powers of two >= 16.
+        k_scale, v_scale: the scales of a float8_e4m3fn key / value cache (both, and only then).
     Returns:
         o [B, H, S, D] in q's dtype with the strides of torch.empty_like(q); zeros on query rows
         whose mask is all False.
@@ -213,6 +219,7 @@ def attention_prefill(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
                          f"{tuple(key.shape)} {key.dtype}, value {tuple(value.shape)} {value.dtype}, "
                          f"mask {tuple(mask.shape)} {mask.dtype} (16-bit q / key / value, bool mask "
                          f"broadcastable to [B, 1, S, L], H a multiple of Hkv, D <= {MAX_D})")
+    kv_fp8 = check_kv_scales("attention_prefill", key, k_scale, v_scale)
     B, H, S, D = q.shape
     Hkv, L = key.shape[1], key.shape[2]
     block_m, block_n, num_warps, stages = config(D, _sm90(q.device))
@@ -227,7 +234,7 @@ def attention_prefill(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     attn_prefill_kernel[(H, n_m, B)](
         q, key, value, m, o, ranges, read, *q.stride(), *key.stride(), *value.stride(), *o.stride(),
         m.stride(0), m.stride(2), m.stride(3), ranges.stride(0), ranges.stride(1), read.stride(0),
-        read.stride(1), float(scale) * LOG2E, S, L,
-        G=H // Hkv, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_M=block_m, BLOCK_N=block_n,
+        read.stride(1), float(scale) * LOG2E, S, L, float(k_scale or 1.0), float(v_scale or 1.0),
+        G=H // Hkv, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_M=block_m, BLOCK_N=block_n, KV_FP8=kv_fp8,
         num_warps=num_warps, num_stages=stages)
     return o
