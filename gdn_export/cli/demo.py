@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
 from gdn_export.cli.common import Progress, add_overwrite, add_quiet, add_seed, output_dir, output_file
 from gdn_export.cli.make_tiny import FAMILIES, check_target
+from gdn_export.errors import OutputError
 
 
 def add_parser(sub) -> None:
@@ -32,8 +34,7 @@ def run(args) -> int:
     from gdn_export.weights.tiny import make_tiny_checkpoint
 
     progress = Progress("demo", args.quiet)
-    with tempfile.TemporaryDirectory(prefix="gdn-export-demo-") as tmp:
-        root = Path(args.keep) if args.keep else Path(tmp)
+    with _work_folder(args.keep) as root:
         ckpt = root / f"tiny-{args.family}"
         onnx_path = root / f"tiny-{args.family}.onnx"
         if args.keep:  # both outputs checked before anything is written
@@ -55,3 +56,19 @@ def run(args) -> int:
         if args.keep:
             print(f"kept {ckpt} and {onnx_path}")
     return 0 if report.passed else 1
+
+
+@contextlib.contextmanager
+def _work_folder(keep: str | None):
+    """Yield the folder the demo writes into: `keep`, else a temporary folder removed at the end
+    (an unwritable temporary directory is a one-line error naming it and TMPDIR)."""
+    if keep:
+        yield Path(keep)
+        return
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="gdn-export-demo-")
+    except OSError as exc:
+        raise OutputError(f"cannot create a temporary folder in {tempfile.gettempdir()} "
+                          f"({exc.strerror}); set TMPDIR to a writable folder or use --keep DIR") from None
+    with tmp as folder:
+        yield Path(folder)

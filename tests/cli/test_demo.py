@@ -19,3 +19,16 @@ def test_keep_target_in_the_way(cli, tmp_path, keep, fragment):
     assert fragment in result.error_line("demo")
     assert (tmp_path / "taken" / "tiny-qwen3_5" / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "taken"]
+
+
+def test_unwritable_temporary_folder_is_one_line(cli, monkeypatch):
+    import tempfile
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", refuse)
+    result = cli("demo")
+    assert result.code == 2
+    line = result.error_line("demo")
+    assert "cannot create a temporary folder in" in line and "Permission denied" in line and "TMPDIR" in line
