@@ -134,8 +134,8 @@ def stop_builds() -> None:
 
 def start_background_build() -> None:
     """Start the shared build in a daemon thread (no-op when it cannot be made or is done); a test
-    asking for `plugin_build` meanwhile waits on the folder's lock. A failure here is not reported:
-    the test's own `_build()` repeats it and raises."""
+    asking for `plugin_build` meanwhile waits on the folder's lock. A failure is not raised here:
+    it is recorded in the folder's BUILD_FAILED, which each test's `_build()` raises."""
     import threading
 
     if os.environ.get("GDN_TEST_PLUGIN_BUILD") or _why_not():
