@@ -1,7 +1,7 @@
 """Triton kernels of the quantized routed experts (gdn::moe_fp8, gdn::moe_int4; contract in quant.py).
 
 The routing and the row-block schedule are those of the 16-bit kernels (gdn_export.ops.moe.triton:
-`moe_route_kernel`, `_expert_block`); the gate_up and down kernels read the expert weights in their
+`route`, `_expert_block`); the gate_up and down kernels read the expert weights in their
 stored form, FP8 E4M3 bytes or packed INT4 nibbles, and dequantize each [BK, BN] tile in registers
 (weight * scale of its row and K group) before the dot, so only the quantized bytes and their scales
 cross memory. With static FP8 activation scales, each row tile of the expert's tokens is rounded to
@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_export.ops.moe.triton import _expert_block, _tiles, moe_route_kernel
-from gdn_export.ops.triton_utils import UPCAST_DOT, cdiv, dot, next_pow2
+from gdn_export.ops.moe.triton import _expert_block, route
+from gdn_export.ops.triton_utils import UPCAST_DOT, cdiv, dot
 
 FP8, INT4 = 0, 1
 
@@ -125,22 +125,12 @@ def _run(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, in_sca
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
     dtype = hidden.dtype
     x = hidden.contiguous()
-    logits = router_logits.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
     gate_up_scale, down_scale = gate_up_scale.contiguous(), down_scale.contiguous()
-    dev, pairs = x.device, N * top_k
-    counts = torch.zeros(E, dtype=torch.int32, device=dev)
-    rows = torch.empty(E * max(N, 1), dtype=torch.int32, device=dev)
-    ids = torch.empty(N, top_k, dtype=torch.int32, device=dev)
-    weights = torch.empty(N, top_k, dtype=torch.float32, device=dev)
-    act = torch.empty(pairs, I, dtype=dtype, device=dev)
-    y = torch.empty(pairs, H, dtype=dtype, device=dev)
+    r = route(router_logits, top_k, norm_topk_prob, H, I, dtype)
+    weights, rows, counts, act, y = r.weights, r.rows, r.counts, r.act, r.y
     if N > 0:
-        BE = next_pow2(E)
-        moe_route_kernel[(N,)](logits, ids, weights, rows, counts, N, E,
-                               K=top_k, BE=BE, BK=next_pow2(top_k), NORM=bool(norm_topk_prob))
-        t = _tiles(pairs, H, I)
-        blocks = cdiv(pairs, t["BM"]) + min(pairs, E)
+        BE, t, blocks = r.BE, r.tiles, r.blocks
         ieee = dtype == torch.float32
         static = in_scales is not None
         moe_q_gate_up_kernel[(blocks, cdiv(I, t["BN1"]))](

@@ -16,6 +16,8 @@ wastes at most one partial block); blocks past the last expert return at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -126,6 +128,44 @@ def _tiles(pairs: int, H: int, I: int) -> dict:
                 BK1=fit(128 if decode else 64, H), BK2=fit(128 if decode else 64, I), stages=4 if decode else 3)
 
 
+
+@dataclass
+class Routing:
+    """route()'s buffers: ids [N, k] int32, weights [N, k] fp32, rows [E * max(N, 1)] int32 (each
+    expert's routed (token, slot) pairs), counts [E] int32, act [N*k, I] and y [N*k, H] in the
+    activation dtype (filled by the expert kernels), and the launch plan (BE, tiles, blocks)."""
+
+    ids: torch.Tensor
+    weights: torch.Tensor
+    rows: torch.Tensor
+    counts: torch.Tensor
+    act: torch.Tensor
+    y: torch.Tensor
+    BE: int
+    tiles: dict
+    blocks: int
+
+
+def route(router_logits, top_k: int, norm_topk_prob: bool, H: int, I: int, dtype: torch.dtype) -> Routing:
+    """Top-k routing of router_logits [N, E] by moe_route_kernel (launched when N > 0) and the
+    buffers and tile plan the expert kernels share (16-bit and quantized experts alike)."""
+    N, E = router_logits.shape
+    logits = router_logits.contiguous()
+    dev, pairs = logits.device, N * top_k
+    counts = torch.zeros(E, dtype=torch.int32, device=dev)
+    rows = torch.empty(E * max(N, 1), dtype=torch.int32, device=dev)
+    ids = torch.empty(N, top_k, dtype=torch.int32, device=dev)
+    weights = torch.empty(N, top_k, dtype=torch.float32, device=dev)
+    act = torch.empty(pairs, I, dtype=dtype, device=dev)
+    y = torch.empty(pairs, H, dtype=dtype, device=dev)
+    BE = next_pow2(E)
+    if N > 0:
+        moe_route_kernel[(N,)](logits, ids, weights, rows, counts, N, E,
+                               K=top_k, BE=BE, BK=next_pow2(top_k), NORM=bool(norm_topk_prob))
+    t = _tiles(pairs, H, I)
+    return Routing(ids, weights, rows, counts, act, y, BE, t, cdiv(pairs, t["BM"]) + min(pairs, E))
+
+
 def moe(
     hidden: torch.Tensor,
     router_logits: torch.Tensor,
@@ -155,20 +195,10 @@ def moe(
     x = hidden.to(dtype).contiguous()
     gate_up, down = (w if w.dtype == dtype and w.is_contiguous() else w.to(dtype).contiguous()
                      for w in (gate_up, down))
-    logits = router_logits.contiguous()
-    dev, pairs = x.device, N * top_k
-    counts = torch.zeros(E, dtype=torch.int32, device=dev)
-    rows = torch.empty(E * max(N, 1), dtype=torch.int32, device=dev)
-    ids = torch.empty(N, top_k, dtype=torch.int32, device=dev)
-    weights = torch.empty(N, top_k, dtype=torch.float32, device=dev)
-    act = torch.empty(pairs, I, dtype=dtype, device=dev)
-    y = torch.empty(pairs, H, dtype=dtype, device=dev)
+    r = route(router_logits, top_k, norm_topk_prob, H, I, dtype)
+    ids, weights, rows, counts, act, y = r.ids, r.weights, r.rows, r.counts, r.act, r.y
     if N > 0:
-        BE = next_pow2(E)
-        moe_route_kernel[(N,)](logits, ids, weights, rows, counts, N, E,
-                               K=top_k, BE=BE, BK=next_pow2(top_k), NORM=bool(norm_topk_prob))
-        t = _tiles(pairs, H, I)
-        blocks = cdiv(pairs, t["BM"]) + min(pairs, E)
+        BE, t, blocks = r.BE, r.tiles, r.blocks
         ieee = dtype == torch.float32
         moe_gate_up_kernel[(blocks, cdiv(I, t["BN1"]))](
             x, gate_up, rows, counts, act, N, H, I, E, K=top_k, BE=BE, BM=t["BM"], BN=t["BN1"],
