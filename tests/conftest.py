@@ -37,11 +37,35 @@ def pytest_unconfigure(config):
         stop_builds()
 
 
+def pytest_runtest_logreport(report):
+    """GDN_TEST_LOG=FILE: one line per test phase that failed or took time, as it ends (outcome,
+    seconds, id; a failure's traceback after it), so that a run cut by a time limit still says where
+    its time went and why its failures failed (tests/gpu_run.sh sets it). In the controlling
+    process only: pytest-xdist reports every worker's results there."""
+    path = os.environ.get("GDN_TEST_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when != "call" and report.passed and report.duration < 1:
+        return
+    line = f"{report.outcome}\t{report.duration:.2f}\t{report.when}\t{report.nodeid}\n"
+    if report.failed:
+        line += "".join(f"    {text}\n" for text in str(report.longreprtext)[-4000:].splitlines())
+    with open(path, "a") as f:
+        f.write(line)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests that need the plugin build last, by when it is ready (it compiles beside the
-    others); before them the fast tier first, then the tests marked slow, so that a failure shows
-    early under -x. Stable otherwise."""
+    """The tests that need a build last, by when it is ready (it compiles beside the others): the
+    plugin library's, and on a GPU the CUDA extension's (tests/gpu_run.sh starts it first: on the H200
+    ~7 of 12 workers waited 60-110 s for it when its tests came early); before them the fast tier
+    first, then the tests marked slow, so that a failure shows early under -x. Stable otherwise."""
+    if torch.cuda.is_available():
+        here = os.path.join(os.path.dirname(__file__), "cuda")
+        for item in items:
+            if str(item.fspath).startswith(here + os.sep):
+                item.add_marker(pytest.mark.cuda_ext)
     items.sort(key=lambda item: ("plugin_build" in getattr(item, "fixturenames", ()),
+                                 item.get_closest_marker("cuda_ext") is not None,
                                  item.get_closest_marker("slow") is not None))
 
 

@@ -7,6 +7,7 @@ into pytest params with readable ids (`impl-case-dtype`) and the marks each need
     gpu   the implementation needs CUDA (cuda kernels; Triton when a GPU is present, so that
           `pytest -m gpu` runs it there), skipped with the reason on a CPU-only machine
     slow  a Triton kernel under TRITON_INTERPRET=1 on a case above the interpreter's cheap size
+    cuda_ext  a CUDA implementation (it may wait for the CUDA extension's first build)
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Impl:
 
     def marks(self, cost: int = 0) -> list:
         if self.kind == "cuda":
-            return [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)]
+            return [pytest.mark.gpu, pytest.mark.cuda_ext, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)]
         if self.kind == "triton" and HAS_CUDA:
             return [pytest.mark.gpu]
         if self.interpreted and cost > INTERPRETED_CHEAP:

@@ -1,7 +1,8 @@
 """Triton quantized-linear kernels (gdn_export/ops/quant_linear/gpu.py, triton_*.py) against the
-independent fp64 reference of the contract, on CPU under TRITON_INTERPRET=1 (tests/kernels/conftest.py
-sets it when no GPU is present); tests/ops/test_quant_linear_gpu.py runs the same cases and real sizes
-on a GPU. Every buffer the launchers allocate is NaN-filled first."""
+independent fp64 reference of the contract: on CPU under TRITON_INTERPRET=1 (tests/kernels/conftest.py
+sets it when no GPU is present), compiled on a GPU where there is one (inputs made on the CPU, moved
+by `on_device`); tests/ops/test_quant_linear_gpu.py adds real sizes on a GPU. Every buffer the
+launchers allocate is NaN-filled first."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ SHAPES = {
     "M65-K264-N130": (65, 264, 130),
 }
 KINDS = ["random", "model"]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on_device(fn):
+    """fn with its tensor arguments moved to DEVICE and its result brought back to the CPU, where
+    the references run."""
+    def run(*args, **kwargs):
+        move = lambda t: t.to(DEVICE) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return fn(*map(move, args), **{k: move(v) for k, v in kwargs.items()}).cpu()
+    return run
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +59,7 @@ def test_fp8_linear(shape, dtype, kind, bias):
     w, ws = fp8_weights(N, K, gen)
     s_in = input_scale_for(x)
     b = torch.randn(N, generator=gen).to(dtype) if bias else None
-    y = gpu.fp8_linear(x, w, ws, s_in, b)
+    y = on_device(gpu.fp8_linear)(x, w, ws, s_in, b)
     _check(y, ref_fp8_linear(x, w, ws, s_in, b), dtype, (M, N), "fp8_linear")
 
 
@@ -62,7 +73,7 @@ def test_fp8_block_linear(shape, dtype, kind, bias):
     x = activations(M, K, dtype, kind, gen)
     w, wsi = block_weights(N, K, gen)
     b = torch.randn(N, generator=gen).to(dtype) if bias else None
-    y = gpu.fp8_block_linear(x, w, wsi, b)
+    y = on_device(gpu.fp8_block_linear)(x, w, wsi, b)
     _check(y, ref_fp8_block_linear(x, w, wsi, b), dtype, (M, N), "fp8_block_linear")
 
 
@@ -79,7 +90,7 @@ def test_int4_linear(shape, dtype, kind, bias):
     x = activations(M, K, dtype, kind, gen)
     qw, sc = int4_weights(N, K, 128, dtype, gen)
     b = torch.randn(N, generator=gen).to(dtype) if bias else None
-    y = gpu.int4_linear(x, qw, sc, b)
+    y = on_device(gpu.int4_linear)(x, qw, sc, b)
     _check(y, ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_linear")
 
 
@@ -91,7 +102,7 @@ def test_int4_group_sizes(group_size, M):
     gen = torch.Generator().manual_seed(group_size + M)
     x = activations(M, K, dtype, "model", gen)
     qw, sc = int4_weights(N, K, group_size, dtype, gen)
-    y = gpu.int4_linear(x, qw, sc, None, group_size=group_size)
+    y = on_device(gpu.int4_linear)(x, qw, sc, None, group_size=group_size)
     _check(y, ref_int4_linear(x, qw, sc, None, group_size), dtype, (M, N), f"int4 g{group_size}")
 
 
@@ -101,7 +112,7 @@ def test_leading_dims_and_strided_rows():
     base = activations(6, 300, torch.bfloat16, "random", gen)
     x = base[:, :256]  # row stride 300
     w, wsi = block_weights(40, 256, gen)
-    y = gpu.fp8_block_linear(x.reshape(2, 3, 256), w, wsi)
+    y = on_device(gpu.fp8_block_linear)(x.reshape(2, 3, 256), w, wsi)
     assert y.shape == (2, 3, 40)
     _check(y.reshape(6, 40), ref_fp8_block_linear(x.contiguous(), w, wsi), torch.bfloat16, (6, 40), "3-d strided")
 
@@ -115,7 +126,7 @@ def test_e4m3_rounding_matches_torch():
     gen = torch.Generator().manual_seed(0)
     x = torch.cat([vals[None], torch.randn(2, K, generator=gen) * 50])
     w = torch.eye(K).to(torch.float8_e4m3fn)
-    y = gpu.fp8_linear(x, w, torch.ones(K), torch.tensor(1.0))
+    y = on_device(gpu.fp8_linear)(x, w, torch.ones(K), torch.tensor(1.0))
     expected = x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
@@ -129,7 +140,7 @@ def test_int4_triton_gemm_prefill_tiles(dtype):
     x = activations(M, K, dtype, "model", gen)
     qw, sc = int4_weights(N, K, 128, dtype, gen)
     b = torch.randn(N, generator=gen).to(dtype)
-    _check(int4_gemm(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_gemm")
+    _check(on_device(int4_gemm)(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_gemm")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -140,7 +151,7 @@ def test_int4_dequant_kernel_exact(dtype):
     N, K, gs = 37, 131, 32
     gen = torch.Generator().manual_seed(5)
     qw, sc = int4_weights(N, K, gs, dtype, gen)
-    w = int4_dequant(qw, sc, K, gs, dtype)
+    w = on_device(int4_dequant)(qw, sc, K, gs, dtype)
     expected = (unpack_int4(qw, K).float() * sc.float().repeat_interleave(gs, 1)[:, :K]).to(dtype)
     torch.testing.assert_close(w, expected, rtol=0, atol=0)
 
@@ -157,8 +168,9 @@ def test_gemv_route_all_formats(KN, dtype, bias, monkeypatch):
     b = torch.randn(N, generator=gen).to(dtype) if bias else None
     w, ws = fp8_weights(N, K, gen)
     s_in = input_scale_for(x)
-    _check(gpu.fp8_linear(x, w, ws, s_in, b), ref_fp8_linear(x, w, ws, s_in, b), dtype, (1, N), "gemv fp8")
+    _check(on_device(gpu.fp8_linear)(x, w, ws, s_in, b), ref_fp8_linear(x, w, ws, s_in, b), dtype, (1, N), "gemv fp8")
     wb, wsi = block_weights(N, K, gen)
-    _check(gpu.fp8_block_linear(x, wb, wsi, b), ref_fp8_block_linear(x, wb, wsi, b), dtype, (1, N), "gemv block")
+    _check(on_device(gpu.fp8_block_linear)(x, wb, wsi, b), ref_fp8_block_linear(x, wb, wsi, b), dtype, (1, N),
+           "gemv block")
     qw, sc = int4_weights(N, K, 128, dtype, gen)
-    _check(gpu.int4_linear(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (1, N), "gemv int4")
+    _check(on_device(gpu.int4_linear)(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (1, N), "gemv int4")

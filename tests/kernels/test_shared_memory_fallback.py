@@ -13,6 +13,8 @@ from gdn_export.ops.gated_delta_rule.triton import chunk
 from gdn_export.ops.gated_delta_rule.triton import wy
 from tests.conftest import assert_close_rms, gdn_inputs
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
+
 
 class OutOfResources(Exception):
     """Named like triton.runtime.errors.OutOfResources, which the launchers match by name."""
@@ -43,7 +45,7 @@ def forget_fitted_configurations():
 
 
 def test_narrower_blocks_and_fewer_stages_when_shared_memory_runs_out(monkeypatch):
-    x = gdn_inputs(1, 70, 2, 4, 32, 48, seed=3, correlated=True)
+    x = gdn_inputs(1, 70, 2, 4, 32, 48, seed=3, correlated=True, device=DEVICE)
     wy_launch = TooBig(wy.chunk_wy_fwd_kernel, lambda meta: meta["BV"] <= 16)
     chunk_launch = TooBig(chunk.chunk_state_output_fwd_kernel, lambda meta: meta["NUM_STAGES"] <= 1)
     monkeypatch.setattr(wy, "chunk_wy_fwd_kernel", wy_launch)
@@ -61,7 +63,7 @@ def test_narrower_blocks_and_fewer_stages_when_shared_memory_runs_out(monkeypatc
 
 
 def test_nothing_fits_is_one_line(monkeypatch):
-    x = gdn_inputs(1, 70, 2, 4, 32, 48, seed=4)
+    x = gdn_inputs(1, 70, 2, 4, 32, 48, seed=4, device=DEVICE)
     monkeypatch.setattr(wy, "chunk_wy_fwd_kernel", TooBig(wy.chunk_wy_fwd_kernel, lambda meta: False))
     with use_backend("triton"), pytest.raises(GdnExportError) as info:
         gated_delta_rule(**x, use_qk_l2norm=True)

@@ -27,7 +27,7 @@
         the flash-attention Triton kernel (gdn_export.ops.attention.triton.prefill: prefill, which visits
         only the cache tiles each query block may read), else (no Triton, shapes it does not take)
         SDPA's fused kernel; elsewhere SDPA in fp32. A query row that may read no slot gets zeros
-        from the Triton kernels and the fp32 path (the model never makes one).
+        on every path (padded query rows of a ragged batch).
 
 These are not `gdn` domain nodes: TensorRT's parser and ONNX Runtime know them. They exist as torch
 ops so that the exporter emits exactly these two nodes (instead of decomposing scaled dot product
@@ -123,7 +123,7 @@ def _attention(q, key, value, mask, scale):
     # inputs; the result is rounded once.
     o = F.scaled_dot_product_attention(q.float(), key.float(), value.float(), attn_mask=mask,
                                        scale=scale, enable_gqa=H != Hkv)
-    return o.to(dtype)
+    return o.masked_fill(~mask.any(-1, keepdim=True), 0).to(dtype)
 
 
 @functools.cache
@@ -167,15 +167,19 @@ def _attention_sdpa(q, key, value, mask, scale):
     Hkv, L = key.shape[1], key.shape[2]
     G = H // Hkv
     m = mask.expand(B, 1, S, L)
+    # A query row that may read no slot is zeros by the op's contract (the Triton kernels write them);
+    # SDPA on CUDA does not give them (bf16 / fp16, repeated boolean mask, torch 2.11, H200).
+    reads_nothing = ~m.any(-1, keepdim=True)  # [B, 1, S, 1]
     if G == 1 or B * G * S * L <= REPEATED_MASK_MAX:
         if G > 1:
             m = m[:, :, None].expand(B, 1, G, S, L).reshape(B, 1, G * S, L)
         o = F.scaled_dot_product_attention(q.reshape(B, Hkv, G * S, D), key, value, attn_mask=m, scale=scale)
-        return o.reshape(B, H, S, D)
+        return o.reshape(B, H, S, D).masked_fill(reads_nothing, 0)
     bias = torch.zeros((B, 1, S, L), dtype=q.dtype, device=q.device).masked_fill_(~m, float("-inf"))
     o = [F.scaled_dot_product_attention(q[:, g::G].contiguous(), key, value, attn_mask=bias, scale=scale)
          for g in range(G)]
-    return torch.stack(o, 2).reshape(B, H, S, D)  # [B, Hkv, G, S, D]: head h = kv head * G + g
+    # [B, Hkv, G, S, D]: head h = kv head * G + g
+    return torch.stack(o, 2).reshape(B, H, S, D).masked_fill(reads_nothing, 0)
 
 
 @torch.library.custom_op(ATTENTION_OP, mutates_args=())

@@ -118,5 +118,12 @@ def check(case: Case, x: dict, out: torch.Tensor, want: torch.Tensor) -> None:
     dtype = x["hidden"].dtype
     assert out.dtype == dtype and tuple(out.shape) == (case.N, case.H), (out.dtype, tuple(out.shape))
     err = rel_rms(out.detach().cpu().float(), want)
-    bound = BOUND[(x["form"] == "fp8-static", dtype)]
+    static = x["form"] == "fp8-static"
+    bound = BOUND[(static, dtype)]
+    if static and dtype != torch.float32:
+        # The 16-bit activation the kernel rounds to e4m3 can sit on the other side of a rounding
+        # boundary than the fp32 reference's: that down input moves by one e4m3 step (2^-3 of its
+        # binade), ~0.125 / sqrt(I) of its token's output; above 2e-2 for I < 40 (I = 4: one such
+        # flip in 60 pairs failed 2e-2 on the H200).
+        bound = max(bound, 0.125 / case.I ** 0.5)
     assert err <= bound, f"out: relative RMS {err:.3g} > {bound:g} ({x['form']}, {dtype})"
