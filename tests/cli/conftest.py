@@ -3,6 +3,7 @@ fixture that runs `gdn_export.cli.main.main` in-process and captures what it pri
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,11 @@ def exported(cli_root, tiny_ckpt):
         if dtype not in cache:
             folder = cli_root / f"export-{dtype}"
             folder.mkdir()
-            _main_ok("export", tiny_ckpt, "-o", folder / "tiny.onnx", "--dtype", dtype, "-q")
+            umask = os.umask(0o022)  # the usual umask: the file's mode is checked (test_export.py)
+            try:
+                _main_ok("export", tiny_ckpt, "-o", folder / "tiny.onnx", "--dtype", dtype, "-q")
+            finally:
+                os.umask(umask)
             cache[dtype] = folder / "tiny.onnx"
         return cache[dtype]
 

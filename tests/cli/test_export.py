@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 
 import onnx
 import pytest
@@ -22,6 +23,7 @@ METADATA_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 def test_export_carries_the_dtype(exported, dtype):
     path = exported(dtype)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp, no sidecar
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # written under umask 022 (the fixture)
     model = onnx.load(str(path))
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["gdn_export.dtype"] == METADATA_DTYPES[dtype]

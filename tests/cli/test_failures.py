@@ -208,15 +208,6 @@ def test_export_refuses_an_existing_sidecar(cli, tmp_path, tiny_ckpt):
     assert f"{tmp_path / 'm.onnx.data'} exists (pass --overwrite" in message
 
 
-def test_export_writes_the_usual_mode(cli, tmp_path, tiny_ckpt):
-    old = os.umask(0o022)
-    try:
-        assert cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "-q").code == 0
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE((tmp_path / "m.onnx").stat().st_mode) == 0o644
-
-
 def test_overwrite_replaces_with_the_usual_modes(cli, tmp_path, tiny_ckpt, tiny_onnx):
     out = tmp_path / "l.npz"
     out.write_text("earlier")
