@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from gdn_export.ops.moe import onnx as moe_onnx
-from gdn_export.ops.quant_linear.onnx import INT4
+from gdn_export.ops.quant_linear.onnx import INT4, fold_int4_chains, signed_int4
 
 BLOCK = 128
 
@@ -97,61 +95,22 @@ def moe_int4_translation(hidden, router_logits, gate_up, gate_up_scale, down, do
     return moe_onnx.translation(hidden, router_logits, gu, dn, top_k, norm_topk_prob)
 
 
-def _int4_values(source: np.ndarray, E: int, N: int, K: int) -> np.ndarray:
-    """Signed int4 values [E, N, K] from the chain's start: the packed bytes [E, N, ceil(K/2)] or the
-    nibble pairs [E, N, ceil(K/2), 2] (when the exporter's optimizer folded the first steps)."""
-    u = source.astype(np.uint8)
-    if u.ndim == 3:
-        u = np.stack(((u & 0x0F), (u >> 4)), axis=-1)
-    q = u.reshape(E, N, -1)[:, :, :K].astype(np.int8)
-    return np.where(q >= 8, q - 16, q)
-
-
 def fold_int4_expert_weights(ir_model) -> int:
     """Replace each rank-3 INT4 expert weight computed from a packed uint8 initializer (the
     `_unpack_int4` chain) by one INT4 [E, N, K] initializer feeding its DequantizeLinear; drop the
     dead nodes. Returns how many weights were folded."""
-    import ml_dtypes
-    import onnx_ir as ir
-    from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-    graph, folded = ir_model.graph, 0
-    for node in list(graph):
-        if node.op_type != "DequantizeLinear" or node.inputs[0].dtype != ir.DataType.INT4:
-            continue
-        w = node.inputs[0]
-        if w.const_value is not None or w.shape is None or len(w.shape) != 3 \
-                or not all(isinstance(d, int) for d in w.shape):
-            continue
+    def plan(w):
+        if w.shape is None or len(w.shape) != 3 or not all(isinstance(d, int) for d in w.shape):
+            return None
         E, N, K = w.shape
-        source, todo, seen = None, [w.producer()], set()
-        while todo:
-            n = todo.pop()
-            if n is None or id(n) in seen:
-                continue
-            seen.add(id(n))
-            for v in n.inputs:
-                if v is None:
-                    continue
-                if v.const_value is not None and v.dtype == ir.DataType.UINT8 and v.shape is not None \
-                        and len(v.shape) in (3, 4) and v.shape[0] == E and v.shape[1] == N:
-                    source = v
-                elif v.producer() is not None:
-                    todo.append(v.producer())
-        if source is None:
-            continue
-        q = _int4_values(source.const_value.numpy(), E, N, K)
-        tensor = ir.Tensor(np.ascontiguousarray(q).astype(ml_dtypes.int4), name=f"{source.name}_int4")
-        value = ir.Value(name=tensor.name, type=ir.TensorType(ir.DataType.INT4), shape=ir.Shape(tensor.shape),
-                         const_value=tensor)
-        graph.register_initializer(value)
-        node.replace_input_with(0, value)
-        folded += 1
-    if folded:
-        RemoveUnusedNodesPass()(ir_model)
-        for name in [n for n, v in graph.initializers.items() if not v.uses() and v.dtype == ir.DataType.UINT8]:
-            graph.initializers.pop(name)
-    return folded
+
+        def is_source(v):  # [E, N, ceil(K/2)] bytes or [E, N, ceil(K/2), 2] nibble pairs
+            return v.shape is not None and len(v.shape) in (3, 4) and v.shape[0] == E and v.shape[1] == N
+
+        return is_source, lambda a: signed_int4(a, (E, N), K)
+
+    return fold_int4_chains(ir_model, plan)
 
 
 def translations() -> dict:

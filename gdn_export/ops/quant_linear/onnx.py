@@ -24,6 +24,8 @@ scale repeated: TensorRT's parser takes whole blocks only; the weights stay exac
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 MIN_OPSET = 21
@@ -123,21 +125,24 @@ def int4_linear_translation(x, qweight, scales, bias=None, group_size: int = 128
     return y if bias is None else op.Add(y, op.CastLike(bias, x))
 
 
-def _int4_numpy(source: np.ndarray, K: int) -> np.ndarray:
-    """The signed int4 values [N, K] from the chain's start: the packed bytes [N, ceil(K/2)], or the
-    nibble pairs [N, ceil(K/2), 2] when the exporter's optimizer folded the first steps."""
+def signed_int4(source: np.ndarray, lead: tuple[int, ...], K: int) -> np.ndarray:
+    """The signed int4 values [*lead, K] from a packed chain's start: the bytes [*lead, ceil(K/2)]
+    (low nibble = even k), or the nibble pairs [*lead, ceil(K/2), 2] when the exporter's optimizer
+    folded the first steps."""
     u = source.astype(np.uint8)
-    if u.ndim == 2:
+    if u.ndim == len(lead) + 1:
         u = np.stack(((u & 0x0F), (u >> 4)), axis=-1)
-    q = u.reshape(u.shape[0], -1)[:, :K].astype(np.int8)
+    q = u.reshape(*lead, -1)[..., :K].astype(np.int8)
     return np.where(q >= 8, q - 16, q)
 
 
-def fold_int4_weights(ir_model) -> int:
-    """Replace each INT4 weight computed from a packed uint8 initializer (the `_unpack_int4` chain,
-    then Transpose) by one INT4 [K, N] initializer feeding its DequantizeLinear, and drop the dead
-    nodes: TensorRT fuses DequantizeLinear(INT4 initializer) -> MatMul into a W4A16 GEMM. Returns
-    how many weights were folded."""
+def fold_int4_chains(ir_model, plan: Callable) -> int:
+    """Replace the INT4 input of each DequantizeLinear that is computed from a packed uint8
+    initializer (an `_unpack_int4` chain) by one INT4 initializer, and drop the dead nodes.
+
+    plan(w) -> None to leave the INT4 value w as it is, else (is_source, values): is_source(v) says
+    whether a uint8 initializer v on w's chain is the one it starts from, values(array of v) gives
+    w's signed int4 values. Returns how many were folded."""
     import ml_dtypes
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
@@ -147,8 +152,10 @@ def fold_int4_weights(ir_model) -> int:
         if node.op_type != "DequantizeLinear" or node.inputs[0].dtype != ir.DataType.INT4:
             continue
         w = node.inputs[0]
-        if w.const_value is not None:
+        chosen = None if w.const_value is not None else plan(w)
+        if chosen is None:
             continue
+        is_source, values = chosen
         source, todo, seen = None, [w.producer()], set()
         while todo:  # the uint8 initializer the chain starts from
             n = todo.pop()
@@ -158,16 +165,14 @@ def fold_int4_weights(ir_model) -> int:
             for v in n.inputs:
                 if v is None:
                     continue
-                if v.const_value is not None and v.dtype == ir.DataType.UINT8 and (
-                        len(v.shape) == 2 or (len(v.shape) == 3 and v.shape[2] == 2)):
+                if v.const_value is not None and v.dtype == ir.DataType.UINT8 and is_source(v):
                     source = v
                 elif v.producer() is not None:
                     todo.append(v.producer())
         if source is None:
             continue
-        K = w.shape[0]
-        q = _int4_numpy(source.const_value.numpy(), K)
-        tensor = ir.Tensor(np.ascontiguousarray(q.T).astype(ml_dtypes.int4), name=f"{source.name}_int4")
+        q = values(source.const_value.numpy())
+        tensor = ir.Tensor(np.ascontiguousarray(q).astype(ml_dtypes.int4), name=f"{source.name}_int4")
         value = ir.Value(name=tensor.name, type=ir.TensorType(ir.DataType.INT4), shape=ir.Shape(tensor.shape),
                          const_value=tensor)
         graph.register_initializer(value)
@@ -178,6 +183,21 @@ def fold_int4_weights(ir_model) -> int:
         for name in [n for n, v in graph.initializers.items() if not v.uses() and v.dtype == ir.DataType.UINT8]:
             graph.initializers.pop(name)
     return folded
+
+
+def fold_int4_weights(ir_model) -> int:
+    """Replace each INT4 weight computed from a packed uint8 initializer (the `_unpack_int4` chain,
+    then Transpose) by one INT4 [K, N] initializer feeding its DequantizeLinear, and drop the dead
+    nodes: TensorRT fuses DequantizeLinear(INT4 initializer) -> MatMul into a W4A16 GEMM. Returns
+    how many weights were folded."""
+
+    def plan(w):
+        def is_source(v):  # [N, ceil(K/2)] bytes or [N, ceil(K/2), 2] nibble pairs
+            return len(v.shape) == 2 or (len(v.shape) == 3 and v.shape[2] == 2)
+
+        return is_source, lambda a: signed_int4(a, (a.shape[0],), w.shape[0]).T
+
+    return fold_int4_chains(ir_model, plan)
 
 
 def translations() -> dict:
