@@ -23,35 +23,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gdn_export.modules.quant_linear import FixedDtypeBuffers
 from gdn_export.ops.moe.quant import BLOCK, moe_fp8, moe_int4
 
 FP8 = torch.float8_e4m3fn
 FP8_FORMATS = ("fp8", "fp8-block128")
 
 
-class QuantMoeExperts(nn.Module):
+class QuantMoeExperts(FixedDtypeBuffers):
     """Common base: num_experts, hidden_size, intermediate_size, FORMAT; `FIXED` buffers keep
     their dtype whatever the model's."""
 
     FORMAT = ""
-    FIXED: tuple[str, ...] = ()
     QUANTIZED_EXPERTS = True
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
-
-    def fixed_dtypes(self) -> dict[str, torch.dtype]:
-        return {name: getattr(self, name).dtype for name in self.FIXED if getattr(self, name, None) is not None}
-
-    def _apply(self, fn, recurse=True):
-        fixed = self.fixed_dtypes()
-        super()._apply(fn, recurse)
-        for name, dtype in fixed.items():
-            t = getattr(self, name)
-            if t.dtype != dtype:
-                self._buffers[name] = t.to(dtype)
-        return self
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_size}, "

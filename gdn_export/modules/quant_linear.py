@@ -26,22 +26,16 @@ from gdn_export.ops.quant_linear.naive import dequantize_block
 FP8 = torch.float8_e4m3fn
 
 
-class QuantLinear(nn.Module):
-    """Common base: in_features, out_features, bias (None: the quantized projections of these
-    models have none). `FORMAT` names the on-disk form; `FIXED` lists buffers whose dtype never
-    follows the model's."""
+class FixedDtypeBuffers(nn.Module):
+    """A module whose buffers named in `FIXED` keep their dtype when the model is cast
+    (`.to(dtype)`, `.half()`): quantized weights and their fp32 scales. Shared by the quantized
+    linear layers and the quantized routed experts (gdn_export.modules.quant_experts)."""
 
-    FORMAT = ""
     FIXED: tuple[str, ...] = ()
-
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.bias = None
 
     def fixed_dtypes(self) -> dict[str, torch.dtype]:
         """{buffer name: dtype} for the buffers that keep their dtype whatever the model's."""
-        return {name: getattr(self, name).dtype for name in self.FIXED if getattr(self, name) is not None}
+        return {name: getattr(self, name).dtype for name in self.FIXED if getattr(self, name, None) is not None}
 
     def _apply(self, fn, recurse=True):
         fixed = self.fixed_dtypes()
@@ -51,6 +45,19 @@ class QuantLinear(nn.Module):
             if t.dtype != dtype:
                 self._buffers[name] = t.to(dtype)
         return self
+
+
+class QuantLinear(FixedDtypeBuffers):
+    """Common base: in_features, out_features, bias (None: the quantized projections of these
+    models have none). `FORMAT` names the on-disk form; `FIXED` lists buffers whose dtype never
+    follows the model's."""
+
+    FORMAT = ""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.FORMAT}"
