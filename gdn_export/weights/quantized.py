@@ -195,7 +195,9 @@ def _linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
 
 
-def _need(reader, key: str, dtypes: tuple[str, ...], shape: tuple[int, ...] | None, what: str) -> None:
+def need_tensor(reader, key: str, dtypes: tuple[str, ...], shape: tuple[int, ...] | None, what: str) -> None:
+    """CheckpointError naming `key` unless the checkpoint holds it in one of `dtypes` (safetensors
+    names) and, when given, `shape`; `what` says what it is for."""
     if key not in reader.shapes:
         raise CheckpointError(f"tensor {key} is missing from the checkpoint ({what})")
     if reader.dtypes[key] not in dtypes:
@@ -239,8 +241,8 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
             if spec.excluded(base[:-1]):
                 raise CheckpointError(f"tensor {key} is float8_e4m3fn but quantization_config "
                                       f"modules_to_not_convert lists its module")
-            _need(reader, key, (F8,), (N, K), "fine-grained FP8 weight")
-            _need(reader, scale_key, SCALE_DTYPES, (-(-N // BLOCK), -(-K // BLOCK)),
+            need_tensor(reader, key, (F8,), (N, K), "fine-grained FP8 weight")
+            need_tensor(reader, scale_key, SCALE_DTYPES, (-(-N // BLOCK), -(-K // BLOCK)),
                   "[ceil(out/128), ceil(in/128)] block scales of " + key)
             module = Fp8BlockLinear(K, N, device="meta")
             out.sources[f"{name}.weight_scale_inv"] = Source(scale_key)
@@ -256,13 +258,13 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
                 raise CheckpointError(f"tensor {scale_key} is present but quantization_config ignore lists "
                                       f"its module")
             if spec.format == FP8:
-                _need(reader, key, (F8,), (N, K), "ModelOpt FP8 weight")
+                need_tensor(reader, key, (F8,), (N, K), "ModelOpt FP8 weight")
                 got = tuple(reader.shapes[scale_key])
                 if got not in ((), (1,), (N,)):
                     raise CheckpointError(f"tensor {scale_key} has shape {got} in the checkpoint, expected () "
                                           f"(per tensor) or ({N},) (per channel)")
-                _need(reader, scale_key, SCALE_DTYPES, None, "weight scale")
-                _need(reader, base + "input_scale", SCALE_DTYPES, None, "static activation scale of " + key)
+                need_tensor(reader, scale_key, SCALE_DTYPES, None, "weight scale")
+                need_tensor(reader, base + "input_scale", SCALE_DTYPES, None, "static activation scale of " + key)
                 if tuple(reader.shapes[base + "input_scale"]) not in ((), (1,)):
                     raise CheckpointError(f"tensor {base}input_scale has shape "
                                           f"{tuple(reader.shapes[base + 'input_scale'])}, expected () (per tensor)")
@@ -274,12 +276,12 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
                 G = spec.group_size
                 if N % 2:
                     raise CheckpointError(f"tensor {key}: W4A16_AWQ needs an even number of rows, module has {N}")
-                _need(reader, key, ("U8", "I8"), (N // 2, K), "ModelOpt W4A16_AWQ packed weight")
-                _need(reader, scale_key, SCALE_DTYPES, (N, -(-K // G)), f"group-{G} weight scales")
+                need_tensor(reader, key, ("U8", "I8"), (N // 2, K), "ModelOpt W4A16_AWQ packed weight")
+                need_tensor(reader, scale_key, SCALE_DTYPES, (N, -(-K // G)), f"group-{G} weight scales")
                 pre = base + "pre_quant_scale"
                 has_pre = pre in reader.shapes
                 if has_pre:
-                    _need(reader, pre, SCALE_DTYPES, (K,), "AWQ pre_quant_scale")
+                    need_tensor(reader, pre, SCALE_DTYPES, (K,), "AWQ pre_quant_scale")
                 module = Int4Linear(K, N, G, dtype=dtype, pre_quant_scale=has_pre, device="meta")
                 out.sources[f"{name}.weight_scale"] = Source(scale_key)
                 if has_pre:
@@ -301,7 +303,7 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
             if _PER_EXPERT.search(key):
                 scale_key = key[: -len("weight")] + "weight_scale_inv"
                 rows, cols = reader.shapes[key]
-                _need(reader, scale_key, SCALE_DTYPES, (-(-rows // BLOCK), -(-cols // BLOCK)),
+                need_tensor(reader, scale_key, SCALE_DTYPES, (-(-rows // BLOCK), -(-cols // BLOCK)),
                       "[ceil(out/128), ceil(in/128)] block scales of " + key)
                 out.expert_scales[key] = scale_key
                 out.consumed.add(scale_key)

@@ -33,6 +33,7 @@ from gdn_export.errors import CheckpointError
 from gdn_export.modules.mlp import MoeExperts
 from gdn_export.modules.quant_experts import Fp8MoeExperts, Int4MoeExperts, swap_experts
 from gdn_export.ops.quant_linear.naive import pack_int4
+from gdn_export.weights.quantized import need_tensor
 from gdn_export.weights.mapping import Source
 
 F8 = "F8_E4M3"
@@ -59,16 +60,6 @@ class ExpertPieces(Source):
         for keys, index, fn in self.pieces:
             out[index] = fn(*(reader.get(k) for k in keys)).to(device=device, dtype=out.dtype)
         return out
-
-
-def _need(reader, key: str, dtypes, shape, what: str) -> None:
-    if key not in reader.shapes:
-        raise CheckpointError(f"tensor {key} is missing from the checkpoint ({what})")
-    if reader.dtypes[key] not in dtypes:
-        raise CheckpointError(f"tensor {key} is {reader.dtypes[key]}, expected {' or '.join(dtypes)} ({what})")
-    if shape is not None and tuple(reader.shapes[key]) != tuple(shape):
-        raise CheckpointError(f"tensor {key} has shape {tuple(reader.shapes[key])} in the checkpoint, "
-                              f"expected {tuple(shape)} ({what})")
 
 
 def _rows_of_blocks(rows: int):
@@ -119,22 +110,22 @@ def prepare_experts(model: nn.Module, config, family, spec, reader, fmt_names) -
                 w, buf = base + "weight", stack[proj]
                 idx = (e, *rows_of[proj])
                 if spec.format in (FP8_BLOCK, FP8):
-                    _need(reader, w, (F8,), (N, K), f"FP8 weight of expert {e}")
+                    need_tensor(reader, w, (F8,), (N, K), f"FP8 weight of expert {e}")
                     pieces.setdefault(buf, []).append(((w,), idx, lambda t: t))
                     if spec.format == FP8_BLOCK:
                         s = base + "weight_scale_inv"
-                        _need(reader, s, SCALE_DTYPES, (-(-N // BLOCK), -(-K // BLOCK)),
+                        need_tensor(reader, s, SCALE_DTYPES, (-(-N // BLOCK), -(-K // BLOCK)),
                               "[ceil(out/128), ceil(in/128)] block scales of " + w)
                         pieces.setdefault(buf + "_weight_scale", []).append(((s,), idx, _rows_of_blocks(N)))
                     else:
                         s = base + "weight_scale"
-                        _need(reader, s, SCALE_DTYPES, None, "weight scale of " + w)
+                        need_tensor(reader, s, SCALE_DTYPES, None, "weight scale of " + w)
                         if tuple(reader.shapes[s]) not in ((), (1,), (N,)):
                             raise CheckpointError(f"tensor {s} has shape {tuple(reader.shapes[s])} in the checkpoint, "
                                                   f"expected () (per tensor) or ({N},) (per channel)")
                         pieces.setdefault(buf + "_weight_scale", []).append(((s,), idx, _per_channel(N)))
                         a = base + "input_scale"
-                        _need(reader, a, SCALE_DTYPES, None, "static activation scale of " + w)
+                        need_tensor(reader, a, SCALE_DTYPES, None, "static activation scale of " + w)
                         if tuple(reader.shapes[a]) not in ((), (1,)):
                             raise CheckpointError(f"tensor {a} has shape {tuple(reader.shapes[a])}, "
                                                   f"expected () (per tensor)")
@@ -143,9 +134,9 @@ def prepare_experts(model: nn.Module, config, family, spec, reader, fmt_names) -
                     G = spec.group_size
                     if N % 2:
                         raise CheckpointError(f"tensor {w}: W4A16_AWQ needs an even number of rows, expert has {N}")
-                    _need(reader, w, ("U8", "I8"), (N // 2, K), f"ModelOpt W4A16_AWQ packed weight of expert {e}")
+                    need_tensor(reader, w, ("U8", "I8"), (N // 2, K), f"ModelOpt W4A16_AWQ packed weight of expert {e}")
                     s = base + "weight_scale"
-                    _need(reader, s, SCALE_DTYPES, (N, -(-K // G)), f"group-{G} weight scales of " + w)
+                    need_tensor(reader, s, SCALE_DTYPES, (N, -(-K // G)), f"group-{G} weight scales of " + w)
                     if base + "pre_quant_scale" in reader.shapes:
                         raise CheckpointError(f"tensor {base}pre_quant_scale: an AWQ pre-scale on routed experts "
                                               f"is not supported (the MoE op has no per-expert activation scale)")
