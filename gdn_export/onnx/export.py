@@ -93,13 +93,18 @@ def _dynamic_shapes(specs):
     return (tokens, rows, rows, tuple(states))
 
 
-def _trace(model, specs, opset: int):
-    """torch.onnx.export (dynamo) -> onnx_ir.Model, with the exporter's chatter swallowed."""
+# Node metadata torch.onnx writes that names the exporting machine's files (absolute paths and
+# line numbers of the model's source): dropped, so that one checkpoint exported with one version
+# gives the same bytes wherever gdn-export is installed.
+MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
+def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: int):
+    """torch.onnx.export (dynamo, our translations) -> onnx_ir.Model with local functions inlined
+    and no machine-specific node metadata; the exporter's chatter swallowed. RuntimeError when the
+    graph's I/O names are not `input_names` / `output_names`."""
     import torch
 
-    input_names = [*TOKEN_INPUTS, *(s.name for s in specs)]
-    output_names = [LOGITS, *(s.output_name for s in specs)]
-    args = _example_inputs(model, specs)
     chatter = io.StringIO()
     # The exporter prints its phases and logs registry warnings (e.g. torchvision missing) that
     # say nothing about this model; our own progress lines replace them.
@@ -110,26 +115,36 @@ def _trace(model, specs, opset: int):
         with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                model, args, dynamo=True, dynamic_shapes=_dynamic_shapes(specs),
-                input_names=input_names, output_names=output_names, opset_version=opset,
+                model, args, dynamo=True, dynamic_shapes=dynamic_shapes,
+                input_names=list(input_names), output_names=list(output_names), opset_version=opset,
                 custom_translation_table=custom_translation_table(), optimize=True, verbose=False,
             )
     finally:
         registry_log.setLevel(level)
     ir_model = program.model
-    got_in = [v.name for v in ir_model.graph.inputs]
-    got_out = [v.name for v in ir_model.graph.outputs]
-    if got_in != input_names or got_out != output_names:
-        raise RuntimeError(f"exported graph I/O differs from the model's state specs: inputs "
-                           f"{got_in} vs {input_names}, outputs {got_out} vs {output_names}")
-    if ir_model.opset_imports.get("") != opset:
-        raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
+    got = ([v.name for v in ir_model.graph.inputs], [v.name for v in ir_model.graph.outputs])
+    if got != (list(input_names), list(output_names)):
+        raise RuntimeError(f"exported graph I/O {got} differs from {list(input_names)} / {list(output_names)}")
     if len(ir_model.functions):
         # The exporter may wrap pieces in local functions; TensorRT must see plain nodes.
         from onnx_ir.passes.common import InlinePass, RemoveUnusedFunctionsPass
 
         InlinePass()(ir_model)
         RemoveUnusedFunctionsPass()(ir_model)
+    for node in ir_model.graph.all_nodes():
+        for key in MACHINE_METADATA:
+            node.metadata_props.pop(key, None)
+    return ir_model
+
+
+def _trace(model, specs, opset: int):
+    """run_exporter on the model's forward(input_ids, past_lengths, seq_lens, *states)."""
+    input_names = [*TOKEN_INPUTS, *(s.name for s in specs)]
+    output_names = [LOGITS, *(s.output_name for s in specs)]
+    ir_model = run_exporter(model, _example_inputs(model, specs), _dynamic_shapes(specs), input_names,
+                            output_names, opset)
+    if ir_model.opset_imports.get("") != opset:
+        raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
     from gdn_export.ops.moe.quant_onnx import fold_int4_expert_weights
     from gdn_export.ops.quant_linear.onnx import fold_int4_weights
 

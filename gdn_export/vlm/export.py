@@ -19,14 +19,10 @@ keys (gdn_export.onnx.metadata).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -64,33 +60,10 @@ def vlm_metadata(role: str, fingerprint: str, vision_config, hidden: int, mrope=
 
 
 def _export(model, args, dynamic_shapes, input_names, output_names, opset: int):
-    """torch.onnx.export (dynamo) -> onnx_ir.Model with local functions inlined."""
-    import torch
+    """gdn_export.onnx.export.run_exporter, stamped with our producer."""
+    from gdn_export.onnx.export import run_exporter
 
-    from gdn_export.onnx.schemas import custom_translation_table
-
-    chatter = io.StringIO()
-    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registry_log.level
-    registry_log.setLevel(logging.ERROR)
-    try:
-        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                model, args, dynamo=True, dynamic_shapes=dynamic_shapes, input_names=input_names,
-                output_names=output_names, opset_version=opset,
-                custom_translation_table=custom_translation_table(), optimize=True, verbose=False)
-    finally:
-        registry_log.setLevel(level)
-    ir_model = program.model
-    got = ([v.name for v in ir_model.graph.inputs], [v.name for v in ir_model.graph.outputs])
-    if got != (list(input_names), list(output_names)):
-        raise RuntimeError(f"exported graph I/O {got} differs from {input_names} / {output_names}")
-    if len(ir_model.functions):
-        from onnx_ir.passes.common import InlinePass, RemoveUnusedFunctionsPass
-
-        InlinePass()(ir_model)
-        RemoveUnusedFunctionsPass()(ir_model)
+    ir_model = run_exporter(model, args, dynamic_shapes, input_names, output_names, opset)
     ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
     return ir_model
 

@@ -22,6 +22,7 @@ from gdn_export.runtime.ort_runner import OrtRunner
 from gdn_export.runtime.torch_runner import TorchRunner
 from gdn_export.layout import DeployLayout
 from gdn_export.runtime.base import generate
+from tests.onnx._same import file_digest, machine_paths_in
 from tests.onnx._tiny import CONCAT, FAMILIES, TEST_LAYOUT, tiny_checkpoint, tiny_export
 
 ATOL = 1e-4
@@ -76,14 +77,19 @@ def test_checker_and_strict_shape_inference(exported):
 
 def test_attached_functions_are_valid_onnx_and_stay_in_memory(exported):
     _, _, path = exported
-    before = path.read_bytes()
+    before = file_digest(path)
     proto = onnx.load(path)
     full = attach_reference_functions(proto)
     assert len(proto.functions) == 0  # the input is not modified
     assert sorted(f.name for f in full.functions) == ["CausalConv1d", "GatedDeltaRule", "MoE"]
     onnx.checker.check_model(full, full_check=True)
     assert attach_reference_functions(full).functions == full.functions  # idempotent
-    assert path.read_bytes() == before
+    assert file_digest(path) == before, f"{path} changed"
+
+
+def test_the_file_names_no_folder_of_this_machine(exported):
+    """One checkpoint, one version: the same bytes wherever gdn-export runs (no stack traces)."""
+    assert machine_paths_in(exported[2]) == []
 
 
 def test_io_names_and_dynamic_axes(exported):

@@ -17,6 +17,7 @@ from gdn_export.layout import DeployLayout  # noqa: E402
 from gdn_export.vlm import export as vx  # noqa: E402
 from gdn_export.vlm.export import export_vlm  # noqa: E402
 from gdn_export.vlm.runner import VisualInputs, generate_vl, open_vlm  # noqa: E402
+from tests.onnx._same import machine_paths_in  # noqa: E402
 from tests.test_transformers_parity_vlm import hf_run, make_row  # noqa: E402
 from tests.vlm_models import FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa: E402
 
@@ -52,6 +53,7 @@ def test_files_io_and_metadata(exported):
     assert lm[vx.KEY_ROLE] == "language" and vm[vx.KEY_ROLE] == "vision"
     assert lm[vx.KEY_MROPE] == "[4, 2, 2]" and lm[vx.KEY_HIDDEN] == "64"
     assert not list(lpath.parent.glob(".*"))  # no temporary folder left
+    assert machine_paths_in(lpath) == machine_paths_in(vpath) == []
 
 
 @pytest.mark.parametrize("grid, video", [([[1, 4, 6], [1, 10, 14], [1, 2, 2]], False), ([[2, 4, 4]], True),
