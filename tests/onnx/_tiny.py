@@ -9,6 +9,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -82,3 +83,23 @@ def tiny_export(family: str, root: Path, dtype: torch.dtype = torch.float32,
                 export_onnx(model, path, onnx_ops=onnx_ops)
         _EXPORTS[key] = (model, path)
     return _EXPORTS[key]
+
+
+def tiny_standard(family: str, root: Path, dtype: torch.dtype = torch.float32, layout: DeployLayout = TEST_LAYOUT):
+    """(model, path of the standard form of tiny_export's gdn file), made by the rewrite
+    export_onnx(..., onnx_ops="standard") applies to its gdn file after the trace
+    (standard_ops.rewrite_file_to_standard): the standard form without a second trace.
+    tests/onnx/test_standard_export.py checks that both ways give the same file."""
+    from gdn_export.onnx.standard_ops import rewrite_file_to_standard
+
+    model, gdn_path = tiny_export(family, root, dtype=dtype, layout=layout)
+    name = f"{gdn_path.stem}-rewritten.onnx"
+    _, lock = _shared(root, name)
+    path = gdn_path.with_name(name)
+    with lock:
+        if not path.is_file():
+            tmp = path.with_name(f".{name}.{os.getpid()}")
+            shutil.copyfile(gdn_path, tmp)
+            rewrite_file_to_standard(tmp)
+            os.replace(tmp, path)
+    return model, path

@@ -1,6 +1,8 @@
-"""`export_onnx(..., onnx_ops="standard")` for every family: the file (opset-27 LinearAttention /
-CausalConvWithState, same I/O as the gdn form), and both forms on ONNX Runtime (native kernels and
-function bodies) against the PyTorch model: ragged rows, decode, streaming, fp16, state dtypes."""
+"""The standard form (`export_onnx(..., onnx_ops="standard")`) of every family: the file (opset-27
+LinearAttention / CausalConvWithState, same I/O as the gdn form), and both forms on ONNX Runtime
+(native kernels and function bodies) against the PyTorch model: ragged rows, decode, streaming, fp16,
+state dtypes. export_onnx writes its gdn file, then rewrites it; the tests take that rewrite of the
+shared gdn exports (tiny_standard), and one checks it is byte for byte what export_onnx writes."""
 
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ from gdn_export.onnx import export_onnx, metadata, standard_ops
 from gdn_export.runtime.ort_runner import OrtRunner
 from gdn_export.runtime.torch_runner import TorchRunner
 from gdn_export.validate.compare import Tolerances, default_tolerances, run_parity
-from tests.onnx._same import assert_same_graph
-from tests.onnx._tiny import CONCAT, FAMILIES, TEST_LAYOUT, tiny_export
+from tests.onnx._same import assert_same_graph, file_digest
+from tests.onnx._tiny import CONCAT, FAMILIES, TEST_LAYOUT, tiny_export, tiny_standard
 
 def standard_export(family, root, dtype=torch.float32, layout=TEST_LAYOUT):
-    """(model, gdn path, standard path): the same model exported in both forms."""
+    """(model, gdn path, standard path): the same model in both forms, the standard one rewritten
+    from the gdn file as export_onnx does (test_export_onnx_standard_is_the_rewritten_gdn_export)."""
     model, gdn_path = tiny_export(family, root, dtype=dtype, layout=layout)
-    _, std_path = tiny_export(family, root, dtype=dtype, layout=layout, onnx_ops="standard")
+    _, std_path = tiny_standard(family, root, dtype=dtype, layout=layout)
     return model, gdn_path, std_path
 
 
@@ -56,6 +59,18 @@ def test_standard_file_has_the_opset27_ops_and_the_gdn_io(both):
     onnx.shape_inference.infer_shapes(std, check_type=True, strict_mode=True)
     back = standard_ops.to_gdn(std)
     assert_same_graph(back.graph, gdn.graph)
+
+
+def test_export_onnx_standard_is_the_rewritten_gdn_export(tiny_root):
+    """export_onnx(..., onnx_ops="standard") traces once and writes what rewriting its own gdn
+    export gives, byte for byte: the other tests here take the rewritten file (no second trace)."""
+    _, traced = tiny_export("qwen3_5", tiny_root, onnx_ops="standard")
+    _, rewritten = tiny_standard("qwen3_5", tiny_root)
+    if file_digest(traced) != file_digest(rewritten):
+        a, b = onnx.load(traced), onnx.load(rewritten)
+        assert_same_graph(a.graph, b.graph)
+        a.ClearField("graph"), b.ClearField("graph")
+        assert a == b
 
 
 def _parity(reference, candidates, dtype="float32", state="float32", prompt_len=65, steps=4, batch=3):

@@ -39,9 +39,9 @@ def test_standard_form_builds_to_the_gdn_plugins(plugins_lib, tmp_path, dtype):
 def test_standard_export_of_a_tiny_checkpoint_builds(plugins_lib, tiny_root, tmp_path):
     import torch
 
-    from tests.onnx._tiny import tiny_export
+    from tests.onnx._tiny import tiny_standard
 
-    _, std = tiny_export("qwen3_5", tiny_root, dtype=torch.float16, onnx_ops="standard")
+    _, std = tiny_standard("qwen3_5", tiny_root, dtype=torch.float16)
     engine = build_engine(std, tmp_path / "standard.engine", plugins=plugins_lib, max_batch=2,
                           max_prefill=16, workspace=256 << 20)
     names = {layer.plugin[0] for layer in inspect_engine(engine, plugins=plugins_lib).plugin_layers()}
