@@ -243,7 +243,7 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
                                       f"modules_to_not_convert lists its module")
             need_tensor(reader, key, (F8,), (N, K), "fine-grained FP8 weight")
             need_tensor(reader, scale_key, SCALE_DTYPES, (-(-N // BLOCK), -(-K // BLOCK)),
-                  "[ceil(out/128), ceil(in/128)] block scales of " + key)
+                        "[ceil(out/128), ceil(in/128)] block scales of " + key)
             module = Fp8BlockLinear(K, N, device="meta")
             out.sources[f"{name}.weight_scale_inv"] = Source(scale_key)
             keys = (key, scale_key)
@@ -304,7 +304,7 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
                 scale_key = key[: -len("weight")] + "weight_scale_inv"
                 rows, cols = reader.shapes[key]
                 need_tensor(reader, scale_key, SCALE_DTYPES, (-(-rows // BLOCK), -(-cols // BLOCK)),
-                      "[ceil(out/128), ceil(in/128)] block scales of " + key)
+                            "[ceil(out/128), ceil(in/128)] block scales of " + key)
                 out.expert_scales[key] = scale_key
                 out.consumed.add(scale_key)
                 handled.update((key, scale_key))

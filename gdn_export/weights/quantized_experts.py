@@ -115,7 +115,7 @@ def prepare_experts(model: nn.Module, config, family, spec, reader, fmt_names) -
                     if spec.format == FP8_BLOCK:
                         s = base + "weight_scale_inv"
                         need_tensor(reader, s, SCALE_DTYPES, (-(-N // BLOCK), -(-K // BLOCK)),
-                              "[ceil(out/128), ceil(in/128)] block scales of " + w)
+                                    "[ceil(out/128), ceil(in/128)] block scales of " + w)
                         pieces.setdefault(buf + "_weight_scale", []).append(((s,), idx, _rows_of_blocks(N)))
                     else:
                         s = base + "weight_scale"

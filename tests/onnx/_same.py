@@ -55,9 +55,9 @@ def machine_paths_in(path: Path) -> list[str]:
 
     from gdn_export.onnx.export import MACHINE_METADATA
 
-    model = onnx.load(str(path), load_external_data=False)
-    found = [f"{n.name}: {p.key}" for n in model.graph.node for p in n.metadata_props if p.key in MACHINE_METADATA]
     data = Path(path).read_bytes()
+    model = onnx.load_from_string(data)
+    found = [f"{n.name}: {p.key}" for n in model.graph.node for p in n.metadata_props if p.key in MACHINE_METADATA]
     for package in (gdn_export, torch):
         folder = str(Path(package.__file__).resolve().parent.parent)
         if folder.encode() in data:
