@@ -8,7 +8,8 @@ cross memory. With static FP8 activation scales, each row tile of the expert's t
 e4m3 by that expert's scale (clamp to +-448, round to nearest even) before the dot, as the contract's
 fake quantization says. fp32 inputs use IEEE fp32 dots; fp16 / bf16 inputs dot in their dtype with
 fp32 accumulation (under the CPU interpreter, whose fp32 -> bf16 conversion truncates, the
-dequantized tiles stay fp32: `UPCAST_DOT` widens every dot there anyway).
+dequantized tiles stay fp32: `UPCAST_DOT` widens every dot there anyway; the act and per-pair
+output stores round to nearest even by hand, `to_state_dtype`, as the GPU's conversion does).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import triton
 import triton.language as tl
 
 from gdn_export.ops.moe.triton import _expert_block, route
-from gdn_export.ops.triton_utils import UPCAST_DOT, cdiv, dot
+from gdn_export.ops.triton_utils import UPCAST_DOT, cdiv, dot, to_state_dtype
 
 FP8, INT4 = 0, 1
 
@@ -87,7 +88,7 @@ def moe_q_gate_up_kernel(x, gate_up, scale, in_scale, rows, counts, act, N, H, I
         b_a = b_g * tl.sigmoid(b_g) * b_u
         if STATIC:  # the down projection's input, rounded by this expert's down scale (in fp32)
             b_a = _fake_fp8(b_a, tl.load(in_scale + E + i_e))
-        tl.store(act + b_pair.to(tl.int64)[:, None] * I + o_n[None, :], b_a.to(act.dtype.element_ty),
+        tl.store(act + b_pair.to(tl.int64)[:, None] * I + o_n[None, :], to_state_dtype(b_a, act.dtype.element_ty),
                  mask=m_m[:, None] & m_n[None, :])
 
 
@@ -115,7 +116,7 @@ def moe_q_down_kernel(act, down, scale, weights, rows, counts, y, N, H, I, E, W_
                 b_w = b_w.to(act.dtype.element_ty)
             b_y += dot(b_a, b_w, IEEE)
         b_y *= tl.load(weights + b_pair, mask=m_m, other=0)[:, None]
-        tl.store(y + b_pair[:, None] * H + o_n[None, :], b_y.to(y.dtype.element_ty),
+        tl.store(y + b_pair[:, None] * H + o_n[None, :], to_state_dtype(b_y, y.dtype.element_ty),
                  mask=m_m[:, None] & m_n[None, :])
 
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_export.ops.triton_utils import cdiv, next_pow2
+from gdn_export.ops.triton_utils import cdiv, next_pow2, to_state_dtype
 # ieee for fp32 operands; 16-bit operands widened under the CPU interpreter (bf16 dot bug there)
 from gdn_export.ops.triton_utils import dot
 
@@ -89,7 +89,7 @@ def moe_gate_up_kernel(x, gate_up, rows, counts, act, N, H, I, E,
             b_g += dot(b_x, b_wg, IEEE)
             b_u += dot(b_x, b_wu, IEEE)
         b_a = b_g * tl.sigmoid(b_g) * b_u
-        tl.store(act + b_pair.to(tl.int64)[:, None] * I + o_n[None, :], b_a.to(act.dtype.element_ty),
+        tl.store(act + b_pair.to(tl.int64)[:, None] * I + o_n[None, :], to_state_dtype(b_a, act.dtype.element_ty),
                  mask=m_m[:, None] & m_n[None, :])
 
 
@@ -114,7 +114,7 @@ def moe_down_kernel(act, down, weights, rows, counts, y, N, H, I, E,
             b_w = tl.load(p_d + o_k[:, None], mask=m_k[:, None] & m_n[None, :], other=0)
             b_y += dot(b_a, b_w, IEEE)
         b_y *= tl.load(weights + b_pair, mask=m_m, other=0)[:, None]
-        tl.store(y + b_pair[:, None] * H + o_n[None, :], b_y.to(y.dtype.element_ty),
+        tl.store(y + b_pair[:, None] * H + o_n[None, :], to_state_dtype(b_y, y.dtype.element_ty),
                  mask=m_m[:, None] & m_n[None, :])
 
 
