@@ -4,7 +4,10 @@
     model.safetensors.index.json            {"weight_map": {tensor name: shard file}}
 
 Shapes come from the file headers, so that every name and shape can be checked before any tensor
-data is read. A missing or corrupt file is a one-line CheckpointError naming it.
+data is read. A missing or corrupt file is a one-line CheckpointError naming it, and so is a
+quantized tensor whose values no quantizer writes (`check_values`): a float8_e4m3fn NaN (bytes
+0x7F / 0xFF), a weight scale that is negative or not finite, an activation or AWQ pre-scale that is
+not finite and > 0. Such a checkpoint would otherwise load and give wrong logits.
 """
 
 from __future__ import annotations
@@ -26,6 +29,33 @@ INDEX_FILE = "model.safetensors.index.json"
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
            "U8": torch.uint8, "BOOL": torch.bool}
+
+
+# Scale tensors by name: a weight scale may be 0 (an all-zero block or channel), the scales that
+# divide or multiply activations may not.
+WEIGHT_SCALES = (".weight_scale_inv", ".weight_scale")
+ACTIVATION_SCALES = (".input_scale", ".pre_quant_scale")
+
+
+def check_values(name: str, dtype: str, tensor: torch.Tensor) -> None:
+    """CheckpointError naming `name` when a quantized tensor holds values no quantizer writes
+    (see the module docstring); other tensors pass unread. dtype: the safetensors dtype name."""
+    if dtype == "F8_E4M3":
+        nan = (tensor.view(torch.uint8) & 0x7F) == 0x7F
+        if nan.any():
+            raise CheckpointError(f"tensor {name} holds {int(nan.sum())} float8_e4m3fn NaN values "
+                                  f"(a corrupt FP8 weight)")
+        return
+    positive = name.endswith(ACTIVATION_SCALES)
+    if not (positive or name.endswith(WEIGHT_SCALES)) or not tensor.is_floating_point():
+        return
+    values = tensor.float()
+    bad = ~torch.isfinite(values) | ((values <= 0) if positive else (values < 0))
+    if bad.any():
+        first = values.reshape(-1)[bad.reshape(-1).nonzero()[0, 0]].item()
+        need = "finite and > 0" if positive else "finite and >= 0"
+        raise CheckpointError(f"tensor {name}: {int(bad.sum())} of {values.numel()} scales are not {need} "
+                              f"(e.g. {first})")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -122,9 +152,11 @@ class CheckpointReader:
         """Tensor `name` on the CPU, in its stored dtype."""
         path = self.files[name]
         try:
-            return self._handles[path].get_tensor(name)
+            tensor = self._handles[path].get_tensor(name)
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read tensor {name} ({_one_line(exc)})") from None
+        check_values(name, self.dtypes[name], tensor)
+        return tensor
 
     def _header(self, path: Path) -> tuple[int, dict]:
         if path not in self._headers:
@@ -154,6 +186,7 @@ class CheckpointReader:
             view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
             if f.readinto(view) != end - begin:
                 raise CheckpointError(f"{path}: cannot read tensor {name} (file is truncated)")
+        check_values(name, entry["dtype"], out)
 
     def close(self) -> None:
         self._stack.close()

@@ -109,14 +109,20 @@ def test_bf16_scales_and_bf16_model(made, tmp_path):
     assert rel(got, want) < 0.6
 
 
-def _edit_scale(shape=None, drop=False):
+def _edit_scale(shape=None, drop=False, value=None):
     def edit(t):
         key = "model.layers.0.linear_attn.in_proj_qkv.weight_scale_inv"
         if drop:
             del t[key]
+        elif value is not None:
+            t[key].reshape(-1)[-1] = value
         else:
             t[key] = torch.ones(shape)
     return edit
+
+
+def _nan_weight(t):
+    t["model.layers.1.mlp.down_proj.weight"].view(torch.uint8).reshape(-1)[5] = 0xFF  # -NaN in e4m3fn
 
 
 BAD = [
@@ -124,6 +130,14 @@ BAD = [
                  "tensor model.layers.0.linear_attn.in_proj_qkv.weight_scale_inv is missing", id="missing-scale"),
     pytest.param(dict(edit_tensors=_edit_scale(shape=(1, 1))),
                  "tensor model.layers.0.linear_attn.in_proj_qkv.weight_scale_inv has shape (1, 1)", id="scale-shape"),
+    pytest.param(dict(edit_tensors=_edit_scale(value=float("nan"))),
+                 "in_proj_qkv.weight_scale_inv: 1 of 4 scales are not finite and >= 0 (e.g. nan)", id="nan-scale"),
+    pytest.param(dict(edit_tensors=_edit_scale(value=float("inf"))),
+                 "in_proj_qkv.weight_scale_inv: 1 of 4 scales are not finite", id="inf-scale"),
+    pytest.param(dict(edit_tensors=_edit_scale(value=-0.5)),
+                 "in_proj_qkv.weight_scale_inv: 1 of 4 scales are not finite and >= 0 (e.g. -0.5)", id="negative-scale"),
+    pytest.param(dict(edit_tensors=_nan_weight),
+                 "tensor model.layers.1.mlp.down_proj.weight holds 1 float8_e4m3fn NaN values", id="nan-weight"),
     pytest.param(dict(edit_config=lambda c: c["quantization_config"].update(weight_block_size=[64, 64])),
                  "weight_block_size [64, 64] is not supported", id="block-size"),
     pytest.param(dict(edit_config=lambda c: c["quantization_config"].update(quant_method="gptq")),

@@ -195,3 +195,61 @@ def test_composite_missing_tensor_names_checkpoint_key(tmp_path):
     with pytest.raises(CheckpointError,
                        match=r"tensor model\.language_model\.layers\.1\.linear_attn\.in_proj_b\.weight is missing"):
         load_checkpoint(d)
+
+
+QUANT_VALUES = [  # (tensor name, values, the error's words or None when the values are fine)
+    pytest.param("m.q_proj.weight_scale_inv", [0.5, 0.0], None, id="block-scale-with-a-zero-block"),
+    pytest.param("m.q_proj.weight_scale_inv", [0.5, float("nan")], "1 of 2 scales are not finite and >= 0",
+                 id="block-scale-nan"),
+    pytest.param("m.q_proj.weight_scale", [0.1, -0.1, 0.2], "1 of 3 scales are not finite and >= 0 (e.g. -0.1",
+                 id="weight-scale-negative"),
+    pytest.param("m.q_proj.weight_scale", [float("-inf")], "1 of 1 scales are not finite and >= 0 (e.g. -inf)",
+                 id="weight-scale-inf"),
+    pytest.param("m.q_proj.input_scale", [0.0], "1 of 1 scales are not finite and > 0 (e.g. 0.0)",
+                 id="input-scale-zero"),
+    pytest.param("m.q_proj.pre_quant_scale", [1.0, 2.0, -3.0], "1 of 3 scales are not finite and > 0 (e.g. -3.0)",
+                 id="awq-pre-scale-negative"),
+    pytest.param("m.q_proj.weight", [float("nan")], None, id="16-bit-weight-unchecked"),
+]
+
+
+@pytest.mark.parametrize("name,values,message", QUANT_VALUES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("read", ["get", "read_into"])
+def test_quantized_values_no_quantizer_writes_are_refused(tmp_path, name, values, message, dtype, read):
+    from gdn_export.weights.reader import CheckpointReader
+
+    want = torch.tensor(values, dtype=dtype)
+    save_file({name: want}, str(tmp_path / "model.safetensors"))
+
+    def load(reader):
+        if read == "get":
+            return reader.get(name)
+        out = torch.full((len(values),), 7.0, dtype=dtype)
+        reader.read_into(name, out)
+        return out
+
+    with CheckpointReader(tmp_path) as reader:
+        if message is None:
+            torch.testing.assert_close(load(reader), want, equal_nan=True, rtol=0, atol=0)
+            return
+        with pytest.raises(CheckpointError) as info:
+            load(reader)
+    assert str(info.value).startswith(f"tensor {name}: {message}") and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("byte", [0x7F, 0xFF], ids=["nan", "minus-nan"])
+@pytest.mark.parametrize("read", ["get", "read_into"])
+def test_float8_nan_weight_is_refused(tmp_path, byte, read):
+    from gdn_export.weights.reader import CheckpointReader
+
+    w = torch.full((4, 8), 0.5).to(torch.float8_e4m3fn)
+    w.view(torch.uint8)[2, 3] = byte
+    w.view(torch.uint8)[0, 0] = 0x7E  # 448, the largest finite e4m3fn value: fine
+    save_file({"m.q_proj.weight": w}, str(tmp_path / "model.safetensors"))
+    with CheckpointReader(tmp_path) as reader, pytest.raises(CheckpointError) as info:
+        if read == "get":
+            reader.get("m.q_proj.weight")
+        else:
+            reader.read_into("m.q_proj.weight", torch.empty(4, 8, dtype=torch.float8_e4m3fn))
+    assert str(info.value) == "tensor m.q_proj.weight holds 1 float8_e4m3fn NaN values (a corrupt FP8 weight)"
