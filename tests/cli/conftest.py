@@ -58,19 +58,26 @@ def tiny_ckpt(cli_root) -> Path:
 
 @pytest.fixture(scope="session")
 def exported(cli_root, tiny_ckpt):
-    """exported(dtype) -> the .onnx `gdn-export export --dtype dtype` wrote (once per dtype)."""
+    """exported(dtype) -> the .onnx `gdn-export export --dtype dtype` wrote, alone in its folder (once
+    per dtype; under pytest-xdist once for every worker and later session on the same sources, as
+    tests/onnx/_tiny.py shares its exports: make-tiny writes the same checkpoint in every worker)."""
+    from tests.onnx._tiny import _shared
+
     cache: dict[str, Path] = {}
 
     def get(dtype: str = "fp32") -> Path:
         if dtype not in cache:
-            folder = cli_root / f"export-{dtype}"
-            folder.mkdir()
-            umask = os.umask(0o022)  # the usual umask: the file's mode is checked (test_export.py)
-            try:
-                _main_ok("export", tiny_ckpt, "-o", folder / "tiny.onnx", "--dtype", dtype, "-q")
-            finally:
-                os.umask(umask)
-            cache[dtype] = folder / "tiny.onnx"
+            root, lock = _shared(cli_root, f"cli-export-{dtype}")
+            path = root / f"cli-export-{dtype}" / "tiny.onnx"
+            with lock:
+                if not path.is_file():
+                    path.parent.mkdir(exist_ok=True)
+                    umask = os.umask(0o022)  # the usual umask: the file's mode is checked (test_export.py)
+                    try:
+                        _main_ok("export", tiny_ckpt, "-o", path, "--dtype", dtype, "-q")
+                    finally:
+                        os.umask(umask)
+            cache[dtype] = path
         return cache[dtype]
 
     return get

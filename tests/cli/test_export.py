@@ -103,12 +103,16 @@ def test_missing_checkpoint_folder(cli, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_late_failure_leaves_the_old_file_and_no_temp(cli, tmp_path, tiny_ckpt, monkeypatch):
-    """A failure after tracing (here: the checker) must not touch an existing file of that name."""
+def test_late_failure_leaves_the_old_file_and_no_temp(cli, tmp_path, tiny_ckpt, tiny_onnx, monkeypatch):
+    """A failure after tracing (here: the checker) must not touch an existing file of that name. The
+    trace gives the session's export of the same checkpoint (the trace is not what is tested)."""
+    import onnx_ir
+
     def reject(path, external):
         assert path.exists() and path.parent != tmp_path  # checked in a temp folder, not in place
         raise GdnExportError("injected checker failure")
 
+    monkeypatch.setattr(export_module, "_trace", lambda model, specs, opset: onnx_ir.load(tiny_onnx))
     monkeypatch.setattr(export_module, "_verify", reject)
     (tmp_path / "m.onnx").write_bytes(b"the previous export")
     message = cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "-q", "--overwrite").error_line("export")
