@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -30,6 +31,11 @@ if _THREADS is not None:
             super().__init__(path_or_bytes, options, *args, **kwargs)
 
     ort.InferenceSession = _SharedCoresSession
+
+if torch.cuda.is_available():  # one compile per Triton kernel specialization across the workers
+    from tests.triton_compiles import install as _share_triton_compiles
+
+    _share_triton_compiles()
 
 
 def pytest_configure(config):
@@ -82,6 +88,25 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: ("plugin_build" in getattr(item, "fixturenames", ()),
                                  item.get_closest_marker("cuda_ext") is not None,
                                  item.get_closest_marker("slow") is not None))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if torch.cuda.is_available() and workers > 1:
+        items[:] = _each_worker_builds_last(items, workers)
+
+
+def _each_worker_builds_last(items, workers):
+    """The GPU run's order for `--dist worksteal`, which gives worker i the i-th of `workers` equal
+    contiguous slices of the list: each slice holds a contiguous run of the tests that need no build
+    (neighbours share Triton kernel specializations, compiled once) and then a run of those that wait
+    for the CUDA extension or the plugin library, so that every worker compiles Triton kernels while
+    the builds run instead of the last workers starting on them."""
+    later = [i for i in items if i.get_closest_marker("cuda_ext") or "plugin_build" in getattr(i, "fixturenames", ())]
+    first = [i for i in items if not (i.get_closest_marker("cuda_ext")
+                                      or "plugin_build" in getattr(i, "fixturenames", ()))]
+
+    def chunks(seq):
+        return [seq[len(seq) * w // workers:len(seq) * (w + 1) // workers] for w in range(workers)]
+
+    return [item for a, b in zip(chunks(first), chunks(later)) for item in a + b]
 
 
 # Relative RMS bound per dtype for fast paths against the fp32 reference.
@@ -115,6 +140,21 @@ def assert_close_rms(actual, expected, dtype, name="output"):
     assert err <= bound, f"{name}: relative RMS {err:.3g} > {bound:g} ({dtype})"
 
 
+@contextlib.contextmanager
+def fp32_products(device):
+    """IEEE fp32 matrix products inside the block on a CUDA `device` (float32 matmul precision
+    "highest": no TF32), for fp32 references run on the GPU; nothing to change on the CPU."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=True, seed=None,
                correlated=False):
     """Fresh random gated-delta-rule inputs in the op's layout (never zeros).
@@ -143,6 +183,43 @@ def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=Tr
     out = dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta))
     out["initial_state"] = None if s0 is None else s0.to(device)
     return out
+
+
+if torch.cuda.is_available():
+    # Slots for big_gpu_memory tests (real-size MoE experts: up to ~8 GiB each, inputs, copies and the
+    # reference together): one per 24 GiB of the card (an H100: 3, an H200: 5), leaving the rest to
+    # the other workers' contexts and tests (14 workers on an 80 GB H100 ran out of memory without).
+    _SLOTS = max(1, int(torch.cuda.get_device_properties(0).total_memory / 2**30) // 24)
+
+    @pytest.fixture(autouse=True)
+    def _gpu_memory(request):
+        """Several pytest-xdist workers share one GPU: a big_gpu_memory test first takes one of
+        _SLOTS file locks (shared by every process of this user); every test gives the caching
+        allocator's blocks back after it."""
+        slot = _gpu_memory_slot() if request.node.get_closest_marker("big_gpu_memory") else None
+        try:
+            yield
+        finally:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+            if slot is not None:
+                slot.close()  # releases the lock
+
+    def _gpu_memory_slot():
+        import fcntl
+        import tempfile
+
+        folder = os.path.join(tempfile.gettempdir(), f"gdn-gpu-memory-slots-{os.getuid()}")
+        os.makedirs(folder, exist_ok=True)
+        while True:
+            for i in range(_SLOTS):
+                f = open(os.path.join(folder, str(i)), "w")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return f
+                except BlockingIOError:
+                    f.close()
+            time.sleep(0.05)
 
 
 @pytest.fixture

@@ -6,16 +6,7 @@ it)."""
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-
-if torch.cuda.is_available():
-
-    @pytest.fixture(autouse=True)
-    def _release_cached_gpu_memory():
-        """Several pytest-xdist workers share one GPU: give the allocator's blocks back after each test."""
-        yield
-        torch.cuda.empty_cache()

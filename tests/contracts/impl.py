@@ -8,6 +8,7 @@ into pytest params with readable ids (`impl-case-dtype`) and the marks each need
           `pytest -m gpu` runs it there), skipped with the reason on a CPU-only machine
     slow  a Triton kernel under TRITON_INTERPRET=1 on a case above the interpreter's cheap size
     cuda_ext  a CUDA implementation (it may wait for the CUDA extension's first build)
+    big_gpu_memory  a case tagged "big" (GiBs on the GPU)
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ class Impl:
             pytest.skip(reason)
 
 
+def big_marks(case) -> list:
+    """[big_gpu_memory] for a case tagged "big" (GiBs of inputs: tests/conftest.py runs a few of
+    them at a time on one GPU), else []."""
+    return [pytest.mark.big_gpu_memory] if "big" in getattr(case, "tags", ()) else []
+
+
 def dtype_id(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 
@@ -91,7 +98,7 @@ def params(impls, cases, dtypes, cost=lambda case: 0):
             for dtype in case_dtypes:
                 if impl.supports(case, dtype):
                     out.append(pytest.param(impl, case, dtype, id=f"{impl.name}-{case.name}-{dtype_id(dtype)}",
-                                            marks=impl.marks(cost(case))))
+                                            marks=impl.marks(cost(case)) + big_marks(case)))
     return out
 
 

@@ -12,17 +12,6 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-if torch.cuda.is_available():
-    import pytest
-
-    @pytest.fixture(autouse=True)
-    def _release_cached_gpu_memory():
-        """Give the caching allocator's blocks back after each test: several pytest-xdist workers
-        share one GPU, and each would otherwise keep the peak of every test it ran."""
-        yield
-        torch.cuda.empty_cache()
-
-
 def pytest_collection_modifyitems(config, items):
     """With a GPU these Triton tests run on it: mark them `gpu` there, so that `pytest -m gpu`
     (tests/gpu_run.sh) includes them; on a CPU-only machine they stay in the CPU suite."""

@@ -12,22 +12,24 @@ from gdn_export.ops.moe import sparse_moe_forward
 from gdn_export.ops.moe.naive import moe as reference
 
 
-def moe_inputs(N, H, E, I, dtype=torch.float32, seed=0):
-    """Fresh hidden [N, H], router_logits [N, E], gate_up [E, 2I, H], down [E, H, I] (never zeros).
+def moe_inputs(N, H, E, I, dtype=torch.float32, seed=0, device="cpu"):
+    """Fresh hidden [N, H], router_logits [N, E], gate_up [E, 2I, H], down [E, H, I] (never zeros),
+    drawn on `device` (real-size experts are GiBs: drawn on the GPU in milliseconds).
 
     Each token's logits are a random permutation of 4, 3.75, 3.5, ... (32 values, exact in bf16 /
     fp16) followed by values below -5: the top 32 never tie in any dtype, so every implementation
     must pick the same top-k (with Gaussian fp16 logits a tie at the k-th place made routing, not
     arithmetic, differ).
     """
-    gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(N, H, generator=gen)
-    grid = 4.0 - 0.25 * torch.arange(E, dtype=torch.float32)
-    grid[32:] = -5.0 - torch.rand(max(E - 32, 0), generator=gen)
-    logits = grid[torch.argsort(torch.rand(N, E, generator=gen), dim=-1)]
-    gate_up = torch.randn(E, 2 * I, H, generator=gen) * H**-0.5
-    down = torch.randn(E, H, I, generator=gen) * I**-0.5
-    return tuple(t.to(dtype) for t in (hidden, logits, gate_up, down))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kw = dict(generator=gen, device=device)
+    hidden = torch.randn(N, H, **kw)
+    grid = 4.0 - 0.25 * torch.arange(E, dtype=torch.float32, device=device)
+    grid[32:] = -5.0 - torch.rand(max(E - 32, 0), **kw)
+    logits = grid[torch.argsort(torch.rand(N, E, **kw), dim=-1)]
+    gate_up = torch.randn(E, 2 * I, H, **kw).mul_(H**-0.5).to(dtype)
+    down = torch.randn(E, H, I, **kw).mul_(I**-0.5).to(dtype)
+    return hidden.to(dtype), logits.to(dtype), gate_up, down
 
 
 def _literal(hidden, logits, gate_up, down, top_k, norm):

@@ -1,8 +1,8 @@
 """fp32 references of the quantized routed experts (see gdn_export.ops.moe.quant for the contract).
 
-Dequantize every expert to fp32, then the routing and per-expert loop of `naive.py`, with each
-expert's input activations fake-quantized to FP8 by that expert's static scale where the contract
-says so. Written for clarity; runs on any device.
+The routing and per-expert loop of `naive.py`, each routed expert dequantized to fp32 as it is used,
+with each expert's input activations fake-quantized to FP8 by that expert's static scale where the
+contract says so. Written for clarity; runs on any device.
 """
 
 from __future__ import annotations
@@ -37,20 +37,22 @@ def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return e4m3(x / scale).float() * scale
 
 
-def _experts(hidden, router_logits, gate_up, down, top_k, norm_topk_prob, in_gu=None, in_dn=None):
-    """The loop of naive.moe over fp32 expert weights, with optional per-expert activation scales."""
+def _experts(hidden, router_logits, gate_up_of, down_of, top_k, norm_topk_prob, in_gu=None, in_dn=None):
+    """The loop of naive.moe, each routed expert's fp32 weights from gate_up_of(e) / down_of(e)
+    (dequantized when used: an unrouted expert costs nothing), with optional per-expert activation
+    scales."""
     x = hidden.float()
     ids, weights = route(router_logits, top_k, norm_topk_prob)
     out = torch.zeros_like(x)
-    I = down.shape[-1]
     for e in torch.unique(ids).tolist():
         token, slot = torch.where(ids == e)
         xe = x[token] if in_gu is None else fake_quant(x[token], in_gu[e].float())
-        h = F.linear(xe, gate_up[e])
+        h = F.linear(xe, gate_up_of(e))
+        I = h.shape[1] // 2
         act = F.silu(h[:, :I]) * h[:, I:]
         if in_dn is not None:
             act = fake_quant(act, in_dn[e].float())
-        y = F.linear(act, down[e])
+        y = F.linear(act, down_of(e))
         out.index_add_(0, token, y * weights[token, slot, None].float())
     return out.to(hidden.dtype)
 
@@ -58,9 +60,10 @@ def _experts(hidden, router_logits, gate_up, down, top_k, norm_topk_prob, in_gu=
 def moe_fp8(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, gate_up_input_scale=None,
             down_input_scale=None, top_k: int = 1, norm_topk_prob: bool = True) -> torch.Tensor:
     """hidden [N, H] -> out [N, H] in hidden's dtype (fp32 arithmetic)."""
-    return _experts(hidden, router_logits, dequantize_fp8_experts(gate_up, gate_up_scale),
-                    dequantize_fp8_experts(down, down_scale), top_k, norm_topk_prob,
-                    gate_up_input_scale, down_input_scale)
+    return _experts(hidden, router_logits,
+                    lambda e: dequantize_fp8_experts(gate_up[e:e + 1], gate_up_scale[e:e + 1])[0],
+                    lambda e: dequantize_fp8_experts(down[e:e + 1], down_scale[e:e + 1])[0],
+                    top_k, norm_topk_prob, gate_up_input_scale, down_input_scale)
 
 
 def moe_int4(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, top_k: int = 1,
@@ -68,5 +71,7 @@ def moe_int4(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, to
     """hidden [N, H] -> out [N, H] in hidden's dtype (fp32 arithmetic, 16-bit activations)."""
     H = hidden.shape[1]
     I = gate_up.shape[1] // 2
-    return _experts(hidden, router_logits, dequantize_int4_experts(gate_up, gate_up_scale, H, group_size),
-                    dequantize_int4_experts(down, down_scale, I, group_size), top_k, norm_topk_prob)
+    return _experts(hidden, router_logits,
+                    lambda e: dequantize_int4_experts(gate_up[e:e + 1], gate_up_scale[e:e + 1], H, group_size)[0],
+                    lambda e: dequantize_int4_experts(down[e:e + 1], down_scale[e:e + 1], I, group_size)[0],
+                    top_k, norm_topk_prob)

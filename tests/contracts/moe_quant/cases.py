@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import rel_rms
+from tests.conftest import fp32_products, rel_rms
 from tests.ops.test_moe_reference import moe_inputs
 
 ALL = (torch.float32, torch.bfloat16, torch.float16)
@@ -44,13 +44,24 @@ CASES = [
     _case("N5-H8-E3-I4-k3-every-expert", 5, 8, 3, 4, 3),
     _case("N130-H64-E6-I48-k2", 130, 64, 6, 48, 2),
     # real sizes on the GPU (Qwen3.5-35B-A3B: H 2048, 256 experts of I 512, top 8)
-    _case("decode-B1-qwen35", 1, 2048, 256, 512, 8, tags=("gpu",)),
-    _case("decode-B32-qwen35", 32, 2048, 256, 512, 8, tags=("gpu",)),
+    # ("big": 2 GiB of fp32 experts drawn and quantized on the GPU: tests/conftest.py gpu_memory_slot)
+    _case("decode-B1-qwen35", 1, 2048, 256, 512, 8, tags=("gpu", "big")),
+    _case("decode-B32-qwen35", 32, 2048, 256, 512, 8, tags=("gpu", "big")),
     _case("prefill-T300-E64", 300, 2048, 64, 512, 8, tags=("gpu",)),
     _case("N33-H1000-E16-I300-k4-nonorm", 33, 1000, 16, 300, 4, norm=False, tags=("gpu",)),
 ]
 
 
+def _per_expert(quantize):
+    """quantize [1, N, K] -> (q, scale) applied expert by expert: the temporaries of one expert
+    (not of all E: GiBs at real sizes) are alive at a time."""
+    def run(W, *args):
+        parts = [quantize(W[e:e + 1], *args) for e in range(W.shape[0])]
+        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+    return run
+
+
+@_per_expert
 def fp8_weight(W: torch.Tensor, block: bool):
     """fp32 [E, N, K] -> (fp8, fp32 scale [E, N, 1] per row or [E, N, ceil(K/128)] per 128-group)."""
     E, N, K = W.shape
@@ -62,6 +73,7 @@ def fp8_weight(W: torch.Tensor, block: bool):
     return (W / s.repeat_interleave(128, -1)[..., :K]).to(torch.float8_e4m3fn), s
 
 
+@_per_expert
 def int4_weight(W: torch.Tensor, group: int):
     """fp32 [E, N, K] -> (uint8 [E, N, ceil(K/2)] low nibble = even k, scale [E, N, ceil(K/group)])."""
     E, N, K = W.shape
@@ -74,23 +86,26 @@ def int4_weight(W: torch.Tensor, group: int):
 
 def make_inputs(case: Case, form: str, dtype: torch.dtype, device: str, seed: int | None = None) -> dict:
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
-    hidden, logits, gate_up, down = moe_inputs(case.N, case.H, case.E, case.I, torch.float32, seed=seed)
+    hidden, logits, gate_up, down = moe_inputs(case.N, case.H, case.E, case.I, torch.float32, seed=seed,
+                                               device=device)
     x = {"hidden": hidden.to(dtype), "router_logits": logits.to(dtype), "form": form}
     if form.startswith("fp8"):
         x["gate_up"], x["gate_up_scale"] = fp8_weight(gate_up, form == "fp8-block")
         x["down"], x["down_scale"] = fp8_weight(down, form == "fp8-block")
         if form == "fp8-static":
-            gen = torch.Generator().manual_seed(seed)
+            gen = torch.Generator(device=device).manual_seed(seed)
             act_amax = 3.0  # |silu(g) * u| of these inputs stays below ~3
-            x["gate_up_input_scale"] = hidden.abs().max() / 448 * (0.5 + torch.rand(case.E, generator=gen))
-            x["down_input_scale"] = torch.full((case.E,), act_amax / 448) * (0.5 + torch.rand(case.E, generator=gen))
+            x["gate_up_input_scale"] = hidden.abs().max() / 448 * (0.5 + torch.rand(case.E, generator=gen,
+                                                                                      device=device))
+            x["down_input_scale"] = torch.full((case.E,), act_amax / 448, device=device) * (
+                0.5 + torch.rand(case.E, generator=gen, device=device))
     else:
         group = int(form.rpartition("g")[2])
         x["group_size"] = group
         x["gate_up"], x["gate_up_scale"] = int4_weight(gate_up, group)
         x["down"], x["down_scale"] = int4_weight(down, group)
         x["gate_up_scale"], x["down_scale"] = x["gate_up_scale"].to(dtype), x["down_scale"].to(dtype)
-    return {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+    return x
 
 
 def args(x: dict, case: Case) -> tuple:
@@ -102,16 +117,18 @@ def args(x: dict, case: Case) -> tuple:
 
 
 def oracle(case: Case, x: dict) -> torch.Tensor:
-    """The fp32 reference (gdn_export.ops.moe.quant_naive) on CPU copies, hidden in fp32."""
+    """The fp32 reference (gdn_export.ops.moe.quant_naive) on the inputs' device (the GPU at real
+    sizes: IEEE fp32 products, TF32 off), hidden in fp32; returned on the CPU."""
     from gdn_export.ops.moe import quant_naive
 
-    cpu = {n: (t.detach().cpu() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
-    cpu["hidden"] = cpu["hidden"].float()
-    cpu["router_logits"] = cpu["router_logits"].float()
+    ref = {n: (t.detach() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+    ref["hidden"] = ref["hidden"].float()
+    ref["router_logits"] = ref["router_logits"].float()
     if not x["form"].startswith("fp8"):
-        cpu["gate_up_scale"], cpu["down_scale"] = cpu["gate_up_scale"].float(), cpu["down_scale"].float()
+        ref["gate_up_scale"], ref["down_scale"] = ref["gate_up_scale"].float(), ref["down_scale"].float()
     fn = quant_naive.moe_fp8 if x["form"].startswith("fp8") else quant_naive.moe_int4
-    return fn(*args(cpu, case))
+    with fp32_products(ref["hidden"].device):
+        return fn(*args(ref, case)).cpu()
 
 
 def check(case: Case, x: dict, out: torch.Tensor, want: torch.Tensor) -> None:

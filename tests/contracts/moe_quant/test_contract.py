@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.contracts.impl import HAS_CUDA, NO_GPU
+from tests.contracts.impl import HAS_CUDA, NO_GPU, big_marks
 from tests.contracts.moe_quant.cases import ALL, CASES, FORMS, Case, args, check, make_inputs, oracle
 
 
@@ -44,7 +44,7 @@ def _params():
                 for dtype in dtypes:
                     did = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
                     out.append(pytest.param(run, device, case, form, dtype, id=f"{impl}-{form}-{case.name}-{did}",
-                                            marks=marks))
+                                            marks=marks + big_marks(case)))
     return out
 
 
@@ -90,6 +90,7 @@ def test_unrouted_experts_are_never_read(run, form):
 
 
 @pytest.mark.gpu
+@pytest.mark.big_gpu_memory
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)
 @pytest.mark.parametrize("form", FORMS)
 def test_cuda_graph_replay_and_compile(form):
