@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-SHAPE = dict(HK=32, HV=32, DK=128, DV=128, BK=128)
+SHAPE = dict(DK=128, DV=128, BK=128)
 
 
 def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
@@ -57,9 +57,9 @@ def main() -> int:
 
     p = lambda names, t: {n: t for n in names.split()}  # noqa: E731
     wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum fq fk", "*fp32"),
-                  **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", T="i32")
+                  **p("cu_seqlens chunk_indices", "*i32"), scale="fp32", **p("T sq sk sv HK HV", "i32"))
     fused_sig = dict(p("q k w o", "*bf16"), **p("u Aqk gcum fq fk h0 ht", "*fp32"), cu_seqlens="*i32",
-                     T="i32")
+                     **p("T sq sk HK HV", "i32"))
     flags = dict(IS_VARLEN=False, IEEE=False, SPLIT=True)
     rows = []
     for bv, nw in ((64, 4), (32, 4), (64, 8), (32, 8)):

@@ -2,7 +2,8 @@
 # Every GPU test of the repo (`pytest -m gpu` across tests/) in one call on one GPU, made for one
 # 10-minute H200 call (16 CPU cores; GDN_GPU_TIMEOUT cuts it at 530 s). pytest-xdist workers share
 # the GPU, Triton's compile cache and one build each of the CUDA extension and of plugins/
-# (tests/plugins/cmake_build.py), both started first, in the background. The time goes to Triton
+# (tests/plugins/cmake_build.py), both started first, in the background (the workers run at nice 5, so
+# that the builds the last tests wait for come first). The time goes to Triton
 # compiles, so: each worker takes a contiguous slice of the tests (`--dist worksteal`; neighbouring
 # tests share kernel specializations), with the tests that wait for a build at the end of every slice
 # (tests/conftest.py), and a specialization wanted by several workers at once is compiled by one of
@@ -37,7 +38,7 @@ fi
 t0=$SECONDS
 python3 -c "from gdn_export.cuda import extension; extension.load()" > "$out/extension.log" 2>&1 &
 python3 -c "from tests.plugins.cmake_build import _build; print(_build())" > "$out/plugins.log" 2>&1 &
-timeout "${GDN_GPU_TIMEOUT:-530}" python3 -m pytest -m gpu -n "$workers" --dist worksteal -p no:cacheprovider \
+timeout "${GDN_GPU_TIMEOUT:-530}" nice -n 5 python3 -m pytest -m gpu -n "$workers" --dist worksteal -p no:cacheprovider \
     -v -rfEs --durations=25 --junitxml="$out/junit.xml" tests "$@" > "$out/pytest.log" 2>&1
 rc=$?
 wait

@@ -33,13 +33,14 @@ from gdn_export.ops.gated_delta_rule.triton.wy import chunk_wy_fwd, dot_split
 from gdn_export.ops.triton_utils import dot
 
 
-# T is left unspecialised: one compiled kernel serves every length.
-@triton.jit(do_not_specialize=["T"])
+# T and the head counts are left unspecialised: one compiled kernel serves every length and every
+# Hk / Hv of a head size (they only index programs and rows).
+@triton.jit(do_not_specialize=["T", "HK", "HV"])
 def chunk_state_output_fwd_kernel(
     q, k, w, u, Aqk, gcum, fq, fk, h0, o, ht,
     cu_seqlens,
     T, sq, sk,
-    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    HK, HV, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
     IEEE: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,

@@ -34,8 +34,7 @@ from gdn_export.ops.triton_utils import CHUNK, cdiv, dot, launch_fitting, next_p
 
 
 @triton.jit
-def _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_r, n_rows, HV: tl.constexpr,
-           USE_GATE: tl.constexpr):
+def _gates(p_g, p_beta, p_a, p_b, A_log, dt_bias, i_h, o_r, n_rows, HV, USE_GATE: tl.constexpr):
     # Rows o_r (< n_rows valid) of g and beta; padded rows get g = 0, beta = 0 (no write, no decay).
     m_r = o_r < n_rows
     if USE_GATE:
@@ -135,14 +134,15 @@ def _unit_lower_inverse(A, IEEE: tl.constexpr):
     return Y - dot(N, Y, IEEE)
 
 
-# T is left unspecialised: one compiled kernel serves every length.
-@triton.jit(do_not_specialize=["T"])
+# T and the head counts are left unspecialised: one compiled kernel serves every length and every
+# Hk / Hv of a head size (they only index programs and rows).
+@triton.jit(do_not_specialize=["T", "HK", "HV"])
 def chunk_wy_fwd_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,
     w, u, Aqk, gcum, fq, fk,
     cu_seqlens, chunk_indices,
     scale, T, sq, sk, sv,
-    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    HK, HV, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr,
