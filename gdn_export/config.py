@@ -29,6 +29,7 @@ sees that one position and mrope is exactly plain rope; it is recorded and other
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,20 @@ class HybridConfig:
         """Raise ConfigError naming the first field that gdn-export cannot honour."""
         if self.family not in FAMILIES:
             raise ConfigError(f"family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        n = self.num_hidden_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"num_hidden_layers must be a positive integer, got {n!r}")
+        for name in _FLAGS:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
+        for name, value in (("rms_norm_eps", self.rms_norm_eps), ("linear_norm_eps", self.linear_norm_eps),
+                            ("rope_theta", self.rope_theta if self.use_rope else None),
+                            ("partial_rotary_factor", self.partial_rotary_factor)):
+            if value is not None and not is_number(value, positive=True):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.layer_kinds, list):
+            raise ConfigError(f"layer_types must be a list, got {self.layer_kinds!r}")
         if len(self.layer_kinds) != self.num_hidden_layers:
             raise ConfigError(
                 f"layer_types has {len(self.layer_kinds)} entries but num_hidden_layers is "
@@ -151,6 +166,18 @@ class HybridConfig:
         for i, kind in enumerate(self.layer_kinds):
             if kind not in (LINEAR, FULL):
                 raise ConfigError(f"layer_types[{i}] = {kind!r}; supported: {LINEAR!r}, {FULL!r}")
+        if not _is_int(self.num_experts) or self.num_experts < 0:
+            raise ConfigError(f"num_experts must be an integer >= 0, got {self.num_experts!r}")
+        if self.num_experts:
+            for name, low in (("num_experts_per_tok", 1), ("moe_intermediate_size", 1),
+                              ("shared_expert_intermediate_size", 0), ("decoder_sparse_step", 1)):
+                value = getattr(self, name)
+                if not _is_int(value) or value < low:
+                    raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+            if not isinstance(self.mlp_only_layers, list) or not all(
+                    _is_int(i) and 0 <= i < n for i in self.mlp_only_layers):
+                raise ConfigError(f"mlp_only_layers must be a list of layer indices in [0, {n}), "
+                                  f"got {self.mlp_only_layers!r}")
         dense = any(not self.is_moe_layer(i) for i in range(self.num_hidden_layers))
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "linear_num_key_heads",
@@ -182,8 +209,6 @@ class HybridConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu')")
         if self.dtype not in DTYPES:
             raise ConfigError(f"torch_dtype/dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.num_experts < 0:
-            raise ConfigError(f"num_experts must be >= 0, got {self.num_experts}")
         for name, value, allowed in (("qk_norm", self.qk_norm, ("head", "projection")),
                                      ("attn_block_norm", self.attn_block_norm, ("pre", "post"))):
             if value not in allowed:
@@ -197,13 +222,6 @@ class HybridConfig:
                     f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
                     f"got {self.num_experts_per_tok}"
                 )
-            if self.decoder_sparse_step < 1:
-                raise ConfigError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
-            for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
-                if getattr(self, name) < 0:
-                    raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-            if self.moe_intermediate_size < 1:
-                raise ConfigError(f"moe_intermediate_size must be >= 1, got {self.moe_intermediate_size}")
 
     # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +242,22 @@ class HybridConfig:
         if unknown:
             raise ConfigError(f"unknown HybridConfig field(s): {', '.join(unknown)}")
         return cls(**d)
+
+
+# The true / false fields: JSON booleans only (a string "false" is truthy in Python).
+_FLAGS = ("attn_output_gate", "attention_bias", "use_rope", "allow_neg_eigval", "norm_topk_prob",
+          "zero_centered_norm", "tie_word_embeddings")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any, positive: bool = False) -> bool:
+    """Whether value is a finite JSON number (int or float, not a bool or a string), > 0 if positive."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else True
 
 
 def is_own_dict(d: dict[str, Any]) -> bool:

@@ -23,9 +23,11 @@ from gdn_export.config import (
     LINEAR,
     MODEL_TYPES,
     HybridConfig,
+    is_number,
     is_own_dict,
 )
 from gdn_export.errors import CheckpointError, ConfigError
+from gdn_export.paths import check_readable, os_reason
 
 log = logging.getLogger("gdn_export.config")
 
@@ -84,6 +86,20 @@ def _get(d: dict, name: str, family: str) -> Any:
     return _DEFAULTS[family][name] if value is None else value
 
 
+def _number(value: Any, name: str) -> float:
+    """A JSON number as float; a string, a bool or a non-finite value is a ConfigError naming it."""
+    if not is_number(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A JSON boolean; anything else (the string "false" included) is a ConfigError naming it."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def _rope(d: dict) -> tuple[float, float, list[int] | None]:
     """(rope_theta, partial_rotary_factor, mrope_section) from the old or new rope fields."""
     params = d.get("rope_parameters")
@@ -104,10 +120,9 @@ def _rope(d: dict) -> tuple[float, float, list[int] | None]:
     theta = params.get("rope_theta", d.get("rope_theta", DEFAULT_ROPE_THETA))
     factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY))
     mrope = params.get("mrope_section")
-    try:
-        theta, factor = float(theta), float(factor)
-    except (TypeError, ValueError):
-        raise ConfigError(f"rope_theta / partial_rotary_factor must be numbers, got {theta!r} / {factor!r}") from None
+    theta, factor = _number(theta, "rope_theta"), _number(factor, "partial_rotary_factor")
+    if mrope is not None and not isinstance(mrope, list):
+        raise ConfigError(f"mrope_section must be a list, got {mrope!r}")
     return theta, factor, (list(mrope) if mrope is not None else None)
 
 
@@ -155,10 +170,9 @@ def _olmo_rope(d: dict) -> tuple[bool, float]:
         theta = d.get("rope_theta", DEFAULT_ROPE_THETA) if "rope_theta" in d else DEFAULT_ROPE_THETA
     if theta is None:
         return False, DEFAULT_ROPE_THETA
-    try:
-        return True, float(theta)
-    except (TypeError, ValueError):
-        raise ConfigError(f"rope_theta must be a number or null, got {theta!r}") from None
+    if not is_number(theta):
+        raise ConfigError(f"rope_theta must be a number or null, got {theta!r}")
+    return True, float(theta)
 
 
 def _olmo_layer_kinds(d: dict, n_layers: int) -> list[str]:
@@ -215,8 +229,9 @@ def _moe_fields(d: dict, family: str) -> dict[str, Any]:
         shared_expert_intermediate_size=get("shared_expert_intermediate_size"),
     )
     if family == "qwen3_next":
-        fields.update(norm_topk_prob=bool(get("norm_topk_prob")), decoder_sparse_step=get("decoder_sparse_step"),
-                      mlp_only_layers=list(d.get("mlp_only_layers") or []))
+        fields.update(norm_topk_prob=_flag(get("norm_topk_prob"), "norm_topk_prob"),
+                      decoder_sparse_step=get("decoder_sparse_step"),
+                      mlp_only_layers=d.get("mlp_only_layers") or [])
         return fields
     for name, fixed in _QWEN3_5_MOE_FIXED.items():
         if d.get(name) is not None and d[name] != fixed:
@@ -254,11 +269,11 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         hidden_size=_get(d, "hidden_size", family),
         intermediate_size=_get(d, "intermediate_size", family),
         num_hidden_layers=n_layers,
-        attention_bias=bool(_get(d, "attention_bias", family)),
+        attention_bias=_flag(_get(d, "attention_bias", family), "attention_bias"),
         max_position_embeddings=_get(d, "max_position_embeddings", family),
         linear_conv_kernel_dim=_get(d, "linear_conv_kernel_dim", family),
-        rms_norm_eps=float(_get(d, "rms_norm_eps", family)),
-        tie_word_embeddings=bool(tie),
+        rms_norm_eps=_number(_get(d, "rms_norm_eps", family), "rms_norm_eps"),
+        tie_word_embeddings=_flag(tie, "tie_word_embeddings"),
         hidden_act=hidden_act,
         dtype=_dtype(d, outer),
     )
@@ -271,7 +286,7 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
             num_attention_heads=_get(d, "num_attention_heads", family),
             num_key_value_heads=_get(d, "num_key_value_heads", family),
             head_dim=_get(d, "head_dim", family),
-            attn_output_gate=bool(_get(d, "attn_output_gate", family)),
+            attn_output_gate=_flag(_get(d, "attn_output_gate", family), "attn_output_gate"),
             rope_theta=theta,
             partial_rotary_factor=factor,
             mrope_section=mrope,
@@ -300,12 +315,11 @@ def parse_config(d: dict[str, Any]) -> HybridConfig:
 def read_config(path: str | Path) -> HybridConfig:
     """Read a config.json; a missing or malformed file is a CheckpointError naming it."""
     path = Path(path)
+    check_readable(path, "config file", error=CheckpointError, missing="{path}: config file not found")
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: config file not found") from None
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read config ({exc.strerror})") from None
+        raise CheckpointError(f"{path}: cannot read config ({os_reason(exc)})") from None
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                               f"offset {exc.start}); config.json must be UTF-8 JSON") from None
@@ -313,4 +327,7 @@ def read_config(path: str | Path) -> HybridConfig:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
-    return parse_config(d)
+    try:
+        return parse_config(d)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

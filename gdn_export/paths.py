@@ -54,23 +54,32 @@ def os_reason(exc: OSError) -> str:
 def check_readable(path: str | os.PathLike, what: str, folder: bool = False,
                    error: type[GdnExportError] = GdnExportError, missing: str = "{path}: {what} not found") -> None:
     """`error` unless `path` is a readable file (with folder: a listable folder), naming the reason:
-    `missing` (formatted with path and what), "... is a folder, expected a <what>", "cannot read the <what>
-    (permission denied)". Unlike Path.is_file(), a permission problem is never read as "missing"."""
+    `missing` (formatted with path and what), "... is a folder, expected a <what>", "... is not a
+    regular file" (a pipe, device or socket: never opened, a pipe would block), "cannot read the
+    <what> (permission denied)". Unlike Path.is_file(), a permission problem is never read as "missing"."""
     path = Path(path)
     try:
         if folder:
             if not os.path.isdir(path) and path.exists():
-                raise error(f"{path}: is a file, expected a {what}")
+                raise error(f"{path}: is a file, expected {_a(what)}")
             os.listdir(path)
         else:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # opening a pipe would wait for a writer
+                raise error(f"{path}: is not a regular file (a device, pipe or socket), expected {_a(what)}")
             with open(path, "rb"):
                 pass
     except (FileNotFoundError, NotADirectoryError):
         raise error(missing.format(path=path, what=what)) from None
     except IsADirectoryError:
-        raise error(f"{path}: is a folder, expected a {what}") from None
+        raise error(f"{path}: is a folder, expected {_a(what)}") from None
     except OSError as exc:
         raise error(f"{path}: cannot read the {what} ({os_reason(exc)})") from None
+
+
+def _a(what: str) -> str:
+    """'a folder', 'an ONNX file': the indefinite article for a message."""
+    return f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
 
 
 def file_mode() -> int:
@@ -224,6 +233,8 @@ def check_output_dir(path: str | os.PathLike, what: str | None = None, *, overwr
         if not empty and replaceable is not None and not replaceable(p):
             raise OutputError(f"{what}: is not empty and holds no gdn-export output (no config.json); "
                               f"--overwrite replaces only such a folder")
+        if writes_in_place(p):
+            check_folder_writable(p, what)
     ancestor = p.parent
     while _stat(ancestor, what) is None and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -233,6 +244,14 @@ def check_output_dir(path: str | os.PathLike, what: str | None = None, *, overwr
     if need_bytes:
         check_free_space(ancestor, need_bytes, what)
     return p
+
+
+def writes_in_place(folder: Path) -> bool:
+    """Whether an existing output folder is filled in place rather than replaced by a renamed
+    sibling: a mount point (which cannot be renamed, and whose siblings are on another file
+    system) or the current folder (which the user's shell stands in)."""
+    folder = Path(os.path.abspath(folder))
+    return folder.is_dir() and (os.path.ismount(folder) or folder == Path.cwd())
 
 
 @contextlib.contextmanager

@@ -133,6 +133,25 @@ BAD = [
     ("olmo-neg-eigval-string", "olmo_hybrid", _set("linear_allow_neg_eigval", "yes"), "linear_allow_neg_eigval"),
     ("olmo-hidden-act", "olmo_hybrid", _set("hidden_act", "gelu"), "hidden_act"),
     ("olmo-gqa-not-multiple", "olmo_hybrid", _set("num_key_value_heads", 3), "num_attention_heads"),
+    # JSON types: a string "false" is truthy, a string number parses in Python; neither is taken
+    ("tie-string-false", "qwen3_5", lambda d: d.update(tie_word_embeddings="false"), "tie_word_embeddings"),
+    ("gate-string", "qwen3_5", _set("attn_output_gate", "no"), "attn_output_gate"),
+    ("bias-string", "qwen3_next", _set("attention_bias", "yes"), "attention_bias"),
+    ("topk-norm-int", "qwen3_next", _set("norm_topk_prob", 1), "norm_topk_prob"),
+    ("eps-string", "qwen3_5", _set("rms_norm_eps", "1e-6"), "rms_norm_eps"),
+    ("eps-negative", "qwen3_5", _set("rms_norm_eps", -1.0), "rms_norm_eps"),
+    ("eps-zero", "olmo_hybrid", _set("rms_norm_eps", 0), "rms_norm_eps"),
+    ("rope-theta-negative", "qwen3_next", _set("rope_parameters.rope_theta", -5.0), "rope_theta"),
+    ("rope-theta-nan", "qwen3_5", _set("rope_parameters.rope_theta", float("nan")), "rope_theta"),
+    ("rotary-string", "qwen3_5", _set("rope_parameters.partial_rotary_factor", "0.5"), "partial_rotary_factor"),
+    ("olmo-rope-theta-string", "olmo_hybrid", _set("rope_parameters.rope_theta", "x"), "rope_theta"),
+    ("layers-negative", "qwen3_5", _set("num_hidden_layers", -1), "num_hidden_layers must be a positive"),
+    ("sparse-step-zero", "qwen3_next", _set("decoder_sparse_step", 0), "decoder_sparse_step"),
+    ("sparse-step-string", "qwen3_next", _set("decoder_sparse_step", "2"), "decoder_sparse_step"),
+    ("mlp-only-string", "qwen3_next", _set("mlp_only_layers", "x"), "mlp_only_layers"),
+    ("mlp-only-out-of-range", "qwen3_next", _set("mlp_only_layers", [9]), "mlp_only_layers"),
+    ("experts-string", "qwen3_next", _set("num_experts", "4"), "num_experts"),
+    ("moe-size-float", "qwen3_next", _set("moe_intermediate_size", 1.5), "moe_intermediate_size"),
 ]
 
 

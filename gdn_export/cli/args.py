@@ -29,14 +29,17 @@ _TOKEN = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "1_0"
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" to every flag's help unless the help already names its default or
-    there is none to name (a switch that is off, a flag whose absence means "not given")."""
+    """Appends "(default: X)" to every flag's help, "(default: off)" to a switch, unless the help
+    already names its default or there is none to name (a flag whose absence means "not given")."""
 
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if "default" in text or default is None or default is False or default is argparse.SUPPRESS \
-                or default == [] or not action.option_strings:
+        if "default" in text or not action.option_strings or default is argparse.SUPPRESS:
+            return text
+        if default is False:  # a switch
+            return f"{text} (default: off)"
+        if default is None or default == []:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -60,8 +63,22 @@ def add_dtype(parser, default: str | None = "fp32", help: str = "model precision
     parser.add_argument("--dtype", choices=DTYPES, default=default, help=help)
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy's generators take any seed in [0, 2**63)
+
+
+def seed(text: str) -> int:
+    """argparse type of --seed: an integer in [0, 2**63), refused in one line otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {text}")
+    return value
+
+
 def add_seed(parser, help: str = "random seed") -> None:
-    parser.add_argument("--seed", type=int, default=0, help=help)
+    parser.add_argument("--seed", type=seed, default=0, help=help)
 
 
 def add_plugins(parser, used_for: str = "the TensorRT engine") -> None:
@@ -71,8 +88,9 @@ def add_plugins(parser, used_for: str = "the TensorRT engine") -> None:
 
 
 def add_overwrite(parser, what: str = "the output") -> None:
+    condition = "" if " when " in what else " if it exists"
     parser.add_argument("--overwrite", action="store_true",
-                        help=f"replace {what} if it exists (without it, an existing output is an error)")
+                        help=f"replace {what}{condition} (without it, an existing output is an error)")
 
 
 def add_quiet(parser) -> None:

@@ -43,20 +43,21 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill in calls of at most N tokens per row (default: 4096 // batch on the GPU runner)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="capture the decode step as a CUDA graph (default: on CUDA); --no-cuda-graph")
+                   help="capture the decode step as a CUDA graph (default: on with a CUDA --device; "
+                   "--no-cuda-graph turns it off)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model before capturing (fuses the small ops)")
+                   help="torch.compile the model before capturing (fuses the small ops; default: off)")
     p.add_argument("--compile-mode", choices=("default", "max-autotune"), default=None,
                    help="torch.compile mode (implies --compile); max-autotune times inductor's Triton "
                    "GEMMs against cuBLAS per shape (minutes of compiling; default: default)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (default 3)")
     p.add_argument("--compare-hf", action="store_true",
-                   help="also time transformers (AutoModelForCausalLM, same dtype and device)")
+                   help="also time transformers (AutoModelForCausalLM, same dtype and device; default: off)")
     p.add_argument("--accuracy", action="store_true",
                    help="compare the logits with the fp32 model's on the same prompts (and "
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
-                   "runner against the eager runner")
+                   "runner against the eager runner (default: off)")
     bench_quant.add_arguments(p)
     add_seed(p, "seed of the random prompts")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON (default: not written)")
@@ -94,6 +95,8 @@ def run(args) -> int:
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     if args.quant:
         bench_quant.check(args)  # format, a 16-bit checkpoint, ModelOpt present: before any work
+    else:
+        bench_quant.check_unused(args)
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)

@@ -8,7 +8,7 @@ import statistics
 import time
 from pathlib import Path
 
-from gdn_export.cli.common import Progress, check_at_least, output_file
+from gdn_export.cli.common import Progress, check_at_least, input_file, output_file
 from gdn_export.errors import InputError
 
 
@@ -24,8 +24,6 @@ def _median_ms(fn, repeats: int) -> float:
 def run(args) -> int:
     """Times on `args.onnx` (run_with_iobinding returns once the logits are on the host, so the
     host clock measures the device's work too)."""
-    import json
-
     import numpy as np
 
     from gdn_export.runtime import ort_device
@@ -33,8 +31,14 @@ def run(args) -> int:
 
     if not args.onnx:
         raise InputError("--runtime ort needs --onnx model.onnx (the exported file to time)")
-    if not Path(args.onnx).is_file():
-        raise InputError(f"--onnx {args.onnx}: no such file")
+    input_file(args.onnx, "ONNX file")
+    if args.checkpoint is not None:
+        raise InputError(f"--runtime ort times --onnx alone: drop the checkpoint argument ({args.checkpoint})")
+    if args.quant:
+        raise InputError("--quant applies to --runtime torch only")
+    from gdn_export.cli import bench_quant
+
+    bench_quant.check_unused(args)
     for flag, value, low in (("--batch", args.batch, 1), ("--prompt-len", args.prompt_len, 1),
                              ("--decode-steps", args.decode_steps, 1), ("--warmup", args.warmup, 0),
                              ("--repeats", args.repeats, 1)):
@@ -87,6 +91,8 @@ def run(args) -> int:
     print("| | prefill ms | decode ms/step | decode tokens/s |\n|---|---|---|---|")
     print(f"| {Path(args.onnx).name} | {prefill_ms:.2f} | {step:.3f} | {result['decode_tokens_per_s']:.1f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        from gdn_export.cli.bench import _write_json
+
+        _write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0

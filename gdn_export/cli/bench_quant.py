@@ -39,15 +39,26 @@ def add_arguments(p) -> None:
                    help="also quantize the checkpoint in-process (as `gdn-export quantize --format`, "
                    "calibrating on --device) and time it beside the 16-bit model, with ratios and its "
                    "accuracy against the 16-bit model (default: none)")
-    p.add_argument("--quant-steps", type=int, default=STEPS, metavar="N",
+    # None when not given: without --quant they are refused rather than ignored (QUANT_ONLY)
+    p.add_argument("--quant-steps", type=int, default=None, metavar="N",
                    help=f"--quant: teacher-forced greedy steps of the accuracy comparison (default {STEPS})")
     p.add_argument("--calib-data", default=None, metavar="FILE",
                    help="--quant: calibration text or token ids, as for quantize (default: the built-in "
                    "calibration data)")
-    p.add_argument("--calib-samples", type=int, default=DEFAULT_SAMPLES,
+    p.add_argument("--calib-samples", type=int, default=None,
                    help=f"--quant: calibration rows (default {DEFAULT_SAMPLES})")
-    p.add_argument("--calib-seq-len", type=int, default=DEFAULT_SEQ_LEN,
+    p.add_argument("--calib-seq-len", type=int, default=None,
                    help=f"--quant: tokens per calibration row (default {DEFAULT_SEQ_LEN})")
+
+
+QUANT_ONLY = ("quant_steps", "calib_data", "calib_samples", "calib_seq_len")
+
+
+def check_unused(args) -> None:
+    """Without --quant, a --quant-steps / --calib-* flag would be ignored: refused, naming it."""
+    for name in QUANT_ONLY:
+        if getattr(args, name) is not None:
+            raise InputError(f"--{name.replace('_', '-')} applies with --quant only")
 
 
 def check(args) -> None:
@@ -62,9 +73,14 @@ def check(args) -> None:
         if on:
             raise InputError(f"{flag} does not combine with --quant (which reports the quantized model's "
                              f"accuracy against the 16-bit one)")
-    check_at_least(args.quant_steps, 1, "--quant-steps")
-    check_at_least(args.calib_samples, 1, "--calib-samples")
-    check_at_least(args.calib_seq_len, 1, "--calib-seq-len")
+    from gdn_export.quantize.calib_data import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, check_calibration_file
+
+    for name, default in (("quant_steps", STEPS), ("calib_samples", DEFAULT_SAMPLES), ("calib_seq_len", DEFAULT_SEQ_LEN)):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        check_at_least(getattr(args, name), 1, f"--{name.replace('_', '-')}")
+    if args.calib_data is not None:
+        check_calibration_file(args.calib_data)
     check_not_quantized(Path(args.checkpoint))
     modelopt_version()  # ModelOpt missing: said now, not after the 16-bit run
 

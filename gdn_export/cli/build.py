@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gdn_export.cli.common import input_file, Progress, add_overwrite, add_plugins, add_quiet, check_at_least, output_file
+from gdn_export.errors import InputError
 from gdn_export.paths import check_free_space
 
 
@@ -46,6 +47,10 @@ def run(args) -> int:
 
     if args.workspace is not None:
         check_at_least(args.workspace, 1, "--workspace (MiB)")
+    from gdn_export.cli.runners import ENGINE_SUFFIXES
+
+    if Path(args.output).suffix not in ENGINE_SUFFIXES:  # `run` tells an engine by its suffix
+        raise InputError(f"-o {args.output}: an engine file name must end in {' / '.join(ENGINE_SUFFIXES)}")
     output = output_file(args.output, "-o", args, also=(layers_path(Path(args.output)),))
     onnx = Path(args.onnx)
     input_file(onnx, "ONNX file")

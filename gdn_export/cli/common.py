@@ -54,8 +54,8 @@ def parse_tolerances(atol_args, rtol_args, default_atol: float, default_rtol: fl
                 number = float(value)
             except ValueError:
                 raise InputError(f"--{which} {item!r}: {value!r} is not a number") from None
-            if number < 0:
-                raise InputError(f"--{which} {item!r}: tolerances must be >= 0")
+            if not number >= 0:  # NaN too: every comparison with it fails
+                raise InputError(f"--{which} {item!r}: tolerances must be numbers >= 0")
             if not name:
                 setattr(tol, which, number)
             else:

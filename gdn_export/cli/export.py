@@ -57,6 +57,8 @@ def layout_from_args(args):
     """The DeployLayout the layout flags ask for (GdnExportError naming a bad combination)."""
     from gdn_export.layout import DeployLayout
 
+    if args.kv_cache == "concat" and args.max_cache_len is not None:
+        raise InputError("--max-cache-len sizes the inplace K/V cache; --kv-cache concat grows its cache each step")
     return DeployLayout.make(kv_cache=args.kv_cache, cache_len=args.max_cache_len,
                              sinks=args.attention_sinks, window=args.attention_window,
                              logits="all" if args.all_logits else "last",
@@ -89,6 +91,7 @@ def run(args) -> int:
     _check_quantized_opset(Path(args.checkpoint), args.opset, layout)
     output_file(output, "-o", args, also=(_sidecar(output),),
                 need_bytes=_export_bytes(args.checkpoint, args.dtype))
+    _check_trace_memory(Path(args.checkpoint), layout, args.dtype)
     progress = Progress("export", args.quiet)
     from gdn_export.vlm.cli import export_vlm_if_composite
 
@@ -100,6 +103,17 @@ def run(args) -> int:
     path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops)
     print(f"wrote {path}")
     return 0
+
+
+def _check_trace_memory(checkpoint: Path, layout, dtype: str) -> None:
+    """A cache length whose example K/V cache does not fit in memory is named before the load."""
+    from gdn_export.hf_config import read_config
+    from gdn_export.onnx.export import check_trace_memory
+    from gdn_export.vlm.weights import text_only_warning_off
+
+    with text_only_warning_off():
+        config = read_config(checkpoint / "config.json")
+    check_trace_memory(config, layout, 4 if dtype == "fp32" else 2)
 
 
 def _check_quantized_opset(checkpoint: Path, opset, layout) -> None:

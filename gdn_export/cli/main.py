@@ -51,9 +51,24 @@ def main(argv: list[str] | None = None) -> int:
         # User mistakes: one line, no traceback.
         print(f"gdn-export {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as exc:
+        # What no check foresaw running out of memory (the runners and export check their own
+        # allocations up front): one line, not a traceback.
+        if not _out_of_memory(exc):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"gdn-export {args.command}: error: out of memory: {first}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"gdn-export {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """MemoryError (numpy's too), torch's OutOfMemoryError, or its CPU allocator's RuntimeError."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or \
+        "can't allocate memory" in text or "out of memory" in text
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     add_seed(p, "seed of the random weights")
     p.add_argument("--shards", type=int, default=1,
                    help="write N safetensors shards with an index (at most one per tensor)")
-    add_overwrite(p, "DIRECTORY if it holds a checkpoint (a config.json)")
+    add_overwrite(p, "DIRECTORY when it holds a checkpoint (a config.json); its other files go with it")
     p.set_defaults(handler=run)
 
 

@@ -60,6 +60,10 @@ def run(args) -> int:
         from gdn_export.quantize.pipeline import check_kv_cache
 
         check_kv_cache(args.kv_cache, config)
+    if args.calib_data is not None:
+        from gdn_export.quantize.calib_data import check_calibration_file
+
+        check_calibration_file(args.calib_data)
     output_dir(args.output, "-o", args)  # writable, and the overwrite policy, before calibration
     progress = Progress("quantize", args.quiet)
     path = quantize_checkpoint(checkpoint, args.output, args.format, calib_data=args.calib_data,

@@ -9,15 +9,18 @@ from gdn_export.cli.common import checkpoint_dir, input_file, torch_dtype
 from gdn_export.errors import InputError
 
 BACKENDS = ("torch", "ort", "trt")
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 def guess_backend(path: str) -> str:
+    """torch for a folder, ort for a .onnx, trt for an engine file (a folder named like a file
+    without a config.json goes by its suffix: input_file then says it is a folder)."""
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir() and ((p / "config.json").exists() or p.suffix not in (".onnx", *ENGINE_SUFFIXES)):
         return "torch"
     if p.suffix == ".onnx":
         return "ort"
-    if p.suffix in (".engine", ".plan", ".trt"):
+    if p.suffix in ENGINE_SUFFIXES:
         return "trt"
     raise InputError(f"cannot tell the backend of {path!r}: give a checkpoint folder, a .onnx or an "
                      f".engine file, or --backend")
@@ -32,8 +35,6 @@ def open_runner(path: str, backend: str | None = None, *, dtype: str = "fp32", d
     backend = backend or guess_backend(path)
     if backend == "torch" and os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"--backend torch needs a checkpoint folder, got {path}")
-    if backend in ("ort", "trt") and os.path.isdir(path):
-        raise InputError(f"--backend {backend} needs a .onnx / .engine file, got the folder {path}")
     if backend == "torch":
         checkpoint_dir(path)
     else:

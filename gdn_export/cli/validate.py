@@ -60,6 +60,10 @@ def run(args) -> int:
         return validate_with_images(args)
     # run_parity and write_json check these too, but only after the (slow) model loads.
     check_parity_sizes(args.batch, args.prompt_len, args.decode_steps, spelling=_FLAGS)
+    from gdn_export.runtime.memory import check_host_bytes
+
+    check_host_bytes(8 * args.batch * args.prompt_len, f"--batch {args.batch} x --prompt-len {args.prompt_len} token ids",
+                     "lower --batch or --prompt-len")
     if args.json:
         output_file(args.json, "--json", args)
     check_device(args.device)
@@ -69,6 +73,7 @@ def run(args) -> int:
     checkpoint_dir(args.checkpoint)
     if args.baseline is not None:
         checkpoint_dir(args.baseline)
+        _check_baseline(args.checkpoint, args.baseline)
     from gdn_export.weights.loader import check_checkpoint
 
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
@@ -77,6 +82,8 @@ def run(args) -> int:
         from gdn_export.runtime import ort_device
 
         ort_device.providers_for(ort_device.parse_device(args.ort_device, "--ort-device"), "--ort-device")
+    if args.onnx:
+        _check_cache(_onnx_layout(args.onnx), args, args.onnx)
     progress = Progress("validate", args.quiet)
     candidates = {}  # what the user gave -> runner
     if args.onnx:
@@ -88,6 +95,7 @@ def run(args) -> int:
         progress(f"loading {args.engine} in TensorRT")
         candidates[f"--engine {args.engine}"] = open_runner(args.engine, "trt", plugins=args.plugins)
     first = next(iter(candidates.values()))
+    _check_fits(first, args)
     dtype = args.dtype or _dtype_of(first) or "fp32"
     state_dtype = str(first.layout.state_dtype).removeprefix("torch.")
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], state_dtype)
@@ -118,6 +126,58 @@ def run(args) -> int:
         write_json(report, args.json)
         progress(f"wrote {args.json}")
     return 0 if report.passed else 1
+
+
+def _check_baseline(checkpoint: str, baseline: str) -> None:
+    """--baseline names the 16-bit source of a quantized checkpoint: the checkpoint must be quantized
+    and the baseline the same model (every config field but the dtype)."""
+    from pathlib import Path
+
+    from gdn_export.hf_config import read_config
+    from gdn_export.weights.quantized import read_quant_config
+
+    if read_quant_config(Path(checkpoint) / "config.json") is None:
+        raise InputError(f"--baseline applies to a quantized checkpoint; {checkpoint} is not quantized "
+                         f"(no quantization_config)")
+    mine, theirs = read_config(Path(checkpoint) / "config.json").to_dict(), read_config(Path(baseline) / "config.json").to_dict()
+    differ = [k for k in mine if k != "dtype" and mine[k] != theirs.get(k)]
+    if differ:
+        raise InputError(f"--baseline {baseline} is not the model {checkpoint} was quantized from: {differ[0]} is "
+                         f"{theirs.get(differ[0])!r} there, {mine[differ[0]]!r} here")
+
+
+def _onnx_layout(path: str):
+    """The DeployLayout recorded in an ONNX file's metadata, None when it cannot be read (the
+    ONNX Runtime runner then names the problem)."""
+    try:
+        import onnx
+
+        from gdn_export.onnx.metadata import read_layout
+
+        model = onnx.load(path, load_external_data=False)
+        return read_layout({p.key: p.value for p in model.metadata_props})
+    except Exception:  # noqa: BLE001 - reported by the runner
+        return None
+
+
+def _check_cache(layout, args, what: str) -> None:
+    """The prompt and every decode step in the file's K/V cache (each runner would say so only at
+    the step that overflows)."""
+    need = args.prompt_len + args.decode_steps
+    if layout is not None and layout.inplace and not layout.streaming and need > layout.cache_len:
+        raise InputError(f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps} = {need} tokens "
+                         f"exceed the cache of {layout.cache_len} slots of {what} "
+                         f"(export with --max-cache-len {need})")
+
+
+def _check_fits(runner, args) -> None:
+    """The K/V cache (an engine's, read once loaded), and the states and logits in memory, before
+    the first forward."""
+    from gdn_export.runtime.memory import check_generation_memory
+
+    _check_cache(runner.layout, args, args.onnx or args.engine)
+    rows = [range(args.prompt_len)] * args.batch  # lengths only: no ids are made for the check
+    check_generation_memory(runner, rows, args.decode_steps + 1, hint="lower --batch, --prompt-len or --decode-steps")
 
 
 def _dtype_of(runner) -> str | None:

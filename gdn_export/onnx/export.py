@@ -60,6 +60,31 @@ def default_opset(layout) -> int:
     return INPLACE_OPSET if layout.inplace else ONNX_OPSET
 
 
+def trace_cache_bytes(config, layout, dtype_bytes: int) -> int:
+    """Bytes of the example K/V cache a trace of `config` under `layout` holds: the in-place cache's
+    inputs and outputs at EXAMPLE_BATCH rows of cache_len slots in every attention layer (0 for the
+    concat cache, whose example holds EXAMPLE_PAST slots)."""
+    from gdn_export.config import FULL
+
+    if not layout.inplace:
+        return 0
+    layers = sum(kind == FULL for kind in config.layer_kinds)
+    return 2 * 2 * EXAMPLE_BATCH * layers * config.num_key_value_heads * layout.cache_len * config.head_dim * dtype_bytes
+
+
+def check_trace_memory(config, layout, dtype_bytes: int, flag: str = "--max-cache-len") -> None:
+    """InputError when the trace's example K/V cache (trace_cache_bytes) exceeds the memory
+    available (MemAvailable and the cgroup limit), before anything is loaded or traced."""
+    from gdn_export.errors import InputError
+    from gdn_export.runtime.memory import _gib, cpu_available_bytes
+
+    need, free = trace_cache_bytes(config, layout, dtype_bytes), cpu_available_bytes()
+    if free is not None and need > free:
+        raise InputError(f"{flag} {layout.cache_len}: tracing the export holds an example K/V cache of {_gib(need)} "
+                         f"(batch {EXAMPLE_BATCH}, inputs and outputs), more than the {_gib(free)} of memory "
+                         f"available; give a shorter cache")
+
+
 def _example_inputs(model, specs):
     import torch
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gdn_export.errors import InputError
+from gdn_export.paths import check_readable
 
 DEFAULT_SAMPLES = 32
 DEFAULT_SEQ_LEN = 512
@@ -76,6 +77,11 @@ def _ids_from_text_file(path: Path) -> np.ndarray | None:
     return None
 
 
+def check_calibration_file(path: str | Path) -> None:
+    """InputError unless --calib-data names a readable file (missing, a folder, a pipe, no permission)."""
+    check_readable(path, "calibration file", error=InputError, missing="--calib-data {path}: file not found")
+
+
 def load_calibration(path: str | Path | None, checkpoint: str | Path, vocab_size: int,
                      samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN,
                      progress=None) -> tuple[list[np.ndarray], str]:
@@ -100,8 +106,7 @@ def load_calibration(path: str | Path | None, checkpoint: str | Path, vocab_size
                     f"give --calib-data for real calibration)")
     else:
         path = Path(path)
-        if not path.is_file():
-            raise InputError(f"--calib-data {path}: file not found")
+        check_calibration_file(path)
         if path.suffix == ".npy":
             try:
                 arr = np.load(path, allow_pickle=False)

@@ -66,6 +66,13 @@ def available_bytes(device) -> int | None:
     return cpu_available_bytes()
 
 
+def check_host_bytes(need: int, what: str, hint: str) -> None:
+    """InputError when `need` bytes of host memory (for `what`) exceed what is available."""
+    free = cpu_available_bytes()
+    if free is not None and need > free:
+        raise InputError(f"{what} need {_gib(need)}, but the host has {_gib(free)} available; {hint}")
+
+
 def model_plan(model, device) -> SimpleNamespace:
     """What `generation_bytes` reads from a runner, for a HybridForCausalLM (a meta-device one will
     do) that is not loaded yet: its state specs, layout, vocab size and the device it will run on."""

@@ -24,7 +24,9 @@ a missing or mis-shaped scale, a quantized tensor where gdn-export keeps 16 bits
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +73,8 @@ class QuantSpec:
 def read_quant_config(config_path: str | Path) -> dict | None:
     """config.json's quantization_config (a dict) or None."""
     try:
+        if not stat.S_ISREG(os.stat(config_path).st_mode):
+            return None  # a pipe would block: read_config names it
         raw = json.loads(Path(config_path).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
         return None  # read_config reports an unreadable config.json

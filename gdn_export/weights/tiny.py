@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
-from gdn_export.paths import file_mode, make_dir_mode_usual
+from gdn_export.paths import file_mode, make_dir_mode_usual, writes_in_place
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
@@ -204,7 +204,7 @@ def make_tiny_checkpoint(
     """
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise InputError(f"shards must be an integer >= 1, got {shards!r}")
-    directory = check_target(directory, overwrite)
+    directory = check_target(Path(os.path.abspath(directory)), overwrite)  # "." has no name of its own
     cfg_dict = tiny_config_dict(family, model_type, **overrides)
     config = parse_config(cfg_dict)
     model = HybridForCausalLM(config)
@@ -224,9 +224,10 @@ def make_tiny_checkpoint(
         raise InputError(f"{shards} shards asked for, but this checkpoint has only {len(tensors)} "
                          f"tensors (each shard holds at least one)")
 
+    in_place = writes_in_place(directory)
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory if in_place else directory.parent))
         make_dir_mode_usual(tmp)  # mkdtemp makes it 0700
     except OSError as exc:
         raise CheckpointError(f"{directory}: cannot create it ({exc.strerror})") from None
@@ -246,14 +247,32 @@ def make_tiny_checkpoint(
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         for f in tmp.iterdir():
             f.chmod(file_mode())  # safetensors writes 0600
-        if directory.exists():
+        if not directory.exists():
+            os.replace(tmp, directory)
+        elif in_place:
+            _fill_in_place(tmp, directory)
+        else:
             old = directory.with_name(f".{directory.name}.old.{os.getpid()}")
             os.replace(directory, old)
             os.replace(tmp, directory)
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+def _fill_in_place(tmp: Path, directory: Path) -> None:
+    """Replace directory's contents (empty, or a checkpoint with overwrite: check_target) by the
+    files of tmp, a folder inside it: the old entries go first, then each new file is renamed in
+    (config.json last, so that an interrupted fill never looks like a checkpoint)."""
+    for entry in directory.iterdir():
+        if entry == tmp:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+        os.replace(f, directory / f.name)
+    tmp.rmdir()

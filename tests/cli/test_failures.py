@@ -251,7 +251,7 @@ def test_validate_json_written_with_the_usual_mode(cli, tmp_path, tiny_ckpt, tin
 
 @pytest.mark.parametrize("what,fragment", [
     ("model.safetensors", "cannot read the safetensors file (permission denied)"),
-    ("config.json", "cannot read config (Permission denied)"),
+    ("config.json", "cannot read the config file (permission denied)"),
     (".", "cannot read the checkpoint folder (permission denied)"),
 ], ids=["safetensors-0000", "config-0000", "folder-not-listable"])
 @pytest.mark.parametrize("command", ["export", "run", "bench", "validate"])
@@ -489,3 +489,92 @@ def test_bench_bound_before_loading(cli, tiny_ckpt, args):
     progress line, so the error is the only stderr line."""
     message = cli("bench", tiny_ckpt, *args).error_line("bench")
     assert "needs" in message and "available; lower --batch, --prompt-len or --decode-steps" in message
+
+
+# ------------------------------------------------------------------ inputs that are not files
+
+@pytest.mark.parametrize("where", ["config", "safetensors", "onnx", "calib"])
+def test_a_pipe_is_refused_not_opened(cli, tmp_path, tiny_ckpt, where):
+    """Opening a FIFO for reading waits for a writer for ever: refused by its kind instead."""
+    fifo = tmp_path / {"config": "ck/config.json", "safetensors": "ck/model.safetensors",
+                       "onnx": "m.onnx", "calib": "ids.txt"}[where]
+    if where in ("config", "safetensors"):
+        (tmp_path / "ck").mkdir()
+        keep = "model.safetensors" if where == "config" else "config.json"
+        shutil.copy(tiny_ckpt / keep, tmp_path / "ck" / keep)
+    os.mkfifo(fifo)
+    argv = {"config": ["run", tmp_path / "ck", "--input-ids", "1,2"],
+            "safetensors": ["export", tmp_path / "ck", "-o", tmp_path / "x.onnx"],
+            "onnx": ["run", fifo, "--input-ids", "1,2"],
+            "calib": ["quantize", tiny_ckpt, "-o", tmp_path / "q", "--format", "fp8", "--calib-data", fifo]}[where]
+    message = cli(*argv).error_line(argv[0])
+    assert f"{fifo}: is not a regular file (a device, pipe or socket)" in message
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "q").exists()
+
+
+# ------------------------------------------------------------------ folders make-tiny fills in place
+
+def test_make_tiny_into_the_current_folder(cli, tmp_path, monkeypatch):
+    """"." has no name to rename by, and the shell stands in it: the checkpoint is written into it."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert cli("make-tiny", ".").code == 0
+    assert listing(tmp_path / "here") == ["config.json", "model.safetensors"]
+    assert cli("make-tiny", ".", "--overwrite", "--shards", "2", "--family", "olmo_hybrid").code == 0
+    assert listing(tmp_path / "here") == ["config.json", "model-00001-of-00002.safetensors",
+                                          "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    assert listing(tmp_path) == ["here", *(f"here/{n}" for n in listing(tmp_path / "here"))]
+
+
+def test_make_tiny_into_a_mount_point(cli, tmp_path):
+    """A mount point cannot be renamed and its siblings sit on another file system: filled in place
+    (read-only: refused first)."""
+    import subprocess
+
+    point = tmp_path / "mnt"
+    point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        assert cli("make-tiny", point).code == 0
+        assert listing(point) == ["config.json", "model.safetensors"]
+        subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True)
+        assert "read-only file system" in cli("make-tiny", point / "sub").error_line("make-tiny")
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+# ------------------------------------------------------------------ values no command can honour
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["make-tiny", "{tmp}/t", "--seed", "-1"], "argument --seed: must be in [0, 2**63 - 1], got -1"),
+    (["make-tiny", "{tmp}/t", "--seed", str(10**20)], "argument --seed: must be in [0, 2**63 - 1]"),
+    (["demo", "--seed", "-1"], "argument --seed: must be in [0, 2**63 - 1]"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--seed", "x"], "argument --seed: must be an integer, got 'x'"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--rtol", "nan"], "tolerances must be numbers >= 0"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--batch", "100000", "--prompt-len", "10000000"],
+     "token ids need 7450.58 GiB"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--prompt-len", "100", "--decode-steps", "10000"],
+     "--prompt-len 100 + --decode-steps 10000 = 10100 tokens exceed the cache of 4096 slots"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--baseline", "{ckpt}"],
+     "--baseline applies to a quantized checkpoint"),
+    (["export", "{ckpt}", "-o", "{tmp}/x.onnx", "--max-cache-len", str(10**13)],
+     "--max-cache-len 10000000000000: tracing the export holds an example K/V cache of"),
+    (["export", "{ckpt}", "-o", "{tmp}/x.onnx", "--kv-cache", "concat", "--max-cache-len", "64"],
+     "--max-cache-len sizes the inplace K/V cache"),
+    (["build", "{onnx}", "-o", "{tmp}/x.onnx"], "an engine file name must end in .engine / .plan / .trt"),
+    (["bench", "{ckpt}", "--quant-steps", "-1"], "--quant-steps applies with --quant only"),
+    (["bench", "{ckpt}", "--calib-samples", "3"], "--calib-samples applies with --quant only"),
+    (["bench", "{ckpt}", "--runtime", "ort", "--onnx", "{onnx}"], "drop the checkpoint argument"),
+    (["run", "{tmp}/dir.onnx", "--input-ids", "1"], "dir.onnx: is a folder, expected an ONNX file"),
+], ids=["seed-negative", "seed-huge", "demo-seed", "seed-text", "rtol-nan", "validate-ids-memory",
+        "validate-past-the-cache", "baseline-unquantized", "export-cache-memory", "concat-cache-len",
+        "build-onnx-suffix", "bench-quant-steps-alone", "bench-calib-alone", "bench-ort-checkpoint",
+        "run-folder-named-onnx"])
+def test_values_refused_before_the_work(cli, tmp_path, tiny_ckpt, tiny_onnx, argv, fragment):
+    (tmp_path / "dir.onnx").mkdir()
+    fill = [str(a).format(tmp=tmp_path, ckpt=tiny_ckpt, onnx=tiny_onnx) for a in argv]
+    before = listing(tmp_path)
+    result = cli(*fill)
+    assert fragment in result.error_line(fill[0])
+    assert listing(tmp_path) == before

@@ -97,7 +97,7 @@ def test_bad_prompt_or_flag(cli, tiny_onnx, args, fragment):
     ("{tmp}/gone.onnx", [], "gone.onnx: no such ONNX file"),
     ("{ckpt}", ["--device", "nonsense"], "--device 'nonsense' is not a torch device"),
     ("{ckpt}", ["--op-backend", "cuda"], "--op-backend cuda needs --device cuda"),
-    ("{ckpt}", ["--backend", "ort"], "--backend ort needs a .onnx / .engine file, got the folder"),
+    ("{ckpt}", ["--backend", "ort"], "{ckpt}: is a folder, expected an ONNX file"),
     ("{onnx}", ["--dtype", "fp16"], "--dtype applies to the torch backend only; {onnx} runs on ort"),
     ("{onnx}", ["--device", "tpu"], "--device 'tpu': ONNX Runtime runs on cpu, cuda or cuda:N"),
     ("{ckpt}", ["--plugins", "lib.so"], "--plugins applies to the trt backend only"),

@@ -64,7 +64,8 @@ def test_parse_tolerances_forms():
 
 
 @pytest.mark.parametrize("atol,fragment", [("logits:x", "'x' is not a number"),
-                                          ("-1", "tolerances must be >= 0"),
+                                          ("-1", "tolerances must be numbers >= 0"),
+                                          ("nan", "tolerances must be numbers >= 0"),
                                           ("logits:", "'' is not a number")])
 def test_parse_tolerances_rejects(atol, fragment):
     with pytest.raises(InputError, match=fragment):
