@@ -32,6 +32,29 @@ if _THREADS is not None:
 
     ort.InferenceSession = _SharedCoresSession
 
+if os.environ.get("GDN_EXPORT_LOG"):  # where the suite's time goes: one line per whole-model trace
+    import hashlib
+
+    import gdn_export.onnx.export as _export
+
+    _run_exporter = _export.run_exporter
+
+    def _logged_run_exporter(model, args, *rest, **kwargs):
+        digest = hashlib.sha256(repr((type(model).__name__, getattr(model, "config", None),
+                                      getattr(model, "layout", None), rest[-1:], kwargs)).encode())
+        for t in list(model.state_dict().values()) + [a for a in args if isinstance(a, torch.Tensor)]:
+            digest.update(str((t.dtype, tuple(t.shape))).encode())
+            digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()[:4096])
+        t0 = time.perf_counter()
+        try:
+            return _run_exporter(model, args, *rest, **kwargs)
+        finally:
+            with open(os.environ["GDN_EXPORT_LOG"], "a") as f:
+                f.write(f"{time.perf_counter() - t0:.2f}\t{digest.hexdigest()[:16]}\t"
+                        f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\n")
+
+    _export.run_exporter = _logged_run_exporter
+
 if torch.cuda.is_available():  # one compile per Triton kernel specialization across the workers
     from tests.triton_compiles import install as _share_triton_compiles
 
