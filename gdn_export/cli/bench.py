@@ -140,7 +140,7 @@ def run(args) -> int:
 
     print(_table(result, rows))
     if args.json:
-        _write_json(result, Path(args.json))
+        write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0
 
@@ -315,7 +315,9 @@ def _table(result: dict, rows) -> str:
     return "\n".join(lines)
 
 
-def _write_json(result: dict, path: Path) -> None:
+def write_json(result: dict, path: Path) -> None:
+    """--json: the result dict without its private ("_") keys, written atomically (bench and
+    bench --runtime ort / --quant)."""
     def clean(x):
         if isinstance(x, dict):
             return {k: clean(v) for k, v in x.items() if not k.startswith("_")}

@@ -91,8 +91,8 @@ def run(args) -> int:
     print("| | prefill ms | decode ms/step | decode tokens/s |\n|---|---|---|---|")
     print(f"| {Path(args.onnx).name} | {prefill_ms:.2f} | {step:.3f} | {result['decode_tokens_per_s']:.1f} |")
     if args.json:
-        from gdn_export.cli.bench import _write_json
+        from gdn_export.cli.bench import write_json
 
-        _write_json(result, Path(args.json))
+        write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0

@@ -104,7 +104,7 @@ def model_weights(model) -> tuple[int, int]:
 
 def run(args, result: dict, ids, setup) -> int:
     """Quantize, bench both models, compare; print the table, write --json. Returns 0."""
-    from gdn_export.cli.bench import _table, _write_json, measure
+    from gdn_export.cli.bench import _table, write_json, measure
     from gdn_export.quantize.accuracy import runner_compare, runner_greedy
     from gdn_export.quantize.pipeline import quantize_checkpoint
 
@@ -138,7 +138,7 @@ def run(args, result: dict, ids, setup) -> int:
     result["quant"] = quant
     print(table(result, _table))
     if args.json:
-        _write_json(result, Path(args.json))
+        write_json(result, Path(args.json))
         progress(f"wrote {args.json}")
     return 0
 

@@ -76,12 +76,12 @@ def check_trace_memory(config, layout, dtype_bytes: int, flag: str = "--max-cach
     """InputError when the trace's example K/V cache (trace_cache_bytes) exceeds the memory
     available (MemAvailable and the cgroup limit), before anything is loaded or traced."""
     from gdn_export.errors import InputError
-    from gdn_export.runtime.memory import _gib, cpu_available_bytes
+    from gdn_export.runtime.memory import cpu_available_bytes, size_text
 
     need, free = trace_cache_bytes(config, layout, dtype_bytes), cpu_available_bytes()
     if free is not None and need > free:
-        raise InputError(f"{flag} {layout.cache_len}: tracing the export holds an example K/V cache of {_gib(need)} "
-                         f"(batch {EXAMPLE_BATCH}, inputs and outputs), more than the {_gib(free)} of memory "
+        raise InputError(f"{flag} {layout.cache_len}: tracing the export holds an example K/V cache of {size_text(need)} "
+                         f"(batch {EXAMPLE_BATCH}, inputs and outputs), more than the {size_text(free)} of memory "
                          f"available; give a shorter cache")
 
 

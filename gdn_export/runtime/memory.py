@@ -26,7 +26,8 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8
              "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
-def _gib(n: int) -> str:
+def size_text(n: int) -> str:
+    """n bytes as "1.25 GiB" (from 64 MiB up) or "3.0 MiB"."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**26 else f"{n / 2**20:.1f} MiB"
 
 
@@ -70,7 +71,7 @@ def check_host_bytes(need: int, what: str, hint: str) -> None:
     """InputError when `need` bytes of host memory (for `what`) exceed what is available."""
     free = cpu_available_bytes()
     if free is not None and need > free:
-        raise InputError(f"{what} need {_gib(need)}, but the host has {_gib(free)} available; {hint}")
+        raise InputError(f"{what} need {size_text(need)}, but the host has {size_text(free)} available; {hint}")
 
 
 def model_plan(model, device) -> SimpleNamespace:
@@ -117,6 +118,6 @@ def check_generation_memory(runner, prompts: Sequence[np.ndarray], max_new_token
     if free is None or states + logits <= free:
         return
     raise InputError(f"batch {len(prompts)}, prompts of up to {max(len(p) for p in prompts)} tokens, "
-                     f"{max_new_tokens} new tokens: needs {_gib(states + logits)} (states and K/V cache "
-                     f"{_gib(states)}" + (f", logits of every step {_gib(logits)}" if keep_logits else "")
-                     + f"), but {device} has {_gib(free)} available; {hint}")
+                     f"{max_new_tokens} new tokens: needs {size_text(states + logits)} (states and K/V cache "
+                     f"{size_text(states)}" + (f", logits of every step {size_text(logits)}" if keep_logits else "")
+                     + f"), but {device} has {size_text(free)} available; {hint}")
