@@ -75,7 +75,8 @@ def check(args) -> None:
                              f"accuracy against the 16-bit one)")
     from gdn_export.quantize.calib_data import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, check_calibration_file
 
-    for name, default in (("quant_steps", STEPS), ("calib_samples", DEFAULT_SAMPLES), ("calib_seq_len", DEFAULT_SEQ_LEN)):
+    defaults = (("quant_steps", STEPS), ("calib_samples", DEFAULT_SAMPLES), ("calib_seq_len", DEFAULT_SEQ_LEN))
+    for name, default in defaults:
         if getattr(args, name) is None:
             setattr(args, name, default)
         check_at_least(getattr(args, name), 1, f"--{name.replace('_', '-')}")

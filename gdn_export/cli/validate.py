@@ -62,8 +62,8 @@ def run(args) -> int:
     check_parity_sizes(args.batch, args.prompt_len, args.decode_steps, spelling=_FLAGS)
     from gdn_export.runtime.memory import check_host_bytes
 
-    check_host_bytes(8 * args.batch * args.prompt_len, f"--batch {args.batch} x --prompt-len {args.prompt_len} token ids",
-                     "lower --batch or --prompt-len")
+    ids = f"--batch {args.batch} x --prompt-len {args.prompt_len} token ids"
+    check_host_bytes(8 * args.batch * args.prompt_len, ids, "lower --batch or --prompt-len")
     if args.json:
         output_file(args.json, "--json", args)
     check_device(args.device)
@@ -139,7 +139,8 @@ def _check_baseline(checkpoint: str, baseline: str) -> None:
     if read_quant_config(Path(checkpoint) / "config.json") is None:
         raise InputError(f"--baseline applies to a quantized checkpoint; {checkpoint} is not quantized "
                          f"(no quantization_config)")
-    mine, theirs = read_config(Path(checkpoint) / "config.json").to_dict(), read_config(Path(baseline) / "config.json").to_dict()
+    mine = read_config(Path(checkpoint) / "config.json").to_dict()
+    theirs = read_config(Path(baseline) / "config.json").to_dict()
     differ = [k for k in mine if k != "dtype" and mine[k] != theirs.get(k)]
     if differ:
         raise InputError(f"--baseline {baseline} is not the model {checkpoint} was quantized from: {differ[0]} is "

@@ -69,7 +69,8 @@ def trace_cache_bytes(config, layout, dtype_bytes: int) -> int:
     if not layout.inplace:
         return 0
     layers = sum(kind == FULL for kind in config.layer_kinds)
-    return 2 * 2 * EXAMPLE_BATCH * layers * config.num_key_value_heads * layout.cache_len * config.head_dim * dtype_bytes
+    per_slot = config.num_key_value_heads * config.head_dim * dtype_bytes
+    return 2 * 2 * EXAMPLE_BATCH * layers * layout.cache_len * per_slot  # K and V, inputs and outputs
 
 
 def check_trace_memory(config, layout, dtype_bytes: int, flag: str = "--max-cache-len") -> None:
@@ -80,9 +81,9 @@ def check_trace_memory(config, layout, dtype_bytes: int, flag: str = "--max-cach
 
     need, free = trace_cache_bytes(config, layout, dtype_bytes), cpu_available_bytes()
     if free is not None and need > free:
-        raise InputError(f"{flag} {layout.cache_len}: tracing the export holds an example K/V cache of {size_text(need)} "
-                         f"(batch {EXAMPLE_BATCH}, inputs and outputs), more than the {size_text(free)} of memory "
-                         f"available; give a shorter cache")
+        raise InputError(f"{flag} {layout.cache_len}: tracing the export holds an example K/V cache of "
+                         f"{size_text(need)} (batch {EXAMPLE_BATCH}, inputs and outputs), more than the "
+                         f"{size_text(free)} of memory available; give a shorter cache")
 
 
 def _example_inputs(model, specs):
