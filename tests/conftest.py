@@ -209,16 +209,11 @@ def gdn_inputs(B, T, Hk, Hv, Dk, Dv, dtype=torch.float32, device="cpu", state=Tr
 
 
 if torch.cuda.is_available():
-    # Slots for big_gpu_memory tests (real-size MoE experts: up to ~8 GiB each, inputs, copies and the
-    # reference together): one per 24 GiB of the card (an H100: 3, an H200: 5), leaving the rest to
-    # the other workers' contexts and tests (14 workers on an 80 GB H100 ran out of memory without).
-    _SLOTS = max(1, int(torch.cuda.get_device_properties(0).total_memory / 2**30) // 24)
-
     @pytest.fixture(autouse=True)
     def _gpu_memory(request):
-        """Several pytest-xdist workers share one GPU: a big_gpu_memory test first takes one of
-        _SLOTS file locks (shared by every process of this user); every test gives the caching
-        allocator's blocks back after it."""
+        """Several pytest-xdist workers share one GPU: a big_gpu_memory test first takes a slot
+        (_gpu_memory_slot); every test gives the caching allocator's blocks and the spill stack back
+        after it."""
         slot = _gpu_memory_slot() if request.node.get_closest_marker("big_gpu_memory") else None
         try:
             yield
@@ -242,13 +237,18 @@ if torch.cuda.is_available():
             pass
 
     def _gpu_memory_slot():
+        """One of the card's slots for big_gpu_memory tests (real-size MoE experts: up to ~8 GiB each,
+        inputs, copies and the reference together), a file lock shared by every process of this user:
+        one slot per 24 GiB of the card (an H100: 3, an H200: 5), leaving the rest to the other
+        workers' contexts and tests (14 workers on an 80 GB H100 ran out of memory without)."""
         import fcntl
         import tempfile
 
+        slots = max(1, int(torch.cuda.get_device_properties(0).total_memory / 2**30) // 24)
         folder = os.path.join(tempfile.gettempdir(), f"gdn-gpu-memory-slots-{os.getuid()}")
         os.makedirs(folder, exist_ok=True)
         while True:
-            for i in range(_SLOTS):
+            for i in range(slots):
                 f = open(os.path.join(folder, str(i)), "w")
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

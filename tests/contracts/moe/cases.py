@@ -55,7 +55,7 @@ CASES = [
     _case("N65-H128-E8-I100-k2", 65, 128, 8, 100, 2, tags=("gpu",)),
     _case("N65-H128-E16-I100-k4-nonorm", 65, 128, 16, 100, 4, norm=False, tags=("gpu",)),
     _case("N130-H256-E64-I96-k8", 130, 256, 64, 96, 8, tags=("gpu",)),
-    # ("big": 1.5-6 GiB of expert weights, run a few at a time: tests/conftest.py gpu_memory_slot)
+    # ("big": 1.5-6 GiB of expert weights, run a few at a time: tests/conftest.py _gpu_memory_slot)
     _case("decode-B1-qwen35", 1, 2048, 256, 512, 8, tags=("gpu", "big")),
     _case("decode-B8-qwen35", 8, 2048, 256, 512, 8, tags=("gpu", "big")),
     _case("decode-B64-qwen35", 64, 2048, 256, 512, 8, tags=("gpu", "big")),

@@ -44,7 +44,7 @@ CASES = [
     _case("N5-H8-E3-I4-k3-every-expert", 5, 8, 3, 4, 3),
     _case("N130-H64-E6-I48-k2", 130, 64, 6, 48, 2),
     # real sizes on the GPU (Qwen3.5-35B-A3B: H 2048, 256 experts of I 512, top 8)
-    # ("big": 2 GiB of fp32 experts drawn and quantized on the GPU: tests/conftest.py gpu_memory_slot)
+    # ("big": 2 GiB of fp32 experts drawn and quantized on the GPU: tests/conftest.py _gpu_memory_slot)
     _case("decode-B1-qwen35", 1, 2048, 256, 512, 8, tags=("gpu", "big")),
     _case("decode-B32-qwen35", 32, 2048, 256, 512, 8, tags=("gpu", "big")),
     _case("prefill-T300-E64", 300, 2048, 64, 512, 8, tags=("gpu",)),
