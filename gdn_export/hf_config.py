@@ -93,13 +93,6 @@ def _number(value: Any, name: str) -> float:
     return float(value)
 
 
-def _flag(value: Any, name: str) -> bool:
-    """A JSON boolean; anything else (the string "false" included) is a ConfigError naming it."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
 def _rope(d: dict) -> tuple[float, float, list[int] | None]:
     """(rope_theta, partial_rotary_factor, mrope_section) from the old or new rope fields."""
     params = d.get("rope_parameters")
@@ -229,8 +222,7 @@ def _moe_fields(d: dict, family: str) -> dict[str, Any]:
         shared_expert_intermediate_size=get("shared_expert_intermediate_size"),
     )
     if family == "qwen3_next":
-        fields.update(norm_topk_prob=_flag(get("norm_topk_prob"), "norm_topk_prob"),
-                      decoder_sparse_step=get("decoder_sparse_step"),
+        fields.update(norm_topk_prob=get("norm_topk_prob"), decoder_sparse_step=get("decoder_sparse_step"),
                       mlp_only_layers=d.get("mlp_only_layers") or [])
         return fields
     for name, fixed in _QWEN3_5_MOE_FIXED.items():
@@ -269,11 +261,11 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         hidden_size=_get(d, "hidden_size", family),
         intermediate_size=_get(d, "intermediate_size", family),
         num_hidden_layers=n_layers,
-        attention_bias=_flag(_get(d, "attention_bias", family), "attention_bias"),
+        attention_bias=_get(d, "attention_bias", family),
         max_position_embeddings=_get(d, "max_position_embeddings", family),
         linear_conv_kernel_dim=_get(d, "linear_conv_kernel_dim", family),
         rms_norm_eps=_number(_get(d, "rms_norm_eps", family), "rms_norm_eps"),
-        tie_word_embeddings=_flag(tie, "tie_word_embeddings"),
+        tie_word_embeddings=tie,
         hidden_act=hidden_act,
         dtype=_dtype(d, outer),
     )
@@ -286,7 +278,7 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
             num_attention_heads=_get(d, "num_attention_heads", family),
             num_key_value_heads=_get(d, "num_key_value_heads", family),
             head_dim=_get(d, "head_dim", family),
-            attn_output_gate=_flag(_get(d, "attn_output_gate", family), "attn_output_gate"),
+            attn_output_gate=_get(d, "attn_output_gate", family),
             rope_theta=theta,
             partial_rotary_factor=factor,
             mrope_section=mrope,

@@ -106,14 +106,18 @@ def run(args) -> int:
 
 
 def _check_trace_memory(checkpoint: Path, layout, dtype: str) -> None:
-    """A cache length whose example K/V cache does not fit in memory is named before the load."""
+    """A cache length whose example K/V cache (what the trace holds) does not fit in memory is named
+    before the load."""
     from gdn_export.hf_config import read_config
-    from gdn_export.onnx.export import check_trace_memory
+    from gdn_export.onnx.export import EXAMPLE_BATCH, trace_cache_bytes
+    from gdn_export.runtime.memory import check_host_bytes
     from gdn_export.vlm.weights import text_only_warning_off
 
     with text_only_warning_off():
         config = read_config(checkpoint / "config.json")
-    check_trace_memory(config, layout, 4 if dtype == "fp32" else 2)
+    check_host_bytes(trace_cache_bytes(config, layout, 4 if dtype == "fp32" else 2),
+                     f"--max-cache-len {layout.cache_len}: tracing the export holds an example K/V cache "
+                     f"(batch {EXAMPLE_BATCH}, inputs and outputs) whose tensors", "give a shorter cache")
 
 
 def _check_quantized_opset(checkpoint: Path, opset, layout) -> None:

@@ -73,19 +73,6 @@ def trace_cache_bytes(config, layout, dtype_bytes: int) -> int:
     return 2 * 2 * EXAMPLE_BATCH * layers * layout.cache_len * per_slot  # K and V, inputs and outputs
 
 
-def check_trace_memory(config, layout, dtype_bytes: int, flag: str = "--max-cache-len") -> None:
-    """InputError when the trace's example K/V cache (trace_cache_bytes) exceeds the memory
-    available (MemAvailable and the cgroup limit), before anything is loaded or traced."""
-    from gdn_export.errors import InputError
-    from gdn_export.runtime.memory import cpu_available_bytes, size_text
-
-    need, free = trace_cache_bytes(config, layout, dtype_bytes), cpu_available_bytes()
-    if free is not None and need > free:
-        raise InputError(f"{flag} {layout.cache_len}: tracing the export holds an example K/V cache of "
-                         f"{size_text(need)} (batch {EXAMPLE_BATCH}, inputs and outputs), more than the "
-                         f"{size_text(free)} of memory available; give a shorter cache")
-
-
 def _example_inputs(model, specs):
     import torch
 

@@ -559,7 +559,8 @@ def test_make_tiny_into_a_mount_point(cli, tmp_path):
     (["validate", "{ckpt}", "--onnx", "{onnx}", "--baseline", "{ckpt}"],
      "--baseline applies to a quantized checkpoint"),
     (["export", "{ckpt}", "-o", "{tmp}/x.onnx", "--max-cache-len", str(10**13)],
-     "--max-cache-len 10000000000000: tracing the export holds an example K/V cache of"),
+     "--max-cache-len 10000000000000: tracing the export holds an example K/V cache (batch 2, inputs and "
+     "outputs) whose tensors need 9536743.16 GiB, but the host has"),
     (["export", "{ckpt}", "-o", "{tmp}/x.onnx", "--kv-cache", "concat", "--max-cache-len", "64"],
      "--max-cache-len sizes the inplace K/V cache"),
     (["build", "{onnx}", "-o", "{tmp}/x.onnx"], "an engine file name must end in .engine / .plan / .trt"),
