@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.dtypes import as_dtype
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.kv_cache_fp8 import write_and_attend
@@ -135,7 +136,7 @@ def _write(key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, 
 def _kept(cache: torch.Tensor, update: torch.Tensor, step: StepInputs) -> torch.Tensor:
     """update in the cache's dtype; streaming (step.keep_old): padded tokens write back what their
     slot holds, so ring entries that a later window still needs survive (gdn_export.modules.kv_cache)."""
-    update = update.to(cache.dtype)
+    update = as_dtype(update, cache.dtype)
     if step.keep_old:
         index = slot_index(cache, update, step.write_index)
         if cache.dtype == torch.float8_e4m3fn and not exporting():  # no CPU gather kernel for float8

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gdn_export.config import HybridConfig
+from gdn_export.modules.dtypes import as_dtype
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
@@ -137,8 +138,8 @@ class GatedDeltaNet(nn.Module):
         B, T, _ = x.shape
         mixed, z, b, a = self.project(x)
         mixed, new_conv_state = causal_conv1d(
-            mixed, self.conv1d.weight[:, 0, :], None, conv_state.to(mixed.dtype), silu=True,
-            seq_lens=step.seq_lens.to(torch.int32),
+            mixed, self.conv1d.weight[:, 0, :], None, as_dtype(conv_state, mixed.dtype), silu=True,
+            seq_lens=as_dtype(step.seq_lens, torch.int32),
         )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
@@ -147,7 +148,8 @@ class GatedDeltaNet(nn.Module):
 
         beta = self.beta(b)
         # fp32 before exp: in fp16 a large A_log would overflow.
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        f32 = torch.float32
+        g = -as_dtype(self.A_log, f32).exp() * F.softplus(as_dtype(a, f32) + as_dtype(self.dt_bias, f32))
         # Padded tokens of ragged rows take an exact identity step (g = 0: no decay, beta = 0: no
         # write), so the state leaves each row's last real token untouched.
         real = step.token_mask[..., None]

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gdn_export.modules.dtypes import as_dtype
+
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -31,8 +33,8 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _rms(x.float(), self.eps) * (1.0 + self.weight.float())
-        return y.to(x.dtype)
+        y = _rms(as_dtype(x, torch.float32), self.eps) * (1.0 + as_dtype(self.weight, torch.float32))
+        return as_dtype(y, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -47,7 +49,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (_rms(x.float(), self.eps) * self.weight.float()).to(x.dtype)
+        return as_dtype(_rms(as_dtype(x, torch.float32), self.eps) * as_dtype(self.weight, torch.float32), x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -70,8 +72,9 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = _rms(x.float(), self.eps) * self.weight.float() * F.silu(z.float())
-        return y.to(x.dtype)
+        f32 = torch.float32
+        y = _rms(as_dtype(x, f32), self.eps) * as_dtype(self.weight, f32) * F.silu(as_dtype(z, f32))
+        return as_dtype(y, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gdn_export.modules.dtypes import as_dtype
+
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for absolute positions.
@@ -35,7 +37,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].float() * self.inv_freq(position_ids.device)  # [B, T, R/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return as_dtype(emb.cos(), dtype), as_dtype(emb.sin(), dtype)
 
     def extra_repr(self) -> str:
         return f"rotary_dim={self.rotary_dim}, theta={self.theta}"
