@@ -50,10 +50,12 @@ def cli_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(cli_root) -> Path:
-    """A qwen3_5 tiny checkpoint (vocab 256) written by `gdn-export make-tiny`."""
-    path = cli_root / "ckpt"
-    _main_ok("make-tiny", path, "--seed", 3)
-    return path
+    """A two-layer qwen3_5 tiny checkpoint (a GDN layer, then attention; vocab 256): what
+    `gdn-export make-tiny --seed 3` writes, less two of its layers (tests/onnx/_tiny.py: TWO_LAYERS)."""
+    from gdn_export.weights.tiny import make_tiny_checkpoint
+    from tests.onnx._tiny import TWO_LAYERS
+
+    return make_tiny_checkpoint(cli_root / "ckpt", family="qwen3_5", seed=3, **TWO_LAYERS)
 
 
 @pytest.fixture(scope="session")

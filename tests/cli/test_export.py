@@ -31,7 +31,7 @@ def test_export_carries_the_dtype(exported, dtype):
     assert inputs["input_ids"] == onnx.TensorProto.INT64
     # conv and key / value caches follow the model dtype; the recurrent state stays fp32.
     assert inputs["past.0.conv"] == ONNX_DTYPES[dtype]
-    assert inputs["past.3.key"] == ONNX_DTYPES[dtype]
+    assert inputs["past.1.key"] == ONNX_DTYPES[dtype]
     assert inputs["past.0.recurrent"] == onnx.TensorProto.FLOAT
     weights = [t for t in model.graph.initializer if len(t.dims) == 2 and min(t.dims) > 1]
     assert weights and all(t.data_type == ONNX_DTYPES[dtype] for t in weights)
@@ -60,7 +60,7 @@ def _truncated_data(ckpt):
 
 def _misshaped(ckpt):
     tensors = load_file(ckpt / "model.safetensors")
-    tensors["model.layers.1.linear_attn.A_log"] = tensors["model.layers.1.linear_attn.A_log"][:3]
+    tensors["model.layers.0.linear_attn.A_log"] = tensors["model.layers.0.linear_attn.A_log"][:3]
     save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
 
 
@@ -68,7 +68,7 @@ BROKEN = {
     "unsupported-model-type": (_unsupported_model_type, ["model_type 'llama' is not supported"]),
     "truncated-header": (_truncated_header, ["model.safetensors: not a readable safetensors file"]),
     "truncated-data": (_truncated_data, ["model.safetensors: not a readable safetensors file"]),
-    "misshaped-tensor": (_misshaped, ["tensor model.layers.1.linear_attn.A_log", "(3,)", "(4,)"]),
+    "misshaped-tensor": (_misshaped, ["tensor model.layers.0.linear_attn.A_log", "(3,)", "(4,)"]),
 }
 
 

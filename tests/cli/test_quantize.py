@@ -11,12 +11,13 @@ import onnx
 import pytest
 
 from gdn_export.weights.tiny import make_tiny_checkpoint
+from tests.onnx._tiny import TWO_LAYERS
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("q") / "bf", "qwen3_5", seed=2,
-                                hidden_size=192, intermediate_size=320)
+                                hidden_size=192, intermediate_size=320, **TWO_LAYERS)
 
 
 @pytest.fixture(scope="module")

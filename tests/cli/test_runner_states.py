@@ -32,19 +32,19 @@ def _index(runner, name):
 
 def test_wrong_shape_names_the_state(runner):
     states = list(runner.empty_states(1))
-    i = _index(runner, "past.1.recurrent")
+    i = _index(runner, "past.0.recurrent")
     states[i] = states[i][:, :3]  # 3 value heads instead of 4
     with pytest.raises(InputError) as info:
         runner.forward(IDS, 0, states)
     message = str(info.value)
-    assert "state past.1.recurrent" in message and "(1, 4, 16, 24)" in message and "(1, 3, 16, 24)" in message
+    assert "state past.0.recurrent" in message and "(1, 4, 16, 24)" in message and "(1, 3, 16, 24)" in message
 
 
 def test_wrong_dtype_names_the_state(runner):
     states = list(runner.empty_states(1))
-    i = _index(runner, "past.2.conv")
+    i = _index(runner, "past.0.conv")
     states[i] = _cast(runner, states[i], "float16")
-    with pytest.raises(InputError, match=r"state past\.2\.conv must be float32, got float16"):
+    with pytest.raises(InputError, match=r"state past\.0\.conv must be float32, got float16"):
         runner.forward(IDS, 0, states)
 
 
@@ -55,9 +55,9 @@ def test_states_of_another_batch(runner):
 
 def test_cache_of_the_wrong_length(runner):
     states = list(runner.empty_states(1))
-    i = _index(runner, "past.3.key")
+    i = _index(runner, "past.1.key")
     states[i] = states[i][:, :, :100]
-    with pytest.raises(InputError, match=r"state past\.3\.key must be \(1, 2, 4096, 16\) .* got \(1, 2, 100, 16\)"):
+    with pytest.raises(InputError, match=r"state past\.1\.key must be \(1, 2, 4096, 16\) .* got \(1, 2, 100, 16\)"):
         runner.forward(IDS, 4, states)
 
 
@@ -75,7 +75,7 @@ def test_wrong_recurrent_state_dtype_is_named(runner):
 
 
 def test_missing_state(runner):
-    with pytest.raises(InputError, match="expected 8 state tensors, got 7"):
+    with pytest.raises(InputError, match="expected 4 state tensors, got 3"):
         runner.forward(IDS, 0, list(runner.empty_states(1))[:-1])
 
 

@@ -21,7 +21,7 @@ def test_passes_and_writes_json(cli, tmp_path, tiny_ckpt, tiny_onnx):
     assert report["batch"] == 2 and report["prompt_len"] == 37 and report["decode_steps"] == 4
     rows = report["rows"]
     assert {r["phase"] for r in rows} == {"prefill", "decode 1", "decode 2", "decode 3", "decode 4"}
-    assert {r["tensor"] for r in rows} >= {"logits", "past.0.conv", "past.0.recurrent", "past.3.key"}
+    assert {r["tensor"] for r in rows} >= {"logits", "past.0.conv", "past.0.recurrent", "past.1.key"}
     assert all(r["atol"] == 1e-4 and r["rtol"] == 1e-3 for r in rows)  # the fp32 defaults
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
@@ -43,7 +43,7 @@ def test_per_tensor_overrides(cli, tmp_path, tiny_ckpt, tiny_onnx):
     by_tensor = {r["tensor"]: (r["atol"], r["rtol"]) for r in rows}
     assert by_tensor["logits"] == (1e-3, 0.25)
     assert by_tensor["past.0.conv"] == (0.5, 1e-3)
-    assert by_tensor["past.1.recurrent"] == (2e-4, 1e-3)
+    assert by_tensor["past.0.recurrent"] == (2e-4, 1e-3)
 
 
 def test_fp16_onnx_is_checked_against_an_fp16_reference(cli, tmp_path, tiny_ckpt, exported):
@@ -102,7 +102,7 @@ def test_override_of_an_unknown_tensor_is_an_error(cli, tiny_ckpt, tiny_onnx):
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    (dict(num_hidden_layers=8), "has no state past.4.conv, which the checkpoint's model has"),
+    (dict(num_hidden_layers=4), "has no state past.1.conv, which the checkpoint's model has"),
     (dict(vocab_size=300), "has vocab size 256, the checkpoint 300"),
     (dict(linear_num_value_heads=2), "state past.0.conv is ['batch', 160, 3] in --onnx"),
     (dict(family="qwen3_next"), "is a qwen3_5 model, the checkpoint qwen3_next"),

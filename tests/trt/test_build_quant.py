@@ -14,6 +14,7 @@ import torch
 
 from gdn_export.trt import build_engine
 from gdn_export.trt.build import layers_path
+from tests.onnx._tiny import TWO_LAYERS
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def tiny(tmp_path_factory):
     from gdn_export.weights.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("qtrt") / "bf", "qwen3_5", seed=4,
-                                hidden_size=192, intermediate_size=320)
+                                hidden_size=192, intermediate_size=320, **TWO_LAYERS)
 
 
 def _export(src, fmt, folder):
@@ -74,7 +75,8 @@ def test_quantized_experts_engine_builds(plugins_lib, tmp_path, fmt):
     through standalone DequantizeLinear layers into the MoE plugin (which takes 16-bit weights)."""
     from gdn_export.weights.tiny import make_tiny_checkpoint
 
-    src = make_tiny_checkpoint(tmp_path / "bf", "qwen3_5_moe", seed=4, hidden_size=160, moe_intermediate_size=40)
+    src = make_tiny_checkpoint(tmp_path / "bf", "qwen3_5_moe", seed=4, hidden_size=160, moe_intermediate_size=40,
+                               **TWO_LAYERS)
     model, onnx_path = _export(src, fmt, tmp_path)
     n_moe = sum(1 for m in model.modules() if type(m).__name__ in ("Fp8MoeExperts", "Int4MoeExperts"))
     assert n_moe > 0
