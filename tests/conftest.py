@@ -21,6 +21,9 @@ if _THREADS is not None:
     import onnxruntime as ort
 
     torch.set_num_threads(_THREADS)
+    # inductor (torch.compile on the CPU) compiles in the worker itself, not in a pool of one
+    # process per core started for the first compile (~7 CPU-seconds a worker on 2 cores).
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(_THREADS))
 
     class _SharedCoresSession(ort.InferenceSession):
         def __init__(self, path_or_bytes, sess_options=None, *args, **kwargs):

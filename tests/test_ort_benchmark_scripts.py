@@ -16,7 +16,7 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 @pytest.mark.slow
 def test_ort_cpu_kernels_tiny(tmp_path):
-    out = subprocess.run([sys.executable, ROOT / "benchmarks/ort_cpu_kernels.py", "--hidden", "128", "--layers", "4",
+    out = subprocess.run([sys.executable, ROOT / "benchmarks/ort_cpu_kernels.py", "--hidden", "128", "--layers", "2",
                           "--prompt", "8", "--steps", "2", "--json", tmp_path / "r.json"],
                          env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -49,7 +49,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return as_dtype(_rms(as_dtype(x, torch.float32), self.eps) * as_dtype(self.weight, torch.float32), x.dtype)
+        y = _rms(as_dtype(x, torch.float32), self.eps) * as_dtype(self.weight, torch.float32)
+        return as_dtype(y, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

@@ -4,8 +4,9 @@ CI has no GPU, so this is what catches a kernel that no longer builds for the Te
 plugin sources are compiled by the plugin library the suite builds anyway (tests/plugins/cmake_build.py:
 sm_80 on a machine without a GPU, the GPU's architecture on one; tests/plugins/test_plugin_library.py
 checks its log for warnings), so here they compile for sm_80 only where that build cannot be made (no
-TensorRT headers): the ~3 CPU-minutes of the gated-delta-rule kernels are not spent twice. The decode16
-tile study is in no build: it compiles here for sm_80 and sm_90.
+TensorRT headers): the gated-delta-rule kernels are not compiled twice. The decode16
+tile study is in no build: it compiles here for sm_80 and sm_90, with the plugin test build's
+device-code flags (unoptimized without a GPU: tests/plugins/cmake_build.py).
 """
 
 import shutil
@@ -40,8 +41,10 @@ def test_nvcc_compiles(source, archs, tmp_path):
 
         if _why_not() is None and "80" in TEST_ARCHS.split(";"):
             pytest.skip("compiled for sm_80 without a warning by the plugin library build (tests/plugins)")
+    from tests.plugins.cmake_build import TEST_CUDA_FLAGS  # unoptimized device code without a GPU
+
     gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
-    cmd = ["nvcc", "-std=c++17", "-O3", "--expt-relaxed-constexpr", "--threads", "2", *gencodes,
+    cmd = ["nvcc", "-std=c++17", "-O3", *TEST_CUDA_FLAGS.split(), "--expt-relaxed-constexpr", "--threads", "2", *gencodes,
            "-I", str(PLUGINS), "-c", str(source), "-o", str(tmp_path / "out.o")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"nvcc failed for {source.name}:\n{result.stderr[-4000:]}"

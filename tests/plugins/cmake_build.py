@@ -6,14 +6,15 @@ cmake or compiler failure with all three present is an error.
 
 Shared by tests/plugins and tests/trt (both conftests import `plugin_build`). One build serves every
 pytest process that asks for the same sources: the folder is named by a hash of plugins/, the
-architectures, the device-code flags and the header folder, and guarded by a file lock, so xdist workers wait on the first
-one and a second pytest session (CI's slow tier) reuses it. `start_background_build` starts it when a
-session begins, so it compiles beside the other tests instead of stalling a worker (tests/conftest.py
-also orders the tests that need it last). The gated-delta-rule kernels take ~105 s of one core to
-compile -O3 for one architecture: tests build one, the GPU's (sm_90 on the H200) or sm_80 without a GPU
-(`_default_archs`), and without a GPU unoptimized device code (`_device_code_flags`, ~30 s); override
-with GDN_TEST_CUDA_ARCHS (e.g. "80;90") and GDN_TEST_CUDA_FLAGS, or point GDN_TEST_PLUGIN_BUILD at an
-existing build folder to skip building.
+architectures, the device-code flags and the header folder, and guarded by a file lock, so xdist
+workers wait on the first one and a second pytest session (CI's slow tier) reuses it.
+`start_background_build` starts it when a session begins, so it compiles beside the other tests
+instead of stalling a worker (tests/conftest.py also orders the tests that need it last). The
+gated-delta-rule kernels take ~105 s of one core to compile -O3 for one architecture: tests build
+one, the GPU's (sm_90 on the H200) or sm_80 without a GPU (`_default_archs`), and without a GPU
+unoptimized device code (`_device_code_flags`, ~30 s); override with GDN_TEST_CUDA_ARCHS (e.g.
+"80;90") and GDN_TEST_CUDA_FLAGS, or point GDN_TEST_PLUGIN_BUILD at an existing build folder to
+skip building.
 """
 
 from __future__ import annotations
