@@ -120,13 +120,16 @@ def test_cuda_graph_needs_cuda(ckpt):
         GraphRunner(model, device="cpu", cuda_graph=True)
 
 
-def test_compiled_runner_matches_eager_and_writes_caches_in_place(ckpt, monkeypatch):
+def test_compiled_runner_matches_eager_and_writes_caches_in_place(tmp_path, monkeypatch):
     """compile=True (torch.compile before the capture; here on the CPU, inductor's C++ backend):
     the same tokens as the eager runner, with the K/V caches written in place: the functional update
     of export (a copy of every cache per call) is never taken. Custom ops' outputs must have their
     fakes' strides under compile."""
     import gdn_export.modules.gated_attention as gated_attention
 
+    from tests.onnx._tiny import TWO_LAYERS
+
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", family="qwen3_5", seed=5, **TWO_LAYERS)
     layout = DeployLayout.make(cache_len=32)
     eager_model, fast_model = (load_checkpoint(ckpt, dtype=torch.float32) for _ in range(2))
     eager_model.layout = fast_model.layout = layout

@@ -14,13 +14,14 @@ from gdn_export.modules.fused_linear import fuse_linears
 from gdn_export.quantize.calibrate import apply, calibrate
 from gdn_export.weights.loader import load_checkpoint
 from gdn_export.weights.tiny import make_tiny_checkpoint
+from tests.onnx._tiny import TWO_LAYERS
 
 pytest.importorskip("modelopt")
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4-awq"])
 def test_compiled_quantized_model_matches_eager(tmp_path, fmt):
-    src = make_tiny_checkpoint(tmp_path / "bf", "qwen3_5", seed=11)
+    src = make_tiny_checkpoint(tmp_path / "bf", "qwen3_5", seed=11, **TWO_LAYERS)
     rng = np.random.default_rng(4)
     tensors = calibrate(load_checkpoint(src), fmt, [rng.integers(0, 256, 16) for _ in range(2)])
     model = apply(load_checkpoint(src, dtype=torch.float32), fmt, tensors)
