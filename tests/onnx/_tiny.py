@@ -34,10 +34,11 @@ _EXPORTS: dict[tuple, tuple[object, Path]] = {}
 
 @functools.lru_cache(maxsize=None)
 def _source_tag() -> str:
-    """Hash of gdn_export's Python sources and torch's version (what an export depends on)."""
+    """Hash of gdn_export's Python sources, this file (the checkpoints' sizes) and torch's version
+    (what an export depends on)."""
     import gdn_export
 
-    digest = hashlib.sha256(torch.__version__.encode())
+    digest = hashlib.sha256(torch.__version__.encode() + Path(__file__).read_bytes())
     package = Path(gdn_export.__file__).parent
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
