@@ -50,8 +50,8 @@ def cli_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(cli_root) -> Path:
-    """A two-layer qwen3_5 tiny checkpoint (a GDN layer, then attention; vocab 256): what
-    `gdn-export make-tiny --seed 3` writes, less two of its layers (tests/onnx/_tiny.py: TWO_LAYERS)."""
+    """A qwen3_5 tiny checkpoint as `gdn-export make-tiny --seed 3` writes it, with two layers (a GDN
+    layer, then attention: tests/onnx/_tiny.py TWO_LAYERS) instead of four; vocab 256."""
     from gdn_export.weights.tiny import make_tiny_checkpoint
     from tests.onnx._tiny import TWO_LAYERS
 
