@@ -145,7 +145,7 @@ class HybridConfig:
         if self.family not in FAMILIES:
             raise ConfigError(f"family {self.family!r} is not one of {', '.join(FAMILIES)}")
         n = self.num_hidden_layers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if not _is_int(n) or n < 1:
             raise ConfigError(f"num_hidden_layers must be a positive integer, got {n!r}")
         for name in _FLAGS:
             value = getattr(self, name)

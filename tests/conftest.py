@@ -148,9 +148,11 @@ def _each_worker_builds_last(items, workers):
     (neighbours share Triton kernel specializations, compiled once) and then a run of those that wait
     for the CUDA extension or the plugin library, so that every worker compiles Triton kernels while
     the builds run instead of the last workers starting on them."""
-    later = [i for i in items if i.get_closest_marker("cuda_ext") or "plugin_build" in getattr(i, "fixturenames", ())]
-    first = [i for i in items if not (i.get_closest_marker("cuda_ext")
-                                      or "plugin_build" in getattr(i, "fixturenames", ()))]
+    def waits(item):
+        return bool(item.get_closest_marker("cuda_ext")) or "plugin_build" in getattr(item, "fixturenames", ())
+
+    later = [i for i in items if waits(i)]
+    first = [i for i in items if not waits(i)]
 
     def chunks(seq):
         return [seq[len(seq) * w // workers:len(seq) * (w + 1) // workers] for w in range(workers)]
