@@ -7,8 +7,16 @@
     checks.py     the exported file is exactly what TensorRT's parser maps to plugins
 """
 
-from gdn_export.onnx.export import ONNX_OPSET, export_onnx
-from gdn_export.onnx.functions import attach_reference_functions
-from gdn_export.onnx.schemas import register_schemas
+import importlib
 
-__all__ = ["ONNX_OPSET", "attach_reference_functions", "export_onnx", "register_schemas"]
+# Imported on first use: export.py pulls in torch (~2.5 s), while metadata.py and the files-only
+# modules serve processes that need no torch (the TensorRT build's child process).
+_EXPORTS = {"ONNX_OPSET": "export", "export_onnx": "export", "attach_reference_functions": "functions",
+            "register_schemas": "schemas"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"gdn_export.onnx.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'gdn_export.onnx' has no attribute {name!r}")

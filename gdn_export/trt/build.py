@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Callable
 
 from gdn_export.errors import GdnExportError
-from gdn_export.onnx.standard_ops import gdn_form_file
 from gdn_export.trt import kv_fp8, loader
 from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_inputs, onnx_metadata
 
@@ -149,6 +148,8 @@ def build_engine(
         for name, (mn, opt, mx) in profile.items():
             if mn != mx:
                 say(f"{which} profile {name}: min {list(mn)} opt {list(opt)} max {list(mx)}")
+
+    from gdn_export.onnx.standard_ops import gdn_form_file  # imports torch: not in the build's child
 
     with gdn_form_file(onnx_path, say) as parse_path:  # a standard-form file: its gdn form
         return _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout)
