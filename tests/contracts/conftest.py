@@ -4,9 +4,6 @@ Triton's interpreter is chosen when a kernel is defined, so TRITON_INTERPRET is 
 test module of this folder imports a Triton kernel (CPU-only machines; with a GPU the kernels run on
 it)."""
 
-import os
+from tests.triton_interpreter import interpret_without_gpu
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+interpret_without_gpu()

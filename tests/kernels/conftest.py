@@ -8,8 +8,9 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.triton_interpreter import interpret_without_gpu
+
+interpret_without_gpu()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -120,7 +120,7 @@ def test_cuda_graph_needs_cuda(ckpt):
         GraphRunner(model, device="cpu", cuda_graph=True)
 
 
-def test_compiled_runner_matches_eager_and_writes_caches_in_place(tmp_path, monkeypatch):
+def test_compiled_runner_matches_eager_and_writes_caches_in_place(tmp_path, monkeypatch, scalar_cpp_kernels):
     """compile=True (torch.compile before the capture; here on the CPU, inductor's C++ backend):
     the same tokens as the eager runner, with the K/V caches written in place: the functional update
     of export (a copy of every cache per call) is never taken. Custom ops' outputs must have their

@@ -20,7 +20,7 @@ pytest.importorskip("modelopt")
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4-awq"])
-def test_compiled_quantized_model_matches_eager(tmp_path, fmt):
+def test_compiled_quantized_model_matches_eager(tmp_path, fmt, scalar_cpp_kernels):
     src = make_tiny_checkpoint(tmp_path / "bf", "qwen3_5", seed=11, **TWO_LAYERS)
     rng = np.random.default_rng(4)
     tensors = calibrate(load_checkpoint(src), fmt, [rng.integers(0, 256, 16) for _ in range(2)])

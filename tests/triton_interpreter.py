@@ -1,0 +1,56 @@
+"""Triton kernels on CPU tensors, under Triton's interpreter, where no CUDA GPU is present.
+
+`triton.jit` chooses between compiling and interpreting when a kernel is defined, so
+`interpret_without_gpu()` must run before any Triton kernel is imported (the conftest.py of the
+folders whose tests run kernels calls it).
+
+It also makes the interpreter's patching of `triton.language` cheaper, without changing what it
+does. The interpreter swaps every builtin of `triton.language` (and of `tl.tensor`, `tl.math`,
+`tl.core`) for an interpreting one at each kernel launch and again at each call of a `@triton.jit`
+device function, `tl.sum`, `tl.max` and `tl.argmax` included; it finds them each time with
+`inspect.getmembers` over the whole module, a third of the interpreted run time of the MoE and
+gated-delta-rule kernels (Triton 3.9, 2-core CPU). Here the names of a module's builtins are listed
+once (a module's attributes do not change, apart from this patching) and each call patches those of
+them that are still builtins, which is what the interpreter's own loop patches. Where Triton's
+interpreter no longer has the function replaced, it is left alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+
+
+def interpret_without_gpu() -> None:
+    """On a machine without CUDA: TRITON_INTERPRET=1, and the interpreter's patching made cheaper."""
+    if torch.cuda.is_available():
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    _list_builtins_once()
+
+
+def _list_builtins_once() -> None:
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original, patch_attr = getattr(interpreter, "_patch_builtin", None), getattr(interpreter, "_patch_attr", None)
+    if not callable(original) or not callable(patch_attr) or getattr(original, "_lists_once", False):
+        return
+    if list(inspect.signature(original).parameters) != ["pkg", "builder", "scope"]:
+        return
+    names: dict[object, list[str]] = {}
+
+    def patch_builtin(pkg, builder, scope):
+        if pkg not in names:
+            names[pkg] = [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+        for name in names[pkg]:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):
+                patch_attr(pkg, name, member, builder, scope)
+
+    patch_builtin._lists_once = True
+    interpreter._patch_builtin = patch_builtin
