@@ -60,27 +60,32 @@ def tiny_ckpt(cli_root) -> Path:
 
 @pytest.fixture(scope="session")
 def exported(cli_root, tiny_ckpt):
-    """exported(dtype) -> the .onnx `gdn-export export --dtype dtype` wrote, alone in its folder (once
-    per dtype; under pytest-xdist once for every worker and later session on the same sources, as
-    tests/onnx/_tiny.py shares its exports: make-tiny writes the same checkpoint in every worker)."""
+    """exported(dtype, *flags) -> the .onnx `gdn-export export --dtype dtype *flags` wrote, alone in
+    its folder (once per dtype and flags; under pytest-xdist once for every worker and later session
+    on the same sources, as tests/onnx/_tiny.py shares its exports: make-tiny writes the same
+    checkpoint in every worker)."""
+    import hashlib
+
     from tests.onnx._tiny import _shared
 
-    cache: dict[str, Path] = {}
+    cache: dict[tuple, Path] = {}
 
-    def get(dtype: str = "fp32") -> Path:
-        if dtype not in cache:
-            root, lock = _shared(cli_root, f"cli-export-{dtype}")
-            path = root / f"cli-export-{dtype}" / "tiny.onnx"
+    def get(dtype: str = "fp32", *flags: str) -> Path:
+        key = (dtype, *flags)
+        if key not in cache:
+            name = f"cli-export-{dtype}" + (f"-{hashlib.sha1(repr(flags).encode()).hexdigest()[:10]}" if flags else "")
+            root, lock = _shared(cli_root, name)
+            path = root / name / "tiny.onnx"
             with lock:
                 if not path.is_file():
                     path.parent.mkdir(exist_ok=True)
                     umask = os.umask(0o022)  # the usual umask: the file's mode is checked (test_export.py)
                     try:
-                        _main_ok("export", tiny_ckpt, "-o", path, "--dtype", dtype, "-q")
+                        _main_ok("export", tiny_ckpt, "-o", path, "--dtype", dtype, *flags, "-q")
                     finally:
                         os.umask(umask)
-            cache[dtype] = path
-        return cache[dtype]
+            cache[key] = path
+        return cache[key]
 
     return get
 

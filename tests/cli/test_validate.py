@@ -125,17 +125,18 @@ def test_report_names_the_ragged_rows(cli, tmp_path, tiny_ckpt, tiny_onnx):
     assert json.loads((tmp_path / "r.json").read_text())["prompt_lengths"] == [9, 5, 1]
 
 
+FP16_STATE = ("--state-dtype", "fp16", "--max-cache-len", "64")
+
+
 @pytest.mark.parametrize("flags,steps,atol", [
-    (["--state-dtype", "fp16", "--max-cache-len", "64"], 12, 1e-4 + 1e-2),
+    (FP16_STATE, 12, 1e-4 + 1e-2),
     (["--attention-sinks", "2", "--attention-window", "8"], 30, 1e-4),
     (["--all-logits", "--max-cache-len", "64"], 3, 1e-4),
 ], ids=["fp16-state", "streaming-past-the-window", "all-logits"])
-def test_layout_options_validate(cli, tmp_path, tiny_ckpt, flags, steps, atol):
+def test_layout_options_validate(cli, tmp_path, tiny_ckpt, exported, flags, steps, atol):
     """Each export layout option passes validate (PyTorch built with the file's layout vs ORT) at
     its default tolerance: the 16-bit state adds its share; streaming runs decode far past W."""
-    onnx_path = tmp_path / "m.onnx"
-    assert cli("export", tiny_ckpt, "-o", onnx_path, *flags, "-q").code == 0
-    result = cli("validate", tiny_ckpt, "--onnx", onnx_path, "--decode-steps", str(steps),
+    result = cli("validate", tiny_ckpt, "--onnx", exported("fp32", *flags), "--decode-steps", str(steps),
                  "--json", tmp_path / "r.json", "-q")
     assert result.code == 0, result.out
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
@@ -143,16 +144,13 @@ def test_layout_options_validate(cli, tmp_path, tiny_ckpt, flags, steps, atol):
     assert all(abs(r["atol"] - atol) < 1e-12 for r in rows)
 
 
-def test_state_of_the_wrong_dtype_is_one_line(tmp_path, tiny_ckpt):
+def test_state_of_the_wrong_dtype_is_one_line(exported):
     """A --state-dtype fp16 file refuses an fp32 recurrent state, naming it."""
     import numpy as np
 
-    from gdn_export.cli.main import main
     from gdn_export.runtime.ort_runner import OrtRunner
 
-    onnx_path = tmp_path / "m.onnx"
-    assert main(["export", str(tiny_ckpt), "-o", str(onnx_path), "--state-dtype", "fp16", "-q"]) == 0
-    runner = OrtRunner(onnx_path)
+    runner = OrtRunner(exported("fp32", *FP16_STATE))
     states = runner.empty_states(1)
     i = [s.name for s in runner.state_specs].index("past.0.recurrent")
     states[i] = states[i].astype(np.float32)
