@@ -42,16 +42,23 @@ _RUNNING: set[subprocess.Popen] = set()  # the cmake steps this process runs now
 BUILD_LOG = "build.log"  # cmake's and the compilers' output, kept beside the build
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_capability() -> tuple[int, int] | None:
+    """The CUDA GPU's compute capability, or None without one; None too where torch is not installed
+    yet (.ci/run starts the build while the packages install: a CPU-only machine)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
 def _default_archs() -> str:
     """The GPU's own architecture where there is one (the H200: "90"); without a GPU "80", the oldest
     the plugins support: engine builds there load the library but never launch a kernel, so the
     build is the check that every plugin source compiles for sm_80 without a warning."""
-    import torch
-
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"{major}{minor}"
-    return "80"
+    capability = _gpu_capability()
+    return "80" if capability is None else "{}{}".format(*capability)
 
 
 TEST_ARCHS = os.environ.get("GDN_TEST_CUDA_ARCHS") or _default_archs()
@@ -64,11 +71,9 @@ def _device_code_flags() -> str:
     and ptxas for sm_80 still run, in ~30 instead of ~105 CPU-seconds for the gated-delta-rule
     kernels (2-core Sapphire Rapids, nvcc 13.0). With a GPU the kernels run: -O3 as released.
     GDN_TEST_CUDA_FLAGS overrides."""
-    import torch
-
     if "GDN_TEST_CUDA_FLAGS" in os.environ:
         return os.environ["GDN_TEST_CUDA_FLAGS"]
-    return "" if torch.cuda.is_available() else "-Xcicc -O0 -Xptxas -O0"
+    return "-Xcicc -O0 -Xptxas -O0" if _gpu_capability() is None else ""
 
 
 TEST_CUDA_FLAGS = _device_code_flags()
