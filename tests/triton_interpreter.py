@@ -30,16 +30,16 @@ def interpret_without_gpu() -> None:
     if torch.cuda.is_available():
         return
     os.environ["TRITON_INTERPRET"] = "1"
-    _list_builtins_once()
-    _patch_once_a_launch()
-
-
-def _list_builtins_once() -> None:
     try:
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
         return
+    _list_builtins_once(tl, interpreter)
+    _patch_once_a_launch(tl, interpreter)
+
+
+def _list_builtins_once(tl, interpreter) -> None:
     original, patch_attr = getattr(interpreter, "_patch_builtin", None), getattr(interpreter, "_patch_attr", None)
     if not callable(original) or not callable(patch_attr) or getattr(original, "_lists_once", False):
         return
@@ -59,15 +59,10 @@ def _list_builtins_once() -> None:
     interpreter._patch_builtin = patch_builtin
 
 
-def _patch_once_a_launch() -> None:
+def _patch_once_a_launch(tl, interpreter) -> None:
     """A device-function call inside a kernel launch patches nothing when the launch has already
     patched the language modules the function sees (the patching depends on nothing else); the
     launch's own patching and its restore are the interpreter's."""
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return
     original, scope_type = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "_LangPatchScope", None)
     if not callable(original) or scope_type is None or not callable(getattr(scope_type, "restore", None)) \
             or getattr(original, "_once_a_launch", False):

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from tests.onnx._tiny import TWO_LAYERS  # a GDN layer, then attention
+
 IMAGE, VIDEO, START, END = 250, 251, 252, 253
 TEXT_VOCAB = 240  # random text tokens stay below the special ids
 
 TEXT = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4,
-    num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],  # a GDN layer, then attention
+    vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, **TWO_LAYERS,
     num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
     linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
     max_position_embeddings=1024, tie_word_embeddings=False,

@@ -19,13 +19,13 @@ from safetensors import safe_open
 
 from gdn_export.modules.quant_experts import Fp8MoeExperts, Int4MoeExperts
 from gdn_export.weights import load_checkpoint
+from tests.onnx._tiny import TWO_LAYERS
 from tests.weights.fp8_checkpoints import rewrite, to_published_fp8
 
 transformers = pytest.importorskip("transformers")
 
 # Two layers (GDN, attention): what the quantized experts need, at half the cost of every export.
-TEXT = dict(vocab_size=256, hidden_size=160, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-            num_attention_heads=4, num_key_value_heads=2,
+TEXT = dict(vocab_size=256, hidden_size=160, **TWO_LAYERS, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
             linear_value_head_dim=24, linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=512,
             tie_word_embeddings=False)

@@ -44,8 +44,8 @@ def test_nvcc_compiles(source, archs, tmp_path):
     from tests.plugins.cmake_build import TEST_CUDA_FLAGS  # unoptimized device code without a GPU
 
     gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
-    cmd = ["nvcc", "-std=c++17", "-O3", *TEST_CUDA_FLAGS.split(), "--expt-relaxed-constexpr", "--threads", "2", *gencodes,
-           "-I", str(PLUGINS), "-c", str(source), "-o", str(tmp_path / "out.o")]
+    cmd = ["nvcc", "-std=c++17", "-O3", *TEST_CUDA_FLAGS.split(), "--expt-relaxed-constexpr", "--threads", "2",
+           *gencodes, "-I", str(PLUGINS), "-c", str(source), "-o", str(tmp_path / "out.o")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"nvcc failed for {source.name}:\n{result.stderr[-4000:]}"
     assert "warning" not in result.stderr.lower(), f"nvcc warned for {source.name}:\n{result.stderr[-4000:]}"
