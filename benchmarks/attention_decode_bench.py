@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/attention_decode_bench.py [--quick] [--visible 1.0]
                                                                            [--out-dir DIR]
 
-Times the op `gdn_export.ops.attention.attention`, which takes `gdn_export.ops.attention.triton.decode` at
+Times the op `gdn_export.ops.attention.attention`, which takes `kernels.attention.triton.decode` at
 these shapes, against its SDPA route called explicitly (`_attention_sdpa`: the memory-efficient
 kernel, B * Hkv thread blocks per query block). Shapes: H 16 with Hkv 2 (the 1.66B model) and
 Hkv 4, D 256, bf16, B in {1, 8, 32}, L in {4128, 32800} cache slots; every query may read the

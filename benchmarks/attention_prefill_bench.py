@@ -7,7 +7,7 @@ Shapes of the 1.66B model (H 16, Hkv 2, D 256, bf16) and of a D = 128 model (H 1
 4096-token prompt from empty caches (L = 4128 slots), a 1024-token chunk at past 3072 (chunked
 prefill), and a batch of 4 ragged rows (pasts 0 / 100 / 700 / 2000, 1024 new tokens, L = 3104).
 Every mask is causal over the written slots, as the model builds it (gdn_export.modules.kv_cache).
-Implementations: the op `gdn_export.ops.attention.attention` (which takes gdn_export.ops.attention.triton.prefill
+Implementations: the op `gdn_export.ops.attention.attention` (which takes kernels.attention.triton.prefill
 at these shapes), its SDPA route `_attention_sdpa` (memory-efficient kernel, dense mask: the whole
 S x L rectangle), and `flash (new keys)`: SDPA with is_causal on the new tokens' keys only, which
 exists only when every row starts at past 0 (then it computes the same result): the speed a causal

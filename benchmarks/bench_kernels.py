@@ -71,8 +71,8 @@ def rel_rms(a, b) -> float:
 
 def implementations(args, decode):
     """name -> callable(x) -> (o, state) for every implementation that imports here."""
-    from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
-    from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+    from kernels.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
+    from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
     from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
     impls, notes = {}, []
@@ -168,8 +168,8 @@ def profile_kernels(fn, x, case, name, rows, smoke, calls=10):
 
 def launches_apart(x, case, rows, smoke):
     """Our prefill's two launches timed apart (default launch parameters)."""
-    from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_state_output_fwd
-    from gdn_export.ops.gated_delta_rule.triton.wy import chunk_wy_fwd
+    from kernels.gated_delta_rule.triton.chunk import chunk_state_output_fwd
+    from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd
 
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     scale = q.shape[-1] ** -0.5
@@ -188,7 +188,7 @@ PROFILE_CASES = [(1, 16384), (8, 8192)]   # one per regime: few sequences, many
 
 
 def run_conv(args, device, copy, rows, save):
-    from gdn_export.ops.causal_conv1d.triton import causal_conv1d
+    from kernels.causal_conv1d.triton.conv import causal_conv1d
     from gdn_export.ops.causal_conv1d.naive import causal_conv1d as ref
 
     C, K = 8192, 4
@@ -209,9 +209,9 @@ def run_conv(args, device, copy, rows, save):
 
 def run_sweep(args, device, rows, save):
     """Launch-parameter variants of the chunked path's two kernels and of decode (for tuning)."""
-    from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_state_output_fwd
-    from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_fwd
-    from gdn_export.ops.gated_delta_rule.triton.wy import chunk_wy_fwd
+    from kernels.gated_delta_rule.triton.chunk import chunk_state_output_fwd
+    from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_fwd
+    from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd
 
     scale = D ** -0.5
     for B, T in ((1, 16384), (8, 8192)) if args.only != "sweep-decode" else ():

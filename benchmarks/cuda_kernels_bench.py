@@ -42,7 +42,7 @@ def bench_decode(rows, bw, with_triton=True):
     fused_recurrent_gated_delta_rule = None
     if with_triton:
         try:
-            from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+            from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
         except Exception as exc:  # noqa: BLE001
             print("triton decode unavailable:", exc)
     for B in (1, 64, 256):

@@ -22,7 +22,8 @@ import sys
 import torch
 import triton
 
-from gdn_export.ops.quant_linear import gpu, triton_common, triton_fp8, triton_gemv, triton_int4
+from kernels.quant_linear import gpu
+from kernels.quant_linear.triton import common as triton_common, fp8 as triton_fp8, gemv as triton_gemv, int4 as triton_int4
 
 # (name, K, N): 1.66B Qwen3.5 (hidden 2048; GDN q+k+v 8192, z 4096, out 4096 -> 2048; attention
 # q+gate 8192, k / v 512, o 4096 -> 2048; MLP gate / up 6144, down 6144 -> 2048); 9B-class MLP.

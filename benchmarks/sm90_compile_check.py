@@ -67,9 +67,9 @@ def p1(names: str) -> dict:
 
 
 def attention_cases():
-    from gdn_export.ops.attention.triton import decode, prefill
-    from gdn_export.ops.attention.triton.kv_cache_write import kv_cache_write_kernel
-    from gdn_export.ops.triton_utils import next_pow2
+    from kernels.attention.triton import decode, prefill
+    from kernels.attention.triton.kv_cache_write import kv_cache_write_kernel
+    from kernels.triton_utils import next_pow2
 
     hkv = 2
     for act in ("bf16", "fp16"):
@@ -119,9 +119,9 @@ def attention_cases():
 
 
 def moe_cases():
-    from gdn_export.ops.moe.quant_triton import FP8, INT4, moe_q_down_kernel, moe_q_gate_up_kernel
-    from gdn_export.ops.moe.triton import _tiles
-    from gdn_export.ops.triton_utils import next_pow2
+    from kernels.moe_quant.triton.moe_quant import FP8, INT4, moe_q_down_kernel, moe_q_gate_up_kernel
+    from kernels.moe.triton.moe import _tiles
+    from kernels.triton_utils import next_pow2
 
     E, H, I, top_k = 128, 2048, 768, 8
     for act in ("bf16", "fp16", "fp32"):
@@ -150,10 +150,10 @@ def moe_cases():
 
 
 def linear_cases():
-    from gdn_export.ops.quant_linear import triton_common as common
-    from gdn_export.ops.quant_linear.triton_fp8 import fp8_gemm_kernel, quant_group_kernel, quant_tensor_kernel
-    from gdn_export.ops.quant_linear.triton_gemv import CFG, FP8_BLOCK, FP8_TENSOR, INT4, gemv_kernel
-    from gdn_export.ops.quant_linear.triton_int4 import int4_dequant_kernel, int4_gemm_kernel, tile_k
+    from kernels.quant_linear.triton import common
+    from kernels.quant_linear.triton.fp8 import fp8_gemm_kernel, quant_group_kernel, quant_tensor_kernel
+    from kernels.quant_linear.triton.gemv import CFG, FP8_BLOCK, FP8_TENSOR, INT4, gemv_kernel
+    from kernels.quant_linear.triton.int4 import int4_dequant_kernel, int4_gemm_kernel, tile_k
 
     for act in ("bf16", "fp16", "fp32"):
         x = ACT.get(act, "*fp32")

@@ -52,8 +52,8 @@ def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
 
 
 def main() -> int:
-    from gdn_export.ops.gated_delta_rule.triton.chunk import chunk_state_output_fwd_kernel
-    from gdn_export.ops.gated_delta_rule.triton.wy import chunk_wy_fwd_kernel
+    from kernels.gated_delta_rule.triton.chunk import chunk_state_output_fwd_kernel
+    from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd_kernel
 
     p = lambda names, t: {n: t for n in names.split()}  # noqa: E731
     wy_sig = dict(p("q k v beta b w", "*bf16"), **p("g a A_log dt_bias u Aqk gcum fq fk", "*fp32"),

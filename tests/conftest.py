@@ -129,10 +129,11 @@ def pytest_collection_modifyitems(config, items):
     plugin library's, and on a GPU the CUDA extension's (tests/gpu_run.sh starts it first: on the H200
     ~7 of 12 workers waited 60-110 s for it when its tests came early); before them the fast tier
     first, then the tests marked slow, so that a failure shows early under -x. Stable otherwise."""
-    if torch.cuda.is_available():
-        here = os.path.join(os.path.dirname(__file__), "cuda")
+    if torch.cuda.is_available():  # the CUDA kernels' tests: tests/ops/<op>/test_cuda*.py
+        here = os.path.join(os.path.dirname(__file__), "ops")
         for item in items:
-            if str(item.fspath).startswith(here + os.sep):
+            path = str(item.fspath)
+            if path.startswith(here + os.sep) and os.path.basename(path).startswith("test_cuda"):
                 item.add_marker(pytest.mark.cuda_ext)
     items.sort(key=lambda item: ("plugin_build" in getattr(item, "fixturenames", ()),
                                  item.get_closest_marker("cuda_ext") is not None,

@@ -9,7 +9,7 @@
 # (tests/conftest.py), and a specialization wanted by several workers at once is compiled by one of
 # them while the others wait for its cache entry (tests/triton_compiles.py).
 #
-#   tests/gpu_run.sh [OUT_DIR] [pytest args...]      e.g. tests/gpu_run.sh gpu-tests -k contracts
+#   tests/gpu_run.sh [OUT_DIR] [pytest args...]      e.g. tests/gpu_run.sh gpu-tests tests/ops/gated_delta_rule
 #
 # OUT_DIR (default gpu-tests): pytest.log, junit.xml, tests.tsv (each test's outcome and seconds as it
 # ends, a failure's traceback under it: complete even in a run the time limit cut), compiles.tsv

@@ -2,7 +2,7 @@
 
     python benchmarks/investigations/cuda_rounding_emulation.py
 
-Follows plugins/gatedDeltaRulePlugin/gatedDeltaRuleChunk.cuh step by step (64-token chunks, fp32
+Follows kernels/gated_delta_rule/cuda/gatedDeltaRuleChunk.cuh step by step (64-token chunks, fp32
 products and accumulation, the same row factors and decays) and rounds values where the kernel
 does. Prints the relative RMS of o and the final state against the float64 recurrence on
 correlated keys (tests/conftest.py gdn_inputs(correlated=True)), worst over seeds: the kernels

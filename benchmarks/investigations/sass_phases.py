@@ -4,7 +4,7 @@ spends its issue slots, on a machine without a GPU.
     python3 benchmarks/investigations/sass_phases.py [--kernel Prepare16KernelI13__nv_bfloat16Li128ELi128E]
                                       [--arch sm_90] [--cubin FILE] [--out-dir DIR]
 
-Compiles plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu to a cubin with nvcc (about two
+Compiles kernels/gated_delta_rule/cuda/gatedDeltaRuleKernels.cu to a cubin with nvcc (about two
 minutes; --cubin reuses one), disassembles the first kernel whose mangled name contains --kernel
 with cuobjdump (the CUDA toolkit's, or the one Triton ships), and splits its instructions at every
 block barrier (BAR): one row per phase with its instruction count and most frequent opcodes. Counts

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/gpu_timing.py
 from gpu_timing import copy_tbps, graph_ms, save_table  # noqa: E402
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
-from gdn_export.ops.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 
 HK, HV, D = 16, 32, 128
 STATES = {"fp32": torch.float32, "bf16": torch.bfloat16}

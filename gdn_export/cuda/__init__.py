@@ -1,4 +1,4 @@
-"""The shared build of our CUDA kernels (plugins/*/…Kernels.cu) as one PyTorch extension.
+"""The shared build of our CUDA kernels (kernels/<op>/cuda/*.cu) as one PyTorch extension.
 
     extension.cpp   torch binding; checks every tensor and names the one that is wrong
     extension.py    the lazy build and load (torch.utils.cpp_extension.load), and the checks every

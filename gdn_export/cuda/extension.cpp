@@ -1,4 +1,4 @@
-// PyTorch binding of the gdn CUDA kernels (plugins/*/…Kernels.cu). Validation happens here so that a
+// PyTorch binding of the gdn CUDA kernels (kernels/<op>/cuda/*.cu). Validation happens here so that a
 // bad tensor fails with a message naming it instead of a kernel fault; each op's wrapper
 // (gdn_export/ops/<op>/cuda.py) casts and lays out the tensors first (its checked entries) or calls
 // straight in (the public op's fast entry, which relies on these checks: gated_delta_rule returns
@@ -7,10 +7,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
-#include "causalConv1dPlugin/causalConv1dKernels.h"
-#include "gatedDeltaRulePlugin/gatedDeltaRuleKernels.h"
-#include "gatedDeltaRulePlugin/gatedDeltaRuleKernelsDetail.h"
-#include "moePlugin/moeKernels.h"
+#include "causal_conv1d/cuda/causalConv1dKernels.h"
+#include "gated_delta_rule/cuda/gatedDeltaRuleKernels.h"
+#include "gated_delta_rule/cuda/gatedDeltaRuleKernelsDetail.h"
+#include "moe/cuda/moeKernels.h"
 
 #include <optional>
 #include <string>
@@ -329,7 +329,7 @@ std::vector<at::Tensor> causalConv1d(at::Tensor const& x, at::Tensor const& weig
     return {y, newState};
 }
 
-// out [N, H]: routed experts (all four tensors in one dtype; see plugins/moePlugin/moeKernels.h).
+// out [N, H]: routed experts (all four tensors in one dtype; see kernels/moe/cuda/moeKernels.h).
 at::Tensor moe(at::Tensor const& hidden, at::Tensor const& routerLogits, at::Tensor const& gateUp,
     at::Tensor const& down, int64_t topK, bool normTopkProb)
 {

@@ -1,7 +1,7 @@
 """The shared loader of our CUDA kernels as one PyTorch extension, and the checks every op's wrapper
 (gdn_export/ops/<op>/cuda.py) makes before calling it.
 
-    load()      the compiled extension (extension.cpp binding plugins/*/…Kernels.cu), built on first
+    load()      the compiled extension (extension.cpp binding kernels/<op>/cuda/*.cu), built on first
                 call for the running GPU into ~/.cache/gdn_export/cuda_ext (GDN_EXPORT_CUDA_BUILD_DIR)
     loaded()    the extension if already built in this process, else None (the ops' fast entries)
 
@@ -18,32 +18,21 @@ from pathlib import Path
 
 import torch
 
+import kernels
 from gdn_export.errors import GdnExportError
 
-PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+# The kernels' sources ship inside the `kernels` package (kernels/<op>/cuda/, kernels/cuda_common/), so
+# the extension builds from an installed copy as well as from a checkout.
+KERNELS_DIR = Path(kernels.__file__).resolve().parent
 SOURCES = (
     Path(__file__).resolve().parent / "extension.cpp",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu",
-    PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.cu",
-    PLUGINS_DIR / "moePlugin" / "moeKernels.cu",
+    KERNELS_DIR / "gated_delta_rule" / "cuda" / "gatedDeltaRuleKernels.cu",
+    KERNELS_DIR / "causal_conv1d" / "cuda" / "causalConv1dKernels.cu",
+    KERNELS_DIR / "moe" / "cuda" / "moeKernels.cu",
 )
 # Headers the build depends on: a change to any of them must rebuild the extension.
-HEADERS = (
-    PLUGINS_DIR / "common" / "floatConvert.cuh",
-    PLUGINS_DIR / "common" / "mmaSync.cuh",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.h",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernelsDetail.h",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleCommon.cuh",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleRecurrent.cuh",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunk.cuh",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkPrepare16.cuh",
-    PLUGINS_DIR / "gatedDeltaRulePlugin" / "gatedDeltaRuleChunkWalk.cuh",
-    PLUGINS_DIR / "causalConv1dPlugin" / "causalConv1dKernels.h",
-    PLUGINS_DIR / "moePlugin" / "moeKernels.h",
-    PLUGINS_DIR / "moePlugin" / "moeCommon.cuh",
-    PLUGINS_DIR / "moePlugin" / "moeGemmSimt.cuh",
-    PLUGINS_DIR / "moePlugin" / "moeGemmWmma.cuh",
-)
+HEADERS = tuple(sorted(p for pattern in ("*/cuda/*.h", "*/cuda/*.cuh", "cuda_common/*.cuh")
+                       for p in KERNELS_DIR.glob(pattern)))
 BUILD_DIR_ENV = "GDN_EXPORT_CUDA_BUILD_DIR"
 ACTIVATIONS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -88,7 +77,7 @@ def load():
             _module = cpp_extension.load(
                 name="gdn_export_cuda_ext",
                 sources=[str(s) for s in SOURCES],
-                extra_include_paths=[str(PLUGINS_DIR)],
+                extra_include_paths=[str(KERNELS_DIR)],
                 extra_cflags=flags,
                 extra_cuda_cflags=flags + ["--expt-relaxed-constexpr", "-lineinfo"],
                 build_directory=str(_build_dir(arch)),

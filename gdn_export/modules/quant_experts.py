@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gdn_export.modules.quant_linear import FixedDtypeBuffers
-from gdn_export.ops.moe.quant import BLOCK, moe_fp8, moe_int4
+from gdn_export.ops.moe_quant import BLOCK, moe_fp8, moe_int4
 
 FP8 = torch.float8_e4m3fn
 FP8_FORMATS = ("fp8", "fp8-block128")
@@ -103,7 +103,7 @@ class Int4MoeExperts(QuantMoeExperts):
 
 def dequantized_experts(m: QuantMoeExperts) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 (gate_up [E, 2I, H], down [E, H, I]): the weights the quantized experts multiply by."""
-    from gdn_export.ops.moe.quant_naive import dequantize_fp8_experts, dequantize_int4_experts
+    from gdn_export.ops.moe_quant.naive import dequantize_fp8_experts, dequantize_int4_experts
 
     if isinstance(m, Fp8MoeExperts):
         return (dequantize_fp8_experts(m.gate_up_proj, m.gate_up_proj_weight_scale),

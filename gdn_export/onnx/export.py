@@ -158,7 +158,7 @@ def _trace(model, specs, opset: int):
                             output_names, opset)
     if ir_model.opset_imports.get("") != opset:
         raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
-    from gdn_export.ops.moe.quant_onnx import fold_int4_expert_weights
+    from gdn_export.ops.moe_quant.onnx import fold_int4_expert_weights
     from gdn_export.ops.quant_linear.onnx import fold_int4_weights
 
     fold_int4_expert_weights(ir_model)  # quantized routed experts as INT4 [E, N, K] initializers

@@ -30,7 +30,7 @@ def custom_translation_table() -> dict:
     """{torch op overload: onnxscript translation} for torch.onnx.export(..., dynamo=True)."""
     from gdn_export.ops.attention.onnx import translations
     from gdn_export.ops.quant_linear.onnx import translations as quant_translations
-    from gdn_export.ops.moe.quant_onnx import translations as moe_quant_translations
+    from gdn_export.ops.moe_quant.onnx import translations as moe_quant_translations
 
     register_schemas()
     return {**{module.torch_target(): module.translation for module in OP_MODULES}, **translations(),

@@ -10,8 +10,8 @@ Every backend implements the same three functions with the same argument order a
 
 Backends:
     reference  fp32 PyTorch (`naive.py` beside each op); runs anywhere
-    triton     the Triton kernels beside each op (gdn_export/ops/<op>/triton*); CUDA tensors, or CPU under TRITON_INTERPRET=1
-    cuda       our CUDA kernels (plugins/) built as a PyTorch extension (gdn_export.cuda.extension), their
+    triton     the Triton kernels (kernels/<op>/triton/) through each op's triton.py; CUDA tensors, or CPU under TRITON_INTERPRET=1
+    cuda       our CUDA kernels (kernels/<op>/cuda/) built as a PyTorch extension (gdn_export.cuda.extension), their
                wrappers beside each op (gdn_export/ops/<op>/cuda.py); CUDA tensors
 
 The active backend is, in order: the innermost `use_backend(...)` block, the environment variable

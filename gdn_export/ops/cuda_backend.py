@@ -1,5 +1,5 @@
 """The `cuda` backend of the gdn ops (see gdn_export.ops.backends for the contract): our CUDA kernels
-(plugins/*/…Kernels.cu, the TensorRT plugins' own sources) as one PyTorch extension, built on first
+(kernels/<op>/cuda/*.cu, the sources the TensorRT plugins compile too) as one PyTorch extension, built on first
 use by gdn_export.cuda.extension. Each op's wrappers live beside the op (gdn_export/ops/<op>/cuda.py);
 this module gathers the entries the registry looks up. Tensors must be on a CUDA device.
 """

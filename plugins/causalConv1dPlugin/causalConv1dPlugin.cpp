@@ -1,6 +1,6 @@
 #include "causalConv1dPlugin.h"
 
-#include "causalConv1dKernels.h"
+#include "causal_conv1d/cuda/causalConv1dKernels.h"
 
 namespace gdn
 {

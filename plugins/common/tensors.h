@@ -3,7 +3,7 @@
  */
 #pragma once
 
-#include "../gatedDeltaRulePlugin/gatedDeltaRuleKernels.h" // gdn::DataType
+#include "gated_delta_rule/cuda/gatedDeltaRuleKernels.h" // gdn::DataType
 
 #include <NvInferRuntime.h>
 

@@ -1,6 +1,6 @@
 #include "gatedDeltaRulePlugin.h"
 
-#include "gatedDeltaRuleKernels.h"
+#include "gated_delta_rule/cuda/gatedDeltaRuleKernels.h"
 
 #include <cmath>
 #include <sstream>

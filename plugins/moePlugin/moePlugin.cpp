@@ -1,6 +1,6 @@
 #include "moePlugin.h"
 
-#include "moeKernels.h"
+#include "moe/cuda/moeKernels.h"
 
 namespace gdn
 {

@@ -133,7 +133,7 @@ def test_metadata_records_state_layout(exported):
 
 
 # Prompt lengths exercise the gdn ops' chunk edges (every length is held to each op's contract in
-# tests/contracts), the families and cache layouts the graph's wiring: every export runs one prompt
+# tests/ops), the families and cache layouts the graph's wiring: every export runs one prompt
 # (130 crosses two chunk edges), qwen3_5 inplace all three; not the full cross.
 PARITY = [(("qwen3_5", "inplace"), t) for t in PROMPTS] + \
     [((f, "inplace"), 130) for f in FAMILIES[1:]] + [(("qwen3_5", "concat"), 63), (("qwen3_next", "concat"), 1)]

@@ -5,7 +5,7 @@ folders). Without headers, cmake or nvcc every test that needs the build skips w
 cmake or compiler failure with all three present is an error.
 
 Shared by tests/plugins and tests/trt (both conftests import `plugin_build`). One build serves every
-pytest process that asks for the same sources: the folder is named by a hash of plugins/, the
+pytest process that asks for the same sources: the folder is named by a hash of plugins/ and kernels/ (their C++, CUDA and CMake files), the
 architectures, the device-code flags and the header folder, and guarded by a file lock, so xdist
 workers wait on the first one and a second pytest session (CI's slow tier) reuses it.
 `start_background_build` starts it when a session begins, so it compiles beside the other tests
@@ -33,6 +33,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS_SRC = REPO / "plugins"
+# The CUDA kernels the plugins compile (kernels/<op>/cuda/, kernels/cuda_common/).
+KERNELS_SRC = REPO / "kernels"
+SOURCE_SUFFIXES = {".cu", ".cuh", ".h", ".cpp", ".txt", ".sh"}
 SHARED_TRT_HEADERS = REPO.parent / "shared" / "third_party" / "tensorrt" / "include"
 # The folders plugins/CMakeLists.txt also searches last.
 SYSTEM_TRT_HEADERS = (Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include/aarch64-linux-gnu"),
@@ -118,8 +121,9 @@ def _why_not() -> str | None:
 def build_folder(headers: Path) -> Path:
     """The shared build folder for this source tree, architectures and header folder."""
     digest = hashlib.sha256(f"{TEST_ARCHS}\0{TEST_CUDA_FLAGS}\0{headers.resolve()}\0".encode())
-    for path in sorted(p for p in PLUGINS_SRC.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(PLUGINS_SRC)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for src in (PLUGINS_SRC, KERNELS_SRC):
+        for path in sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES):
+            digest.update(f"{src.name}/{path.relative_to(src)}".encode() + b"\0" + path.read_bytes() + b"\0")
     return Path(tempfile.gettempdir()) / f"gdn-plugins-build-{digest.hexdigest()[:16]}"
 
 

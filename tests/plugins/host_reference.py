@@ -1,6 +1,6 @@
 """The CPU references inside pluginHostTest (plugins/tests/reference.cpp), compiled with g++ into a
 small shared library once per process and called through ctypes: the `host` implementation of the
-contract suites (tests/contracts), so that a host-test failure on the GPU means the kernel or the
+contract suites (tests/ops), so that a host-test failure on the GPU means the kernel or the
 plugin is wrong, not the test."""
 
 from __future__ import annotations

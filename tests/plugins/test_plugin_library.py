@@ -64,7 +64,7 @@ def test_host_test_quick_on_gpu(plugin_build):
 
 def test_build_has_no_compiler_warnings(plugin_build):
     """nvcc and the C++ compiler (-Wall -Wextra) stay silent for the built architectures (sm_80
-    without a GPU: tests/cuda/test_kernels_compile.py then leaves the plugin sources to this build)."""
+    without a GPU: tests/kernels/test_cuda_compile.py then leaves the plugin sources to this build)."""
     from tests.plugins.cmake_build import BUILD_LOG
 
     log = plugin_build.folder / BUILD_LOG

@@ -8,7 +8,7 @@
 // model's decode step runs it.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I plugins -o decode16_tiles benchmarks/investigations/cuda/decode16_tiles.cu \
-//        plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu
+//        kernels/gated_delta_rule/cuda/gatedDeltaRuleKernels.cu
 //   ./decode16_tiles [--no-rotate] [--only launcher,bv64,copytile]
 //
 // Each configuration is captured in a CUDA graph of `steps` launches and the replay timed (median of
@@ -25,7 +25,7 @@
 #include <random>
 #include <vector>
 
-#include "gatedDeltaRulePlugin/gatedDeltaRuleRecurrent.cuh"
+#include "gated_delta_rule/cuda/gatedDeltaRuleRecurrent.cuh"
 
 using bf16 = __nv_bfloat16;
 using gdn::GatedDeltaRuleParams;

@@ -11,7 +11,7 @@
 
     gdn::write_kv_cache_(key_cache, value_cache, key, value, write_indices) -> ()
         kv_cache_update of both caches, in place: the eager / compiled runner's form (never
-        exported). On a GPU with Triton one launch writes both (gdn_export.ops.attention.triton.kv_cache_write); as a
+        exported). On a GPU with Triton one launch writes both (kernels.attention.triton.kv_cache_write); as a
         mutating custom op, torch.compile keeps it in place where a functionalised scatter_ copied
         each whole cache twice per call. Elsewhere `write_cache_` (scatter_) on each.
 
@@ -22,9 +22,9 @@
         mask   [B, 1, S, L]    bool  True where query s may read slot l
         o      [B, H, S, D]    T     softmax(scale * q key^T, masked) value, softmax in fp32
         ONNX: Attention (opset 23, 4-D inputs: GQA from the head counts) -> TensorRT IAttention.
-        PyTorch, fp16 / bf16 on a GPU: the split-KV Triton kernel (gdn_export.ops.attention.triton.decode)
+        PyTorch, fp16 / bf16 on a GPU: the split-KV Triton kernel (kernels.attention.triton.decode)
         when the G * S query rows per kv head are few and the cache is long (decode steps), else
-        the flash-attention Triton kernel (gdn_export.ops.attention.triton.prefill: prefill, which visits
+        the flash-attention Triton kernel (kernels.attention.triton.prefill: prefill, which visits
         only the cache tiles each query block may read), else (no Triton, shapes it does not take)
         SDPA's fused kernel; elsewhere SDPA in fp32. A query row that may read no slot gets zeros
         on every path (padded query rows of a ragged batch).
@@ -128,10 +128,10 @@ def _attention(q, key, value, mask, scale):
 
 @functools.cache
 def _triton_kernel(name: str):
-    """gdn_export.ops.attention.triton.<name> (kv_cache_write, decode, prefill), or None where
+    """kernels.attention.triton.<name> (kv_cache_write, decode, prefill), or None where
     Triton is not installed (an optional extra)."""
     try:
-        return importlib.import_module(f"gdn_export.ops.attention.triton.{name}")
+        return importlib.import_module(f"kernels.attention.triton.{name}")
     except ImportError:
         return None
 

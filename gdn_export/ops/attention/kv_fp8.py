@@ -12,7 +12,7 @@ scale each (`k_scale`, `v_scale` > 0, calibrated as amax / 448 by `gdn-export qu
     gdn::write_kv_cache_fp8_(key_cache, value_cache, key, value, write_indices, k_scale, v_scale)
         write_kv_cache_ of kv_quantize(key, k_scale) / kv_quantize(value, v_scale) into the fp8
         caches [B, Hkv, L, D], in place. GPU (sm_89+, Triton): one launch that scales, clamps and
-        casts (gdn_export.ops.attention.triton.kv_cache_write); elsewhere quantize, then scatter_.
+        casts (kernels.attention.triton.kv_cache_write); elsewhere quantize, then scatter_.
     gdn::attention_fp8(q, key, value, mask, scale, k_scale, v_scale) -> o
         gdn::attention(q, kv_dequantize(key, k_scale, q.dtype), kv_dequantize(value, v_scale, q.dtype),
         mask, scale): the cache [B, Hkv, L, D] float8_e4m3fn, q [B, H, S, D] fp32 / fp16 / bf16.

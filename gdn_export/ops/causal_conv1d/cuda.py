@@ -1,4 +1,4 @@
-"""The causal conv1d through our CUDA kernels (plugins/causalConv1dPlugin/causalConv1dKernels.cu, bound by
+"""The causal conv1d through our CUDA kernels (kernels/causal_conv1d/cuda/causalConv1dKernels.cu, bound by
 gdn_export/cuda/extension.cpp and built by gdn_export.cuda.extension): the `cuda` backend's entries
 for this op (gdn_export.ops.cuda_backend).
 

@@ -1,7 +1,8 @@
 """`gdn::gated_delta_rule`: the whole contract of the gated delta rule op.
 
 One op serves decode (T = 1) and prefill (T > 1). The same argument order is used by the fp32
-reference (`naive.py`), the Triton kernels (`triton/` beside this file), the CUDA kernels (`plugins/`), the
+reference (`naive.py`), the Triton kernels (kernels/gated_delta_rule/triton/, entered through
+`triton.py`), the CUDA kernels (kernels/gated_delta_rule/cuda/, entered through `cuda.py`), the
 ONNX node (`onnx.py`) and the TensorRT plugin fields.
 
     inputs                                   outputs

@@ -1,4 +1,4 @@
-"""The gated delta rule through our CUDA kernels (plugins/gatedDeltaRulePlugin/gatedDeltaRuleKernels.cu,
+"""The gated delta rule through our CUDA kernels (kernels/gated_delta_rule/cuda/gatedDeltaRuleKernels.cu,
 bound by gdn_export/cuda/extension.cpp and built by gdn_export.cuda.extension): the `cuda` backend's
 entries for this op (gdn_export.ops.cuda_backend).
 
@@ -54,7 +54,7 @@ def _gdr_args(q, k, v, g, beta, initial_state, cu_seqlens):
 
 def _check_path(path, q, v, smem_limit=0):
     """A pinned path the kernels would refuse, as a one-line error before the extension (whose failing
-    checks have crashed the process on the H200 image; see tests/cuda/test_gated_delta_rule_cuda.py).
+    checks have crashed the process on the H200 image; see tests/ops/gated_delta_rule/test_cuda.py).
     smem_limit: 0 (the device's shared memory) or at least SMEM_SM86 bytes, where the prepare kernel
     and the mma.sync walk fit for fp16 / bf16 inputs; the wmma walk (pinned, or the walk of fp32
     inputs) needs more at Dk = 128, so a pinned path that runs it takes no cap (unpinned, fp32 inputs

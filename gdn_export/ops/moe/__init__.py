@@ -2,7 +2,7 @@
 
 Each token runs through its top-k experts only; the shared expert and its gate stay standard
 layers around the op. Same argument order in the fp32 reference (`naive.py`), the Triton kernels
-(`gdn_export.ops.moe.triton`), the CUDA kernels (plugins/moePlugin/moeKernels.h), the ONNX node (`onnx.py`)
+(`kernels.moe.triton.moe`), the CUDA kernels (kernels/moe/cuda/moeKernels.h), the ONNX node (`onnx.py`)
 and the TensorRT plugin fields.
 
     inputs                                   outputs
@@ -28,8 +28,8 @@ ONNX rather than a compiled custom op (stock ORT, the exported file stays what T
 written so that its cost follows top-k: a Loop over the hit experts only (see onnx.py).
 TensorRT plugin twin: plugins/moePlugin (kMOE_PLUGIN_NAME / VERSION / NAMESPACE).
 
-Quantized experts (FP8 / INT4 weights): gdn::moe_fp8 / gdn::moe_int4 in `quant.py` (reference
-`quant_naive.py`, Triton `quant_triton.py`, ONNX `quant_onnx.py`: DequantizeLinear into this node).
+Quantized experts (FP8 / INT4 weights): gdn::moe_fp8 / gdn::moe_int4, an op of their own in
+gdn_export/ops/moe_quant/ (ONNX: DequantizeLinear into this node).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def sparse_moe_forward(x: torch.Tensor, block) -> torch.Tensor:
     x [..., H] -> [..., H]. `block` holds gate (Linear H -> E), experts.gate_up_proj [E, 2I, H],
     experts.down_proj [E, H, I], shared_expert (an MLP), shared_expert_gate (Linear H -> 1),
     top_k and norm_topk_prob (transformers' names: num_experts_per_tok also accepted). Experts
-    with a `routed(x, logits, top_k, norm)` method (quantized experts: gdn_export.ops.moe.quant)
+    with a `routed(x, logits, top_k, norm)` method (quantized experts: gdn_export.ops.moe_quant)
     run through it.
     """
     shape = x.shape

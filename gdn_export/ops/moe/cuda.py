@@ -1,4 +1,4 @@
-"""The routed experts through our CUDA kernels (plugins/moePlugin/moeKernels.cu, bound by
+"""The routed experts through our CUDA kernels (kernels/moe/cuda/moeKernels.cu, bound by
 gdn_export/cuda/extension.cpp and built by gdn_export.cuda.extension): the `cuda` backend's entry
 for this op (gdn_export.ops.cuda_backend).
 

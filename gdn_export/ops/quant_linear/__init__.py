@@ -19,7 +19,7 @@ and the ONNX translation.
 
 x [..., K] fp32 / fp16 / bf16; y [..., N] in x's dtype; bias [N] or None; accumulation in fp32.
 
-Dispatch: CUDA tensors go to gdn_export.ops.quant_linear.gpu.<same name> when that module imports,
+Dispatch: CUDA tensors go to kernels.quant_linear.gpu.<same name> when that module imports,
 everything else to the fp32 references in `naive.py`. Each op is one node for torch.compile, CUDA
 graphs and torch.export (its fake impl gives the output shape); the ONNX translation (`onnx.py`)
 writes standard QuantizeLinear / DequantizeLinear + MatMul.
@@ -48,7 +48,7 @@ _GPU: list = []  # [module or None] once looked up
 def _gpu():
     if not _GPU:
         try:
-            _GPU.append(importlib.import_module("gdn_export.ops.quant_linear.gpu"))
+            _GPU.append(importlib.import_module("kernels.quant_linear.gpu"))
         except ImportError:
             _GPU.append(None)
     return _GPU[0]

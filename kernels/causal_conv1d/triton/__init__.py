@@ -1,0 +1,1 @@
+"""The causal conv1d Triton kernel (conv.py)."""

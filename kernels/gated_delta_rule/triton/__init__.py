@@ -1,0 +1,9 @@
+"""Triton kernels of the gated delta rule (entered through gdn_export/ops/gated_delta_rule/triton.py).
+
+    wy.py               chunk-local cumsum, (I + A)^-1, w, u, causal q.k   (prefill, part 1)
+    chunk.py            sequential state walk + output; chunk_gated_delta_rule  (part 2)
+    fused_recurrent.py  decode / short T, optionally in place
+    gates.py            the same from the raw gate projections (a, b, A_log, dt_bias)
+
+Helpers shared with the other ops' kernels are in kernels/triton_utils.py.
+"""

@@ -1,0 +1,192 @@
+"""Chunked gated delta rule forward (prefill): the sequential half plus the public wrapper.
+
+The chunk-local work (cumsum, (I + A)^-1, w, u, causal q.k) runs first in wy.py, for all chunks
+at once. This kernel then walks the chunks of one sequence in order, one program per
+(value block, sequence x value head), with the fp32 state block in registers, held transposed as
+hT [BV, Dk] (h = hT^T); a 16-bit stored state is read once and rounded once, at the final store:
+
+    v_new = u - w h                                   (this chunk's corrected values)
+    o     = fq * (q h) + Aqk v_new                    (written directly: no per-chunk h in memory)
+    hT    = exp(G_last) hT + (fk * v_new)^T k
+
+(fq = scale exp(G) / ||q||, fk = exp(G_last - G) / ||k||, row factors from wy.py), so the states
+between chunks never leave the SM and the only traffic is q, k, w, u, Aqk in and o out.
+Products: exact fp32 (ieee) for fp32 inputs. For 16-bit inputs with head dims that are multiples
+of 64 (utils.raw_operands; other dims use fp32 copies on TF32) q, k and w enter the tensor cores
+as they are stored (no fp32 copies: fewer live registers); w h and q h read the state rounded to
+the input dtype (~4e-4 on o), Aqk v_new is TF32, and the update takes fk * v_new as two 16-bit
+halves (wy.dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
+The state is transposed so that the update reads k in its stored layout: with h [Dk, BV] the
+update needs k^T, and a transposed 16-bit tile as the left operand gave NaN or illegal addresses
+on the H200 with Triton 3.6.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_utils import (as_kernel_input, cdiv, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
+                             raw_operands, state_dtype, to_state_dtype, token_strides)
+from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd, dot_split
+from kernels.triton_utils import dot
+
+
+# T and the head counts are left unspecialised: one compiled kernel serves every length and every
+# Hk / Hv of a head size (they only index programs and rows).
+@triton.jit(do_not_specialize=["T", "HK", "HV"])
+def chunk_state_output_fwd_kernel(
+    q, k, w, u, Aqk, gcum, fq, fk, h0, o, ht,
+    cu_seqlens,
+    T, sq, sk,
+    HK, HV, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    # sq, sk: elements between consecutive tokens of q, k (utils.token_stride)
+    BT: tl.constexpr = 64
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // HV, i_nh % HV
+    i_hk = i_h // (HV // HK)
+    if IS_VARLEN:
+        i_b = 0
+        bos, eos = tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1)
+    else:
+        i_b = i_n
+        bos, eos = i_n * T, i_n * T + T
+    Tn = eos - bos
+    r0 = (i_b * HV + i_h) * T + bos - i_b * T   # first row of this sequence in the intermediates
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+    # hT [BV, Dk]: the update then takes k in its stored layout (see the module docstring)
+    m_vk = m_v[:, None] & m_k[None, :]
+    p_hT = o_v[:, None] + o_k[None, :] * DV
+    if USE_INITIAL_STATE:
+        b_hT = tl.load(h0 + i_nh * DK * DV + p_hT, mask=m_vk, other=0).to(tl.float32)
+    else:
+        b_hT = tl.zeros([BV, BK], dtype=tl.float32)
+
+    for i_t in tl.range(0, tl.cdiv(Tn, BT), num_stages=NUM_STAGES):
+        o_r = i_t * BT + o_t
+        m_r = o_r < Tn
+        m_rk, m_rv = m_r[:, None] & m_k[None, :], m_r[:, None] & m_v[None, :]
+        b_w = tl.load(w + (r0 + o_r[:, None]) * DK + o_k[None, :], mask=m_rk, other=0)
+        b_u = tl.load(u + (r0 + o_r[:, None]) * DV + o_v[None, :], mask=m_rv, other=0)
+        b_A = tl.load(Aqk + (r0 + o_r[:, None]) * BT + o_t[None, :], mask=m_r[:, None], other=0)
+        b_fq = tl.load(fq + r0 + o_r, mask=m_r, other=0)
+        b_fk = tl.load(fk + r0 + o_r, mask=m_r, other=0)
+        b_Gl = tl.load(gcum + r0 + tl.minimum(i_t * BT + BT, Tn) - 1)
+        # 64-bit chunk bases (strided q / k of a long sequence pass 2**31 elements), 32-bit tiles
+        t64 = (bos + i_t * BT).to(tl.int64)
+        b_q = tl.load(q + t64 * sq + i_hk * DK + o_t[:, None] * sq + o_k[None, :], mask=m_rk, other=0)
+        b_k = tl.load(k + t64 * sk + i_hk * DK + o_t[:, None] * sk + o_k[None, :], mask=m_rk, other=0)
+
+        if SPLIT:
+            # w h and q h read the state rounded to the input dtype (costs ~4e-4 on o)
+            b_hd = tl.trans(b_hT.to(q.dtype.element_ty))
+        else:
+            b_w, b_q, b_k = b_w.to(tl.float32), b_q.to(tl.float32), b_k.to(tl.float32)
+            b_hd = tl.trans(b_hT)
+        b_vn = b_u - dot(b_w, b_hd, IEEE)
+        b_o = dot(b_q, b_hd, IEEE) * b_fq[:, None] + dot(b_A, b_vn, IEEE)
+        tl.store(o + ((bos + o_r[:, None]) * HV + i_h) * DV + o_v[None, :],
+                 b_o.to(o.dtype.element_ty), mask=m_rv)
+        # the update keeps v_new's precision (rounding it to bf16 cost ~6e-3 of the final state)
+        b_hT = b_hT * tl.exp(b_Gl) + dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
+
+    # the one rounding of a 16-bit state per call (the op's rounding rule)
+    tl.store(ht + i_nh * DK * DV + p_hT, to_state_dtype(b_hT, ht.dtype.element_ty), mask=m_vk)
+
+
+def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seqlens=None, out=None,
+                           final_state=None, block_v=None, num_warps=None, num_stages=None):
+    """Launch the sequential kernel on wy.py's outputs.
+
+    Args:
+        q, k: [B, T, Hk, Dk] in the input dtype (contiguous, or with a token stride:
+            utils.token_stride). w [B, Hv, T, Dk], u [B, Hv, T, Dv], Aqk
+            [B, Hv, T, 64], gcum / fq / fk [B, Hv, T]: wy.chunk_wy_fwd's outputs.
+        initial_state: [N, Hv, Dk, Dv] contiguous fp32, fp16 or bf16, or None. cu_seqlens: [N + 1]
+            int32 or None.
+        block_v, num_warps, num_stages: launch overrides (defaults: the run-5 sweep's best).
+    Returns:
+        o [B, T, Hv, Dv] in q's dtype and final_state [N, Hv, Dk, Dv] in initial_state's dtype
+        (fp32 for None; a given final_state may have any of the three), rounded once at the end.
+    """
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = u.shape[1], u.shape[3]
+    sq, sk = token_strides(q, k)
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    o = out if out is not None else q.new_empty(B, T, Hv, Dv)
+    ht = final_state if final_state is not None else torch.empty(
+        N, Hv, Dk, Dv, dtype=torch.float32 if initial_state is None else initial_state.dtype, device=u.device)
+    # Swept on the H200 (bf16, Hv=32, 128 x 128): 32 value columns, 4 warps, 3 stages is the
+    # fastest at B=1 T=16384 (0.46 ms; 0.69 at 2 stages, 0.87 at BV=64) and at B=8 T=8192 (1.83
+    # ms; 1.92 at BV=64 4 warps 2 stages, 2.74 at BV=64 8 warps).
+    block_v = 32 if block_v is None else block_v
+    num_warps = 4 if num_warps is None else num_warps
+    num_stages = 3 if num_stages is None else num_stages
+    BV = max(min(block_v, next_pow2(Dv)), 16)
+    BK = max(next_pow2(Dk), 16)
+    split = raw_operands(q.dtype, Dk, Dv)
+    key = (BK, BV, q.dtype, split, num_warps, num_stages)
+
+    def launch(stages):
+        chunk_state_output_fwd_kernel[(cdiv(Dv, BV), N * Hv)](
+            q, k, w, u, Aqk, gcum, fq, fk, initial_state, o, ht, cu_seqlens, T, sq, sk,
+            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
+            USE_INITIAL_STATE=initial_state is not None,
+            IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,
+            NUM_STAGES=stages, num_warps=num_warps,
+        )
+
+    # Prefetching six tiles per stage can outgrow shared memory (large Dk, fp32): fewer stages
+    # rather than a failure; remembered per configuration.
+    stages = launch_fitting(launch, _STAGES_THAT_FIT.get(key, num_stages), 1, lambda s: s - 1, Dk, Dv, q.dtype)
+    _STAGES_THAT_FIT[key] = stages
+    return o, ht
+
+
+_STAGES_THAT_FIT: dict = {}
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    gates: tuple | None = None,
+    out: torch.Tensor | None = None,
+    final_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked (WY) gated delta rule forward.
+
+    Args:
+        q, k: [B, T, Hk, Dk]. v: [B, T, Hv, Dv], Hv a multiple of Hk (key head h // (Hv // Hk)).
+        g: [B, T, Hv] log decay (read as fp32). beta: [B, T, Hv].
+        initial_state: [N, Hv, Dk, Dv] fp32, fp16 or bf16 (the state's storage dtype; float64
+            reads as fp32) or None (zeros, fp32 storage).
+        scale: multiplies q (default Dk ** -0.5). use_qk_l2norm: L2-normalise q, k in the kernels.
+        cu_seqlens: [N + 1] token offsets of packed sequences (B must be 1), or None.
+        gates: (a, b, A_log, dt_bias) instead of g / beta (pass g = beta = None): a, b [B, T, Hv],
+            A_log, dt_bias [Hv]; g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
+        out, final_state: optional preallocated o / final_state to write into.
+    Returns:
+        o [B, T, Hv, Dv] in v's dtype (fp32 compute for float64), final_state [N, Hv, Dk, Dv] in
+        the state's storage dtype, held in fp32 across all chunks and rounded once when stored.
+    """
+    q, k, v, g, beta, gates, scale, cu, offsets = prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens)
+    h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
+    idx = None if cu is None else chunk_indices(cu, q.shape[1], offsets)
+    w, u, Aqk, gcum, fq, fk = chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu, idx, gates=gates)
+    return chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, h0, cu, out=out, final_state=final_state)

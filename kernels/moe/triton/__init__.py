@@ -1,0 +1,1 @@
+"""The routed-expert Triton kernels (moe.py): routing, row-block schedule, SwiGLU experts."""

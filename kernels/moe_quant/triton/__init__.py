@@ -1,0 +1,1 @@
+"""The quantized routed-expert Triton kernels (moe_quant.py)."""

@@ -1,0 +1,301 @@
+"""Helpers shared by the Triton kernels of every op (kernels/<op>/triton/): dtype policy, varlen chunk tables, the
+shared-memory fallback of the chunked prefill's launches."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+# Every chunked kernel works on chunks of this many tokens; the WY solve is written for 4 x 16.
+CHUNK = 64
+SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+# Storage dtypes of the recurrent state (math is fp32 whatever the storage).
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the launchers' grids: plain Python, as next_pow2 (triton.cdiv is a constexpr
+    function, ~5 us a host call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1). Plain Python: triton.next_power_of_2 goes through
+    Triton's constexpr-function wrapper, ~5 us a call, twice per decode launch."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def launch_fitting(launch, value: int, floor: int, smaller, Dk: int, Dv: int, dtype: torch.dtype) -> int:
+    """launch(value), retried with smaller(value) while Triton says the configuration outgrows the
+    GPU's shared memory (OutOfResources, matched by name); below `floor`, a one-line ValueError that
+    names the shapes. Returns the value that launched (callers remember it per configuration)."""
+    while True:
+        try:
+            launch(value)
+            return value
+        except Exception as exc:
+            if type(exc).__name__ != "OutOfResources":
+                raise
+            if value <= floor:
+                raise ValueError(f"gated delta rule prefill: Dk={Dk}, Dv={Dv} in {str(dtype)[6:]} needs more "
+                                 f"shared memory than this GPU has ({str(exc).splitlines()[0][:120]}); use "
+                                 f"bf16 / fp16 inputs or the cuda backend") from None
+            value = smaller(value)
+
+
+def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:
+    """Whether the chunked kernels feed the stored 16-bit q, k, v, w to the tensor cores as they are
+    (fp32 factors met as hi + lo halves) instead of fp32 copies on TF32.
+
+    Only for head dims that are multiples of 64, the shapes the H200 test grid verified: with
+    Dv = 16 or 24 Triton 3.6 computed u wrong and a 32-column state block past Dv = 16 faulted
+    (H200, Triton 3.6). Other dims take the fp32-operand path (slower, same math)."""
+    return dtype != torch.float32 and Dk % 64 == 0 and Dv % 64 == 0
+
+
+def compute_dtype(v: torch.Tensor) -> torch.dtype:
+    """The dtype the kernels read and write: v's, except float64 which runs in fp32."""
+    return torch.float32 if v.dtype == torch.float64 else v.dtype
+
+
+@triton.jit
+def to_state_dtype(x, dtype: tl.constexpr):
+    """fp32 x rounded to the state's storage dtype, round-to-nearest-even as torch and CUDA do.
+
+    bf16 is rounded by hand on the bits (then the cast is exact): Triton's interpreter truncates
+    fp32 -> bf16 whatever fp_downcast_rounding says, so the CPU tests would otherwise test a
+    different rounding than the GPU's. NaN and inf keep their class; a few integer ops per
+    element cost nothing in these memory-bound stores."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+def state_dtype(initial_state: torch.Tensor) -> torch.dtype:
+    """The storage dtype the kernels read and write the state in: initial_state's (float64 -> fp32)."""
+    if initial_state.dtype == torch.float64:
+        return torch.float32
+    if initial_state.dtype not in STATE_DTYPES:
+        raise ValueError(f"initial_state must be float32, float16 or bfloat16, got {initial_state.dtype}")
+    return initial_state.dtype
+
+
+def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x contiguous in `dtype` (the usual case returns x itself without a torch call)."""
+    if x.dtype == dtype and x.is_contiguous():
+        return x
+    return x.to(dtype).contiguous()
+
+
+def token_stride(x: torch.Tensor) -> int | None:
+    """Elements between consecutive tokens of x [B, T, ...] (the batch axis flattened into the
+    token axis: token b * T + t) when its inner dims are packed, else None.
+
+    q / k / v of a GatedDeltaNet layer are channel slices of the conv's output [B, T, C] (and the
+    conv's input one of the fused projection's): packed within a token, a stride of C between
+    tokens. The kernels take that stride instead of a contiguous copy (four copies a layer)."""
+    B, T = x.shape[:2]
+    inner = x.shape[2:].numel()
+    if x.is_contiguous():  # the common case, without the walk over strides below (host time a decode pays)
+        return inner
+    expected = 1
+    for size, stride in zip(reversed(x.shape[2:]), reversed(x.stride()[2:])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    if B * T == 1:
+        return inner
+    if T == 1:
+        stride = x.stride(0)
+    else:
+        stride = x.stride(1)
+        if B > 1 and x.stride(0) != T * stride:
+            return None
+    return stride if stride >= inner else None
+
+
+def token_strides(*xs: torch.Tensor) -> tuple[int, ...]:
+    """`token_stride` of each launcher input (prepared by `prepare_inputs`); a one-line error for
+    one without (the kernels would read the wrong elements)."""
+    strides = tuple(token_stride(x) for x in xs)
+    if None in strides:
+        bad = xs[strides.index(None)]
+        raise ValueError(f"triton kernels: a [B, T, H, D] input needs heads packed within a token and a fixed "
+                         f"token stride (prepare_inputs makes one), got shape {tuple(bad.shape)} strides {bad.stride()}")
+    return strides
+
+
+def as_token_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype` with a token stride (`token_stride`): x itself when it has one, else a
+    contiguous copy."""
+    if x.dtype == dtype and token_stride(x) is not None:
+        return x
+    return x.to(dtype).contiguous()
+
+
+def check_head_dims(Dk: int, Dv: int) -> None:
+    if Dk > 256 or Dv > 256:
+        raise ValueError(f"the triton kernels support head dims up to 256, got Dk={Dk}, Dv={Dv}")
+
+
+def chunk_indices(cu_seqlens: torch.Tensor, total: int, offsets: list[int] | None = None,
+                  chunk: int = CHUNK) -> torch.Tensor:
+    """[NT, 2] int32 (sequence, chunk within the sequence) for every chunk of a packed batch of
+    `total` tokens, padded with (-1, 0) rows up to NT = total // chunk + N (no packing of N
+    sequences has more chunks), so that the grid never depends on the lengths.
+
+    offsets: cu_seqlens as already read on the host (check_cu_seqlens): the table is built there
+    (vectorised) and copied over without waiting, one transfer, and kept beside the checked
+    cu_seqlens for its later calls. Without them (during CUDA-graph capture) it is computed on the
+    device from cu_seqlens: a dozen small launches, no synchronisation either."""
+    n = cu_seqlens.numel() - 1
+    size = total // chunk + n
+    if offsets is not None:
+        entry = _checked_entry(cu_seqlens)
+        table = None if entry is None else entry.tables.get((chunk, total))
+        if table is None:
+            table = _host_chunk_table(offsets, size, chunk).to(cu_seqlens.device, non_blocking=True)
+            if entry is not None:
+                entry.tables[(chunk, total)] = table
+        return table
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    n_chunks = (lens + chunk - 1) // chunk
+    ends = torch.cumsum(n_chunks, 0)
+    rows = torch.arange(size, device=cu_seqlens.device)
+    seq = torch.searchsorted(ends, rows, right=True)
+    valid = seq < n
+    seq = seq.clamp(max=n - 1)
+    local = rows - (ends - n_chunks)[seq]
+    return torch.stack([torch.where(valid, seq, -1), torch.where(valid, local, 0)], 1).to(torch.int32).contiguous()
+
+
+def _host_chunk_table(offsets: list[int], size: int, chunk: int) -> torch.Tensor:
+    """chunk_indices' table on the host, from checked offsets, without a Python loop per chunk."""
+    off = torch.tensor(offsets, dtype=torch.int64)
+    n_chunks = (off[1:] - off[:-1] + chunk - 1) // chunk
+    seq = torch.repeat_interleave(torch.arange(n_chunks.numel()), n_chunks)
+    starts = torch.cumsum(n_chunks, 0) - n_chunks
+    local = torch.arange(seq.numel()) - starts[seq]
+    table = torch.empty(size, 2, dtype=torch.int32)
+    table[:, 0] = -1
+    table[:, 1] = 0
+    table[: seq.numel(), 0] = seq
+    table[: seq.numel(), 1] = local
+    return table
+
+
+@dataclass
+class _Checked:
+    """A cu_seqlens tensor already read and checked, at one version of its data."""
+    source: weakref.ref
+    version: int
+    total: int
+    cu: torch.Tensor  # int32, contiguous, on the source's device
+    offsets: list[int]
+    tables: dict = field(default_factory=dict)  # (chunk, total) -> chunk_indices table on the device
+
+
+# The last few cu_seqlens read on the host, by id. A model passes one cu_seqlens to every layer of a
+# forward: only the first layer's call reads it (a synchronisation); the others find it here. An
+# entry holds only if it is the same live tensor at the same version (any in-place change through
+# PyTorch bumps the version); writes behind PyTorch's back (raw pointers) are not seen, as with any
+# cached tensor metadata (flash-linear-attention caches by identity alone).
+_CHECKED: OrderedDict[int, _Checked] = OrderedDict()
+_CHECKED_MAX = 16
+
+
+def _checked_entry(cu: torch.Tensor) -> _Checked | None:
+    for entry in list(_CHECKED.values()):  # a snapshot: another thread may be adding an entry
+        if entry.cu is cu:
+            return entry
+    return None
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, list[int] | None]:
+    """cu_seqlens as int32 on its device, and its values on the host, checked to rise from 0 to the
+    packed length: one read (a synchronisation on a GPU) per tensor and version of its data (later
+    calls with the same unchanged tensor reuse it), which CUDA-graph capture forbids: there the
+    check is skipped and the offsets are None."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be [N + 1] with N >= 1, got {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return cu_seqlens.to(torch.int32).contiguous(), None
+    key, version = id(cu_seqlens), _version(cu_seqlens)
+    hit = _CHECKED.get(key)
+    if hit is not None and version is not None and hit.source() is cu_seqlens and hit.version == version \
+            and hit.total == total:
+        _CHECKED.move_to_end(key)
+        return hit.cu, hit.offsets
+    offsets = cu_seqlens.tolist()
+    if offsets[0] != 0 or offsets[-1] != total:
+        raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {offsets[0]}..{offsets[-1]}")
+    if any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must not decrease, got {offsets[:8]}{'...' if len(offsets) > 8 else ''}")
+    cu = cu_seqlens.to(torch.int32).contiguous()
+    if version is not None:
+        _CHECKED[key] = _Checked(weakref.ref(cu_seqlens), version, total, cu, offsets)
+        _CHECKED.move_to_end(key)
+        while len(_CHECKED) > _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
+    return cu, offsets
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's data version, or None where it keeps none (inference-mode tensors: never cached)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
+    """The checks and casts every gated-delta-rule launcher starts with.
+
+    Returns (q, k, v, g, beta, gates, scale, cu, offsets): q, k, v in the compute dtype with a token
+    stride (`as_token_input`: channel slices of a wider tensor are not copied), g
+    fp32 and beta in the compute dtype (unless `gates` carries the raw (a, b, A_log, dt_bias)
+    instead), scale resolved to Dk ** -0.5 by default, cu_seqlens checked as int32 (or None) and
+    its values on the host (check_cu_seqlens; None without cu_seqlens or during graph capture).
+    """
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    check_head_dims(Dk, Dv)
+    if Hv % Hk:
+        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    dtype = compute_dtype(v)
+    q, k, v = (as_token_input(x, dtype) for x in (q, k, v))
+    if gates is None:
+        g, beta = as_kernel_input(g, torch.float32), as_kernel_input(beta, dtype)
+    else:
+        gates = tuple(x.contiguous() for x in gates)
+    cu = offsets = None
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs B = 1, got B={B}")
+        cu, offsets = check_cu_seqlens(cu_seqlens, T)
+    return q, k, v, g, beta, gates, scale, cu, offsets
+
+
+# Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
+# are widened first (their values are unchanged, so the result is what the GPU computes).
+UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def dot(a, b, IEEE: tl.constexpr):
+    # fp32 inputs must stay exact (the 2e-3 bound); half inputs take TF32 / bf16 tensor cores.
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    elif UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="tf32")

@@ -1,0 +1,31 @@
+"""The ops' tests: one folder per op (its contract suite over every implementation, and every other
+test of that op), the shared `Impl` plumbing in impl.py.
+
+Triton's interpreter is chosen when a kernel is defined, so TRITON_INTERPRET is set here, before any
+test module of this folder imports a Triton kernel (CPU-only machines; with a GPU the kernels run on
+it)."""
+
+import os
+
+import torch
+
+from tests.triton_interpreter import interpret_without_gpu
+
+interpret_without_gpu()
+
+# Files that call the Triton kernels directly (outside the contract suites, whose Impl marks itself).
+TRITON_FILES = ("test_triton", "test_token_strided_inputs")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With a GPU the Triton kernel tests run on it: mark them `gpu` there, so that `pytest -m gpu`
+    (tests/gpu_run.sh) includes them; on a CPU-only machine they stay in the CPU suite."""
+    if not torch.cuda.is_available():
+        return
+    import pytest
+
+    here = os.path.dirname(__file__)
+    for item in items:
+        path = str(item.fspath)
+        if path.startswith(here) and os.path.basename(path).startswith(TRITON_FILES):
+            item.add_marker(pytest.mark.gpu)

@@ -1,0 +1,177 @@
+"""Triton quantized-linear kernels (gdn_export/ops/quant_linear/gpu.py, triton_*.py) against the
+independent fp64 reference of the contract: on CPU under TRITON_INTERPRET=1 (tests/ops/conftest.py
+sets it when no GPU is present), compiled on a GPU where there is one (inputs made on the CPU, moved
+by `on_device`); tests/ops/test_quant_linear_gpu.py adds real sizes on a GPU. Every buffer the
+launchers allocate is NaN-filled first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.quant_linear import gpu
+from kernels.quant_linear.triton import common as triton_common
+from kernels.quant_linear.triton.common import e4m3_round  # noqa: F401  (jit helper under test)
+from tests.conftest import DTYPES
+from tests.ops.quant_linear.cases import (
+    TOL, activations, block_weights, fp8_weights, input_scale_for, int4_weights, nan_empty, ref_fp8_block_linear,
+    ref_fp8_linear, ref_int4_linear, rel_rms)
+
+# (M, K, N): decode rows 1 / 3 (skinny tiles, split K), 65 (prefill tiles); K not a multiple of 128;
+# N = 1, 63, 130.
+SHAPES = {
+    "M1-K200-N63": (1, 200, 63),
+    "M3-K384-N130": (3, 384, 130),
+    "M65-K136-N1": (65, 136, 1),
+    "M65-K264-N130": (65, 264, 130),
+}
+KINDS = ["random", "model"]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on_device(fn):
+    """fn with its tensor arguments moved to DEVICE and its result brought back to the CPU, where
+    the references run."""
+    def run(*args, **kwargs):
+        move = lambda t: t.to(DEVICE) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return fn(*map(move, args), **{k: move(v) for k, v in kwargs.items()}).cpu()
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(triton_common, "empty", nan_empty)
+
+
+def _check(y, ref, dtype, shape, name):
+    assert y.dtype == dtype and tuple(y.shape) == tuple(shape), f"{name}: {y.dtype} {tuple(y.shape)}"
+    err = rel_rms(y, ref)
+    assert err <= TOL[dtype], f"{name}: relative RMS {err:.3g} > {TOL[dtype]:g} ({dtype})"
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_fp8_linear(shape, dtype, kind, bias):
+    M, K, N = shape
+    gen = torch.Generator().manual_seed(M * 7 + K + N)
+    x = activations(M, K, dtype, kind, gen)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    b = torch.randn(N, generator=gen).to(dtype) if bias else None
+    y = on_device(gpu.fp8_linear)(x, w, ws, s_in, b)
+    _check(y, ref_fp8_linear(x, w, ws, s_in, b), dtype, (M, N), "fp8_linear")
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_fp8_block_linear(shape, dtype, kind, bias):
+    M, K, N = shape
+    gen = torch.Generator().manual_seed(M * 5 + K + N)
+    x = activations(M, K, dtype, kind, gen)
+    w, wsi = block_weights(N, K, gen)
+    b = torch.randn(N, generator=gen).to(dtype) if bias else None
+    y = on_device(gpu.fp8_block_linear)(x, w, wsi, b)
+    _check(y, ref_fp8_block_linear(x, w, wsi, b), dtype, (M, N), "fp8_block_linear")
+
+
+INT4_SHAPES = dict(SHAPES, **{"M3-K131-N63-oddK": (3, 131, 63)})
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(INT4_SHAPES.values()), ids=list(INT4_SHAPES))
+def test_int4_linear(shape, dtype, kind, bias):
+    M, K, N = shape
+    gen = torch.Generator().manual_seed(M * 3 + K + N)
+    x = activations(M, K, dtype, kind, gen)
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    b = torch.randn(N, generator=gen).to(dtype) if bias else None
+    y = on_device(gpu.int4_linear)(x, qw, sc, b)
+    _check(y, ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_linear")
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 256, 48], ids=lambda g: f"g{g}")
+@pytest.mark.parametrize("M", [2, 40], ids=lambda m: f"M{m}")
+def test_int4_group_sizes(group_size, M):
+    """Tiles of 32 / 64 / 128 along K follow the group; 48 (no power-of-two tile) takes the torch path."""
+    K, N, dtype = 200, 70, torch.bfloat16
+    gen = torch.Generator().manual_seed(group_size + M)
+    x = activations(M, K, dtype, "model", gen)
+    qw, sc = int4_weights(N, K, group_size, dtype, gen)
+    y = on_device(gpu.int4_linear)(x, qw, sc, None, group_size=group_size)
+    _check(y, ref_int4_linear(x, qw, sc, None, group_size), dtype, (M, N), f"int4 g{group_size}")
+
+
+def test_leading_dims_and_strided_rows():
+    """x [B, T, K] and a column slice (row stride > K) give the same result as the dense 2-D input."""
+    gen = torch.Generator().manual_seed(11)
+    base = activations(6, 300, torch.bfloat16, "random", gen)
+    x = base[:, :256]  # row stride 300
+    w, wsi = block_weights(40, 256, gen)
+    y = on_device(gpu.fp8_block_linear)(x.reshape(2, 3, 256), w, wsi)
+    assert y.shape == (2, 3, 40)
+    _check(y.reshape(6, 40), ref_fp8_block_linear(x.contiguous(), w, wsi), torch.bfloat16, (6, 40), "3-d strided")
+
+
+def test_e4m3_rounding_matches_torch():
+    """The in-kernel quantization rounds ties to even (1.0625 -> 1.0), saturates at 448 and keeps
+    subnormals, exactly as torch's float8_e4m3fn cast: checked through fp8_linear with a unit weight."""
+    vals = torch.tensor([1.0625, 1.1875, -1.0625, 2 ** -10 * 1.5, 2 ** -10 * 2.5, 2 ** -10 * 0.5,
+                         2 ** -7 * 1.03125, 0.0, 447.0, 460.0, 470.0, -1000.0, 3.3, -0.0123])
+    K = vals.numel()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([vals[None], torch.randn(2, K, generator=gen) * 50])
+    w = torch.eye(K).to(torch.float8_e4m3fn)
+    y = on_device(gpu.fp8_linear)(x, w, torch.ones(K), torch.tensor(1.0))
+    expected = x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_triton_gemm_prefill_tiles(dtype):
+    """The Triton W4A16 prefill tiles (gpu.py takes them for fp32 x; 16-bit x dequantizes first)."""
+    from kernels.quant_linear.triton.int4 import int4_gemm
+    M, K, N = 65, 264, 130
+    gen = torch.Generator().manual_seed(3)
+    x = activations(M, K, dtype, "model", gen)
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    b = torch.randn(N, generator=gen).to(dtype)
+    _check(on_device(int4_gemm)(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_gemm")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_int4_dequant_kernel_exact(dtype):
+    """W = int4 * scale rounded once to x's dtype, every element written (odd K: padding nibble dropped)."""
+    from kernels.quant_linear.triton.int4 import int4_dequant
+    from tests.ops.quant_linear.cases import unpack_int4
+    N, K, gs = 37, 131, 32
+    gen = torch.Generator().manual_seed(5)
+    qw, sc = int4_weights(N, K, gs, dtype, gen)
+    w = on_device(int4_dequant)(qw, sc, K, gs, dtype)
+    expected = (unpack_int4(qw, K).float() * sc.float().repeat_interleave(gs, 1)[:, :K]).to(dtype)
+    torch.testing.assert_close(w, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("KN", [(200, 63), (384, 130), (1000, 1)], ids=lambda kn: f"K{kn[0]}-N{kn[1]}")
+def test_gemv_route_all_formats(KN, dtype, bias, monkeypatch):
+    """One-row x through the CUDA-core GEMV (triton_gemv.py; gpu.py takes it when triton_common.GEMV)."""
+    monkeypatch.setattr(triton_common, "GEMV", True)
+    K, N = KN
+    gen = torch.Generator().manual_seed(K + N)
+    x = activations(1, K, dtype, "model", gen)
+    b = torch.randn(N, generator=gen).to(dtype) if bias else None
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    _check(on_device(gpu.fp8_linear)(x, w, ws, s_in, b), ref_fp8_linear(x, w, ws, s_in, b), dtype, (1, N), "gemv fp8")
+    wb, wsi = block_weights(N, K, gen)
+    _check(on_device(gpu.fp8_block_linear)(x, wb, wsi, b), ref_fp8_block_linear(x, wb, wsi, b), dtype, (1, N),
+           "gemv block")
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    _check(on_device(gpu.int4_linear)(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (1, N), "gemv int4")
