@@ -8,6 +8,7 @@ torch's float8_e4m3fn cast (round to nearest even), products in float64.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -123,3 +124,75 @@ def nan_empty(*shape, dtype, device):
     else:
         t.fill_(-1)
     return t
+
+
+# ---------------------------------------------------------------- the contract suite's cases
+
+@dataclass(frozen=True)
+class Case:
+    """One quantized linear y [M, N] = x [M, K] @ W^T (+ bias) in format `form`: "fp8" (per-channel
+    weight scale, static per-tensor input scale), "fp8-block" (128 x 128 weight blocks, x quantized per
+    128-group of each row), "int4" (group `group` along K). `kind`: "random" or "model" activations."""
+
+    name: str
+    M: int
+    K: int
+    N: int
+    form: str
+    group: int = 128
+    bias: bool = False
+    kind: str = "random"
+
+    @property
+    def cost(self) -> int:
+        return self.M * self.K * self.N
+
+
+def _cases():
+    shapes = [(1, 200, 63), (3, 384, 130), (65, 264, 130), (1, 136, 1), (40, 131, 63)]
+    out = []
+    for n, (M, K, N) in enumerate(shapes):
+        for form, group in (("fp8", 128), ("fp8-block", 128), ("int4", 128), ("int4", 32)):
+            fid = form if form != "int4" else f"int4-g{group}"
+            kind = ("random", "model")[n % 2]
+            out.append(Case(f"{fid}-M{M}-K{K}-N{N}-{kind}", M, K, N, form, group, bias=False, kind=kind))
+        out.append(Case(f"fp8-M{M}-K{K}-N{N}-bias", M, K, N, "fp8", bias=True, kind="model"))
+    return out
+
+
+CASES = _cases()
+
+
+def make_inputs(case: Case, dtype, device, seed: int = 0) -> dict:
+    """Fresh inputs of `case` in `dtype` on `device` (weights and scales as the formats store them)."""
+    gen = torch.Generator().manual_seed(seed * 1000 + case.M * 7 + case.K + case.N)
+    x = activations(case.M, case.K, dtype, case.kind, gen)
+    out = {"x": x, "seed": seed, "bias": torch.randn(case.N, generator=gen).to(dtype) if case.bias else None}
+    if case.form == "fp8":
+        out["weight"], out["weight_scale"] = fp8_weights(case.N, case.K, gen)
+        out["input_scale"] = input_scale_for(x)
+    elif case.form == "fp8-block":
+        out["weight"], out["weight_scale_inv"] = block_weights(case.N, case.K, gen)
+    else:
+        out["qweight"], out["scales"] = int4_weights(case.N, case.K, case.group, dtype, gen)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+
+
+def oracle(case: Case, x: dict) -> torch.Tensor:
+    """The float64 reference on the CPU (written from the contract, not from naive.py)."""
+    cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+    if case.form == "fp8":
+        return ref_fp8_linear(cpu["x"], cpu["weight"], cpu["weight_scale"], cpu["input_scale"], cpu["bias"])
+    if case.form == "fp8-block":
+        return ref_fp8_block_linear(cpu["x"], cpu["weight"], cpu["weight_scale_inv"], cpu["bias"])
+    return ref_int4_linear(cpu["x"], cpu["qweight"], cpu["scales"], cpu["bias"], case.group)
+
+
+def check(case: Case, dtype, y: torch.Tensor, want: torch.Tensor, tight: bool = False) -> None:
+    """y's dtype, shape, finiteness, and relative RMS within TOL[dtype] (1e-6 for an fp32 reference
+    path: only the summation order differs from float64)."""
+    assert y.dtype == dtype and tuple(y.shape) == (case.M, case.N), f"{case.name}: {y.dtype} {tuple(y.shape)}"
+    assert torch.isfinite(y).all(), f"{case.name}: non-finite output (unwritten or overflowed)"
+    bound = 1e-6 if tight and dtype == torch.float32 else TOL[dtype]
+    err = rel_rms(y.cpu(), want)
+    assert err <= bound, f"{case.name}: relative RMS {err:.3g} > {bound:g} ({dtype})"
