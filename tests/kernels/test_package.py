@@ -35,3 +35,18 @@ def test_the_cuda_sources_are_the_builds_sources():
     ours = {p.resolve() for p in KERNELS.glob("*/cuda/*.cu")}
     assert ours == {p.resolve() for p in extension.SOURCES if p.suffix == ".cu"}
     assert all(p.is_relative_to(KERNELS) for p in extension.HEADERS) and len(extension.HEADERS) >= 10
+
+
+def test_packaging_ships_every_kernel_source():
+    """pyproject's package data names every C++ / CUDA file under kernels/, so an installed copy
+    (a wheel) builds the `cuda` backend as a checkout does."""
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((KERNELS.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert any(p.startswith("kernels") for p in config["packages"]["find"]["include"])
+    patterns = config["package-data"]["kernels"]
+    sources = [p.relative_to(KERNELS).as_posix() for p in KERNELS.rglob("*") if p.suffix in (".cu", ".cuh", ".h")]
+    assert len(sources) >= 15
+    unshipped = [s for s in sources if not any(fnmatch.fnmatch(s, pat) for pat in patterns)]
+    assert not unshipped, f"not in [tool.setuptools.package-data] kernels: {unshipped}"
