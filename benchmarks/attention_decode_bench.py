@@ -13,7 +13,7 @@ graph of 20 calls and the replay timed (median, triton.testing.do_bench); where 
 cache from HBM. Reports us per call and % of the device-to-device copy bandwidth (measured in the
 same run) for the bytes a call must move: K and V read once (the visible slots). A correctness
 check of both routes against an fp32 reference runs first and stops the run on a failure. The
-markdown table is printed last and written with the JSON to $OUT (or --out-dir).
+markdown table is printed last and written with the JSON to --out-dir (default $OUT, else a new temp folder).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import sys
 import torch
 
 from gpu_timing import copy_tbps, graph_ms, save_table
+from records import out_dir
 from gdn_export.ops.attention import DECODE_MIN_SLOTS, _attention_sdpa, _triton_kernel, attention
 
 H, D = 16, 256
@@ -121,8 +122,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="B = 1, 32 and L = 4128 only")
     ap.add_argument("--visible", type=float, default=1.0, help="fraction of the slots every query may read")
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "attention_decode_bench")
     if not torch.cuda.is_available():
         print("attention_decode_bench needs a CUDA GPU")
         return 1

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_timing import graph_ms, median_ms, save_table
+from records import out_dir
 from gdn_export.ops.attention import _attention_sdpa, attention
 
 CASES = [  # name, H, Hkv, D, pasts, S (new tokens per row), L
@@ -87,8 +88,9 @@ def markdown(rows, graph) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (GPU time) instead of eager calls")
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "attention_prefill_bench")
     if not torch.cuda.is_available():
         print("attention_prefill_bench needs a CUDA GPU")
         return 1

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_timing import save_table
+from records import out_dir
 from prefill_pack_bench import _tokens
 
 CASES = [("1 x 16K, Hv = 2Hk", 16, 32, 1, 16384), ("8 x 8K, Hv = 3Hk", 16, 48, 8, 8192),
@@ -44,9 +45,10 @@ def kernel_ms(fn, calls):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     ap.add_argument("--calls", type=int, default=5)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "cuda_prefill_profile")
     from gdn_export.ops.gated_delta_rule import cuda as cb
     pins = {"auto": (cb.PATH_AUTO, 0), "wmma": (cb.PATH_CHUNKED_WMMA, 0),
             **{f"walk{w}": (p, 0) for w, p in cb.PATH_CHUNKED_WALK.items()},

@@ -8,7 +8,7 @@ Loads the checkpoint as `gdn-export bench` does (bf16, GraphRunner), prefills a 
 records `steps` greedy decode steps (graph replays) under torch.profiler and reports, per step:
 wall time, the number of kernels, their summed device time, the idle gaps between them, and a table
 of kernel groups (GEMMs, GDN / conv ops, attention, norms, elementwise, copies...) with counts and
-times, plus the 25 costliest kernel names. Writes decode_profile.md / .json under --out.
+times, plus the 25 costliest kernel names. Writes decode_profile.md / .json under --out (default $OUT, else a new temp folder).
 --prefill profiles `steps` prefills of the prompt instead (one call each, no CUDA graph).
 """
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from gpu_timing import save_table
+from records import out_dir
 
 GROUPS = [  # first match wins; patterns on lower-cased kernel names
     # first: SDPA's fmha_cutlass* kernels would be GEMMs, and "gdn recurrent"'s `decode` would take
@@ -60,8 +61,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--prefill", action="store_true", help="profile prefills of the prompt instead")
-    p.add_argument("--out", default="decode_profile")
+    p.add_argument("--out", default=None)
     args = p.parse_args()
+    args.out = out_dir(args.out, "decode_profile")
 
     from torch.profiler import ProfilerActivity, profile
 

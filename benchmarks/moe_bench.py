@@ -19,7 +19,7 @@ Rows: decode B = 1, 8, 64 and prefill T = 4096 tokens. Columns (median ms):
 Graph-capturable paths are timed as CUDA-graph replays (no launch gaps); the others (transformers'
 loop syncs on nonzero) with CUDA events around eager calls. Before timing, every implementation
 is checked against the fp32 reference (relative RMS <= 1e-2); a failed check is printed and its
-column shows "FAIL". JSON and the markdown table are written to --out (default $OUT or .).
+column shows "FAIL". JSON and the markdown table are written to --out (default $OUT, else a new temp folder).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import gpu_timing
+from records import out_dir
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
@@ -103,9 +104,10 @@ def dense_equivalent(x, logits, w_gate, w_up, w_down):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="decode rows only")
     args = ap.parse_args(argv)
+    args.out = out_dir(args.out, "moe_bench")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -9,7 +9,8 @@ the triton and cuda backends, each backend's (checked) entry point without the o
 cuda extension called alone (the floor of the op's fast entry), and FLA's
 fused_recurrent when it imports. Per call: eager wall time (median of 7 runs of `calls` calls, one
 sync each), the same calls replayed from a CUDA graph (device time: the graph captures the op), and
-host overhead = eager - graph. Writes op_overhead.md / .json; the table is printed last.
+host overhead = eager - graph. Writes op_overhead.md / .json under --out (default $OUT,
+else a new temp folder); the table is printed last.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 import torch
 
 from gpu_timing import save_table
+from records import out_dir
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -51,8 +53,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--out", default="op_overhead")
+    p.add_argument("--out", default=None)
     args = p.parse_args()
+    args.out = out_dir(args.out, "op_overhead")
 
     from gdn_export.ops import backends, gated_delta_rule, use_backend
     from gdn_export.ops.gated_delta_rule import gated_delta_rule_

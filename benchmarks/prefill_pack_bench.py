@@ -12,7 +12,7 @@ cu_seqlens pack of the same tokens, so the table shows what packing costs each i
 are do_bench medians (ms) of the public op `gdn_export.ops.gated_delta_rule` (ours), FLA's
 `chunk_gated_delta_rule` and FlashInfer's `gdn_prefill.chunk_gated_delta_rule` (packed only: it takes
 packed tokens); the last columns are FLA's time over ours. The markdown table is printed last and
-written with the JSON to --out-dir (default $OUT or .).
+written with the JSON to --out-dir (default $OUT, else a new temp folder).
 
 Besides the op backends, --backends takes `cuda-wmma`, `cuda-walk1`, `cuda-walk2`, `cuda-walk4`: the
 cuda backend called directly with the chunked path's sequential pass pinned (the wmma walk, or the
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_timing import median_ms, save_table
+from records import out_dir
 from gdn_export.ops import gated_delta_rule, use_backend
 
 D = 128
@@ -154,7 +155,7 @@ def markdown(rows, backends=("triton", "cuda")) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     ap.add_argument("--quick", action="store_true", help="three cases: 16K, 8 x 8K, the ragged pack")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
@@ -162,6 +163,7 @@ def main(argv=None) -> int:
                     help="our op backends to time (comma-separated; also cuda-wmma, cuda-walk1/2/4)")
     ap.add_argument("--cases", default=None, help="comma-separated case numbers (1-based) to run")
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "prefill_pack_bench")
     fla = None if args.no_fla else _fla()
     fi = None if args.no_flashinfer else _flashinfer()
     backends = args.backends.split(",")

@@ -14,7 +14,7 @@ Shapes: Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, L2-normalised q and k. Pe
     in the same run, for the bytes the step moves (state read + write, q, k, v, o, g, beta);
   * prefill B = 1, T = 4096 and 16384 through the op (cuda, triton), do_bench median.
 A correctness check against the reference (same storage dtype) runs first and stops the run on a
-failure. The markdown table is printed last and written with the JSON to $OUT (or --out-dir).
+failure. The markdown table is printed last and written with the JSON to --out-dir (default $OUT, else a new temp folder).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from gdn_export.cuda import extension
 from gpu_timing import copy_tbps, graph_ms, median_ms, save_table
+from records import out_dir
 from gdn_export.ops import gated_delta_rule, use_backend
 from gdn_export.ops.gated_delta_rule.naive import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
@@ -182,8 +183,9 @@ def markdown(rows, bw) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="B = 1, 64, 256 and T = 4096 only")
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "state_dtype_bench")
     torch.manual_seed(0)
     failures = check_correctness()
     if failures:

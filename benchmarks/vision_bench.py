@@ -19,7 +19,7 @@ Columns: ours (VisionEncoder + HybridVLForCausalLM, --op-backend kernels, eager 
 the vision tower), transformers (Qwen3_5ForConditionalGeneration, sdpa attention), ratio
 transformers / ours (> 1: ours is faster). Before timing, ours is checked against transformers on
 the same inputs (relative RMS of the visual features and of the first-token logits, reported).
-JSON and the markdown table go to --out (default $OUT or .); the table is printed last.
+JSON and the markdown table go to --out (default $OUT, else a new temp folder); the table is printed last.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gdn_export.vlm.positions import VisualTokens, build_prompt, token_kinds, visual_call  # noqa: E402
+from records import out_dir  # noqa: E402
 
 SIZES = {
     "9b": dict(text={}, vision={}),
@@ -107,11 +108,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--text-tokens", type=int, default=32)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="JSON and table (default $OUT or .)")
+    ap.add_argument("--out", default=None, help="JSON and table (default $OUT, else a new temp folder)")
     ap.add_argument("--checkpoint-dir", default=None,
                     help="where the random checkpoint is written once and reused (default --out; the 9b "
                     "one takes ~19 GB)")
     args = ap.parse_args()
+    args.out = out_dir(args.out, "vision_bench")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]

@@ -1,22 +1,32 @@
 """The CPU-runnable benchmark scripts run on the current model contract (a script that drifted from
 it would only fail on the device)."""
 
+import ast
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_state_dtype_drift_tiny(tmp_path):
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'kernels'}")
+    """Without --out-dir or $OUT, the records go to a new folder in the temp dir, which the script
+    names on stderr; nothing is written where it runs."""
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'kernels'}", TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "cwd").mkdir()
     out = subprocess.run([sys.executable, ROOT / "benchmarks/investigations/state_dtype_drift.py", "--prompt", "9", "23",
-                          "--steps", "12", "--out-dir", tmp_path], env=env, capture_output=True, text=True,
+                          "--steps", "12"], env=env, cwd=tmp_path / "cwd", capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    results = json.loads((tmp_path / "state_dtype_drift_tiny.json").read_text())["results"]
+    assert not any((tmp_path / "cwd").iterdir())
+    (records,) = (tmp_path / "tmp").glob("gdn-state_dtype_drift.*")
+    assert f"records go to {records}" in out.stderr
+    results = json.loads((records / "state_dtype_drift_tiny.json").read_text())["results"]
     floor = "fp32, bf16 model"  # fp32 state, bf16 weights and activations
     assert sorted((r["prompt"], r["state"]) for r in results) == sorted(
         (P, s) for P in (9, 23) for s in ("bf16", "fp16", floor))
@@ -25,7 +35,7 @@ def test_state_dtype_drift_tiny(tmp_path):
         # a rounded state moves the logits, fp16 (11-bit mantissa) less than bf16 (8-bit), and both
         # less than bf16 activations do
         assert 0 < drift[P, "fp16"] < drift[P, "bf16"] < drift[P, floor] < 0.1, drift
-    assert "| prompt | state |" in (tmp_path / "state_dtype_drift_tiny.md").read_text()
+    assert "| prompt | state |" in (records / "state_dtype_drift_tiny.md").read_text()
 
 
 def test_peak_memory_probe_replays_the_allocator_trace():
@@ -70,3 +80,34 @@ def test_sass_phases_splits_at_barriers():
     assert [addr for addr, _ in rows] == ["0030", "end"]
     assert rows[0][1] == {"LDC": 1, "LDS": 1, "HMMA": 1, "BAR": 1}
     assert rows[1][1] == {"FFMA": 2, "EXIT": 1}
+
+
+def test_records_go_outside_the_repository_by_default(tmp_path, monkeypatch):
+    """records.out_dir: the folder given, else $OUT, else a new temp folder; and no benchmark script
+    defaults an output option (--out, --out-dir, --json, ...) to a path, which would resolve inside
+    the tree when run from the repository root as documented."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from records import out_dir
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("OUT", str(tmp_path / "env"))
+    assert out_dir(tmp_path / "given", "x") == tmp_path / "given" and (tmp_path / "given").is_dir()
+    assert out_dir(None, "x") == tmp_path / "env" and (tmp_path / "env").is_dir()
+    monkeypatch.delenv("OUT")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = out_dir(None, "x")
+    assert made.parent == tmp_path and made.name.startswith("gdn-x.")
+
+    offenders = []
+    for script in sorted((ROOT / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"):
+                continue
+            names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if not any(n.startswith(("--out", "--json")) or n == "--keep" for n in names):
+                continue
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if default is not None and not (isinstance(default, ast.Constant) and default.value is None):
+                offenders.append(f"{script.relative_to(ROOT)}:{node.lineno} {names[0]}")
+    assert not offenders, offenders

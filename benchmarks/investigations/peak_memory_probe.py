@@ -8,8 +8,8 @@ Loads the checkpoint as `gdn-export bench` does (bf16, GraphRunner, triton ops),
 untraced (compiles, capture), then records the allocator's history (torch.cuda.memory) over one run
 of the chosen phase, replays its alloc / free events to find the peak, and groups the blocks live
 there that were allocated during the phase by their innermost gdn_export (else torch) frame. Writes
-peak_memory_probe.md / .json under --out and prints the table. (Frames come from the allocator's
-history: blocks that a CUDA graph's private pool holds were allocated at capture, in setup.)
+peak_memory_probe.md / .json under --out (default $OUT, else a new temp folder) and prints the table.
+(Frames come from the allocator's history: blocks that a CUDA graph's private pool holds were allocated at capture, in setup.)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/gpu_timing.py
 from gpu_timing import save_table  # noqa: E402
+from records import out_dir  # noqa: E402
 
 
 def frame_of(frames) -> str:
@@ -61,8 +62,9 @@ def main() -> int:
     p.add_argument("--op-backend", default="triton")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--phase", default="prefill", choices=["prefill", "setup", "decode"])
-    p.add_argument("--out", default="peak_memory_probe")
+    p.add_argument("--out", default=None)
     args = p.parse_args()
+    args.out = out_dir(args.out, "peak_memory_probe")
 
     from gdn_export.layout import DeployLayout
     from gdn_export.runtime.bench import tensor_bytes

@@ -27,8 +27,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/records.py
+from records import out_dir  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "plugins" / "gatedDeltaRulePlugin" / "gatedDeltaRuleKernels.cu"
+SOURCE = ROOT / "kernels" / "gated_delta_rule" / "cuda" / "gatedDeltaRuleKernels.cu"
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
 
@@ -70,14 +73,15 @@ def main(argv=None) -> int:
                     help="a substring of the kernel's mangled name")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--cubin", help="an existing cubin of gatedDeltaRuleKernels.cu")
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "sass_phases")
     tool = cuobjdump()
     cubin = args.cubin
     if cubin is None:
         cubin = str(Path(tempfile.mkdtemp()) / "gdr.cubin")
         print(f"compiling {SOURCE.name} for {args.arch} ...", file=sys.stderr, flush=True)
-        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-arch={args.arch}", "-I", str(ROOT / "plugins"),
+        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-arch={args.arch}", "-I", str(ROOT / "kernels"),
                         "-cubin", "-o", cubin, str(SOURCE)], check=True)
     usage = subprocess.run([tool, "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
     names = [n for n in re.findall(r"Function (\S+):", usage) if args.kernel in n]

@@ -12,7 +12,8 @@ are decoded one step at a time, teacher-forced with the fp32-state run's greedy 
 runs see the same sequence. The runs differ only in the layout's `state_dtype` (what
 `gdn-export export --state-dtype` sets). Reported per prompt and window of decode steps: relative
 RMS of the logits against the fp32-state run (mean and max over the window) and the fraction of
-steps whose argmax agrees. Table printed last; JSON and markdown to $OUT.
+steps whose argmax agrees. Table printed last; JSON and markdown to --out-dir
+(default $OUT, else a new temp folder).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from gdn_export.layout import DeployLayout
 from gdn_export.models import HybridForCausalLM
 from gdn_export.runtime.base import prefill
 from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/records.py
+from records import out_dir  # noqa: E402
 
 STATES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
@@ -102,8 +106,9 @@ def main(argv=None) -> int:
                     help="weights and activations (default: bf16 with --large, else fp32). With fp32, a "
                     "bf16 copy of the model with an fp32 state runs too: the activation-precision floor")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "state_dtype_drift")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     backend = args.backend or ("cuda" if device == "cuda" else "reference")
     prompts = args.prompt or ([4096, 16384] if args.large else [64, 1024])

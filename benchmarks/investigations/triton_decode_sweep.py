@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/gpu_timing.py
 from gpu_timing import copy_tbps, graph_ms, save_table  # noqa: E402
+from records import out_dir  # noqa: E402
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 
@@ -59,8 +60,9 @@ def check() -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    args.out_dir = out_dir(args.out_dir, "triton_decode_sweep")
     if not torch.cuda.is_available():
         print("triton_decode_sweep needs a CUDA GPU")
         return 1

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--onnx-ops", choices=("gdn", "standard"), default="gdn",
                    help="gdn (default): GDN layers as gdn.GatedDeltaRule / gdn.CausalConv1d nodes (the "
                    "TensorRT plugins); standard: ONNX opset-27 LinearAttention / CausalConvWithState "
-                   "with standard ops around them (README 'Standard ONNX ops')")
+                   "with standard ops around them (docs/onnx.md, 'Standard ONNX ops')")
     add_layout_flags(p)
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
     from gdn_export.vlm.cli import add_export_flags

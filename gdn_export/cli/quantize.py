@@ -32,8 +32,8 @@ def add_parser(sub) -> None:
                    help=f"tokens per calibration row (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--kv-cache", default=None, metavar="fp8",
                    help="fp8: also calibrate per-layer K and V scales (amax / 448, per tensor) in the same pass "
-                   "and store the attention K/V cache in FP8 E4M3 (README 'FP8 K/V cache'); default: the "
-                   "cache stays in the model dtype")
+                   "and store the attention K/V cache in FP8 E4M3 (docs/quantization.md, 'FP8 K/V cache'); "
+                   "default: the cache stays in the model dtype")
     p.add_argument("--device", default="cpu", help="where the calibration runs: cpu, cuda, cuda:1, ... "
                    "(default cpu; the gdn ops through the reference backend)")
     add_overwrite(p, "the output folder")

@@ -101,7 +101,7 @@ def run(args) -> int:
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], state_dtype)
     from gdn_export.quantize.report import tolerance_floor
 
-    atol, rtol = tolerance_floor(first, atol, rtol)  # quantized graphs: README "Quantization"
+    atol, rtol = tolerance_floor(first, atol, rtol)  # quantized graphs: docs/quantization.md, "Validation"
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
     from gdn_export.validate.kv_fp8 import raise_cache_tolerances
 

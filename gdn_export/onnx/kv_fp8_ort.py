@@ -1,6 +1,6 @@
 """Run an FP8 K/V cache graph in ONNX Runtime's CPU provider (in memory; the file is never changed).
 
-The exported graph (README "FP8 K/V cache") keeps the cache in FLOAT8E4M3FN:
+The exported graph (docs/quantization.md, "FP8 K/V cache") keeps the cache in FLOAT8E4M3FN:
 
     update -> QuantizeLinear(s) -> TensorScatter(past FLOAT8E4M3FN) -> present -> DequantizeLinear(s) -> Attention
 

@@ -8,7 +8,7 @@
     retarget(model, domain)            move existing LinearAttention / CausalConvWithState nodes to
                                        another domain (opset-27 <-> com.microsoft: same attributes)
 
-Block semantics (README "Standard ONNX ops"): math in fp32 (inputs Cast to fp32, outputs Cast back
+Block semantics (docs/onnx.md, "Standard ONNX ops"): math in fp32 (inputs Cast to fp32, outputs Cast back
 to the model dtype / the recurrent state's storage dtype once per call), q / k L2 norm and grouped
 value heads (q, k repeated to Hv heads) in standard ops, the conv's new state gathered at each row's
 last real token (seq_lens) instead of the op's own present_state. Every node of a block carries the

@@ -1,6 +1,6 @@
 """`gdn-export quantize`: calibrate a 16-bit checkpoint with NVIDIA ModelOpt and write it in
 ModelOpt's unified Hugging Face form (fp8: FP8 weights per channel + static per-tensor FP8
-activations; int4-awq: W4A16 with AWQ, groups of 128). See README "## Quantization".
+activations; int4-awq: W4A16 with AWQ, groups of 128). See docs/quantization.md.
 
     calib_data.py   calibration tokens: a text file (the checkpoint's tokenizer), a token file
                     (.npy or whitespace-separated ids) or the built-in default

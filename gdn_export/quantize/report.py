@@ -23,7 +23,8 @@ DISTANCE_PROMPT = 32
 def match_graph_form(model, progress=None) -> None:
     """Published FP8 (128 x 128 blocks) exports with 16-bit activations: run the PyTorch reference
     the same way, so that validate compares like with like (the activation rounding the PyTorch op
-    adds is reported by `quantization_distance`' counterpart in the README, not hidden in tolerances)."""
+    adds is reported by `quantization_distance`' counterpart in docs/quantization.md, not hidden in
+    tolerances)."""
     blocks = [m for m in model.modules() if isinstance(m, Fp8BlockLinear)]
     for m in blocks:
         m.activations = "16bit"

@@ -26,7 +26,7 @@ DEFAULT_TOLERANCES = {
 # land one unit apart, and each decode step rounds again. Over validate's default run (4 decode
 # steps) a 16-bit state moves the logits from the fp32 state's by <= 1.3e-3 (fp16) / 1.1e-2 (bf16)
 # relative RMS, tiny model and 1.66B-class widths alike; over hundreds of steps of the wider model
-# it levels off at 3.6e-3 / 2.9e-2 (docs/perf/LOG.md, "Recurrent state dtype"): long
+# it levels off at 3.6e-3 / 2.9e-2 (docs/perf/gdn.md, "Recurrent state dtype: accuracy"): long
 # validations of such models need wider tolerances than these.
 STATE_DTYPE_TOLERANCES = {
     "float32": (0.0, 0.0),

@@ -10,7 +10,7 @@ allowances, in those units:
 * one e4m3 code of the value, 2^-3 relative (3 mantissa bits), for a value on a rounding boundary.
 Measured on the tiny qwen3_5, bf16 graphs, seeds 0-2 (k_scale 0.0072, v_scale 0.0014): int4-awq up
 to 5 codes apart near 0 and max abs 32 at |code| 384 (one code), logits max abs 0.069 (bf16's atol
-0.08); fp8 weights (FP8 activations flip too; README "Quantization": floors 1.0 / 0.3 for 16-bit
+0.08); fp8 weights (FP8 activations flip too; docs/quantization.md, "Validation": floors 1.0 / 0.3 for 16-bit
 graphs, which then hold the cache as loosely as every other state) max abs 48 / 56 codes, 0.35 /
 0.08 in K / V units; fp32 graphs: equal code for code.
 """

@@ -1,5 +1,5 @@
 """The vision-language parts of `export`, `run`, `validate` and `build` (flags and handlers);
-the subcommands call in here through small hooks (README: "Vision-language checkpoints")."""
+the subcommands call in here through small hooks (docs/vision.md)."""
 
 from __future__ import annotations
 

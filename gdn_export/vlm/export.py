@@ -1,5 +1,5 @@
 """Two-file export of a vision-language checkpoint: the language graph with visual inputs and the
-vision encoder (README: "Vision-language checkpoints").
+vision encoder (docs/vision.md).
 
     export_vlm(checkpoint, "model.onnx", ...) -> (model.onnx, model.vision.onnx)
 

@@ -1,4 +1,4 @@
-"""TensorRT-RTX and the FP8 K/V cache graph (README "FP8 K/V cache").
+"""TensorRT-RTX and the FP8 K/V cache graph (docs/quantization.md, "FP8 K/V cache").
 
 The fact, read from TensorRT-RTX's own parser on the exported form (QuantizeLinear ->
 TensorScatter on a FLOAT8E4M3FN cache -> DequantizeLinear -> Attention): its KV cache update layer

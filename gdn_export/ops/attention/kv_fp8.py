@@ -21,7 +21,7 @@ scale each (`k_scale`, `v_scale` > 0, calibrated as amax / 448 by `gdn-export qu
         elsewhere the dequantized cache through gdn::attention.
 
 Export writes kv_quantize -> TensorScatter (kv_cache_update) -> kv_dequantize -> Attention: the
-graph's cache inputs / outputs are FLOAT8E4M3FN (README "FP8 K/V cache"); attention_fp8 and
+graph's cache inputs / outputs are FLOAT8E4M3FN (docs/quantization.md, "FP8 K/V cache"); attention_fp8 and
 write_kv_cache_fp8_ are the eager / compiled runtime's forms and are never exported.
 """
 

@@ -10,7 +10,7 @@ output_dtype and block_size).
                            published 128 x 128 weights exactly, activations left in 16 bits (TensorRT
                            builds weight-only blockwise DQ; per-token-group FP8 activations are not a
                            Q/DQ form it fuses). The PyTorch model quantizes activations per token group:
-                           the ONNX graph differs from it by that rounding (README: Quantization).
+                           the ONNX graph differs from it by that rounding (docs/quantization.md).
     gdn::int4_linear       INT4 [K, N] initializer -> DequantizeLinear(scales^T, axis 0, block_size
                            group) -> MatMul with the 16-bit x (W4A16). The translation unpacks the
                            uint8 buffer with standard ops (the exporter hands translations values,
