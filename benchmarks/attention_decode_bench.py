@@ -1,6 +1,6 @@
 """Decode-step attention (S = 1) on a GPU: the split-KV Triton kernel vs the SDPA route (H200).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/attention_decode_bench.py [--quick] [--visible 1.0]
+    PYTHONPATH=$PWD python3 benchmarks/attention_decode_bench.py [--quick] [--visible 1.0]
                                                                            [--out-dir DIR]
 
 Times the op `gdn_export.ops.attention.attention`, which takes `kernels.attention.triton.decode` at

@@ -1,7 +1,7 @@
 """Prefill attention (many query rows against the static K/V cache) on a GPU: the op's Triton
 prefill kernel vs its SDPA route, with PyTorch's flash kernel on the new keys alone as the floor (H200).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/attention_prefill_bench.py [--graph] [--out-dir DIR]
+    PYTHONPATH=$PWD python3 benchmarks/attention_prefill_bench.py [--graph] [--out-dir DIR]
 
 Shapes of the 1.66B model (H 16, Hkv 2, D 256, bf16) and of a D = 128 model (H 16, Hkv 4): one
 4096-token prompt from empty caches (L = 4128 slots), a 1024-token chunk at past 3072 (chunked

@@ -1,6 +1,6 @@
 """Time the cuda backend's kernels on the current GPU, beside the Triton backend and FLA if present.
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/cuda_kernels_bench.py --out results.md
+    PYTHONPATH=$PWD python3 benchmarks/cuda_kernels_bench.py --out results.md
 
 Decode steps are timed as CUDA-graph replays (GPU time, no launch gaps); prefill with
 triton.testing.do_bench (median). Shapes follow Qwen3-Next's linear attention: Dk = Dv = 128,
@@ -163,7 +163,7 @@ def main(argv=None):
         lines = [
             f"# cuda backend kernels, {name}, {datetime.date.today()}",
             "",
-            f"Command: `PYTHONPATH=$PWD:$PWD/kernels python3 {' '.join(sys.argv)}`; torch {torch.__version__}; "
+            f"Command: `PYTHONPATH=$PWD python3 {' '.join(sys.argv)}`; torch {torch.__version__}; "
             f"device-to-device copy {bw:.2f} TB/s (read + write). Times: decode and conv decode in us of GPU "
             "time per step (CUDA graph replay), prefill in ms (do_bench median).",
             "",

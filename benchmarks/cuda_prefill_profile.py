@@ -3,7 +3,7 @@ with its sequential pass pinned to each implementation (wmma walk, mma.sync walk
 and under the shared memory of smaller GPUs (99 KB: sm_86 / 89 / 120, where the walk is single-buffered;
 the 1- and 2-warp walks always are).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/cuda_prefill_profile.py [--out-dir DIR] [--calls 5]
+    PYTHONPATH=$PWD python3 benchmarks/cuda_prefill_profile.py [--out-dir DIR] [--calls 5]
 
 bf16, Dk = Dv = 128, correlated SiLU keys and slow decay (prefill_pack_bench's inputs), fp32 initial
 state. Kernel times are torch.profiler means over `calls` calls after a warm-up; one markdown table.

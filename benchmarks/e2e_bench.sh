@@ -15,7 +15,7 @@ set -uo pipefail
 OUT=${1:-${OUT:-/tmp/e2e_bench}}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
 BUDGET=${E2E_SECONDS:-540}  # the whole script's wall time; optional runs start only if they fit

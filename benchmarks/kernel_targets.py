@@ -1,6 +1,6 @@
 """One call of a CUDA (plugin) kernel case, for a profiler to attach to (Nsight Compute).
 
-    PYTHONPATH=$PWD:$PWD/kernels ncu --clock-control none --set full --import-source yes \
+    PYTHONPATH=$PWD ncu --clock-control none --set full --import-source yes \
         -k regex:Prepare --launch-skip 1 --launch-count 1 -o prep \
         python3 benchmarks/kernel_targets.py prefill-16k
     python3 benchmarks/ncu_summary.py prep.ncu-rep

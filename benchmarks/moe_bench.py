@@ -1,7 +1,7 @@
 """One sparse-MoE layer shaped like Qwen3.5-35B-A3B (H 2048, 256 experts, top 8, expert size 512,
 shared expert 512), bf16, every implementation side by side on the current GPU.
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/moe_bench.py [--out DIR] [--quick]
+    PYTHONPATH=$PWD python3 benchmarks/moe_bench.py [--out DIR] [--quick]
 
 Rows: decode B = 1, 8, 64 and prefill T = 4096 tokens. Columns (median ms):
     triton / cuda     gdn::moe through the public op (use_backend), routed experts only

@@ -1,7 +1,7 @@
 """Prefill of batches and packs through the public op: batched [B, T] vs the same tokens packed with
 cu_seqlens, ours (triton, cuda) beside FLA 0.6 and FlashInfer 0.7 (when importable), H200.
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/prefill_pack_bench.py [--out-dir DIR] [--quick]
+    PYTHONPATH=$PWD python3 benchmarks/prefill_pack_bench.py [--out-dir DIR] [--quick]
                                             [--backends triton,cuda] [--no-flashinfer] [--no-fla]
                                             [--cases NAME,...]
 

@@ -1,6 +1,6 @@
 """Decode and prefill speed of the gated delta rule with an fp32 / bf16 / fp16 recurrent state (H200).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/state_dtype_bench.py [--quick]
+    PYTHONPATH=$PWD python3 benchmarks/state_dtype_bench.py [--quick]
 
 Shapes: Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, L2-normalised q and k. Per state dtype:
   * decode step (T = 1) for B = 1 .. 512, each implementation captured in a CUDA graph of 20 steps

@@ -9,9 +9,10 @@
 # (tests/conftest.py), and a specialization wanted by several workers at once is compiled by one of
 # them while the others wait for its cache entry (tests/triton_compiles.py).
 #
-#   tests/gpu_run.sh [OUT_DIR] [pytest args...]      e.g. tests/gpu_run.sh gpu-tests tests/ops/gated_delta_rule
+#   tests/gpu_run.sh [OUT_DIR] [pytest args...]      e.g. tests/gpu_run.sh $OUT/g tests/ops/gated_delta_rule
 #
-# OUT_DIR (default gpu-tests): pytest.log, junit.xml, tests.tsv (each test's outcome and seconds as it
+# OUT_DIR (default $OUT/gpu-tests where $OUT is set, else a new folder under the temp dir, printed;
+# never inside the repository): pytest.log, junit.xml, tests.tsv (each test's outcome and seconds as it
 # ends, a failure's traceback under it: complete even in a run the time limit cut), compiles.tsv
 # (every Triton compile: process, kernel, seconds waited and compiling), extension.log, plugins.log,
 # the Triton cache (TRITON_CACHE_DIR overrides).
@@ -23,7 +24,11 @@
 # -v: each outcome is a line of pytest.log as it finishes, so a cut run still names its failures).
 set -u
 cd "$(dirname "$0")/.."
-out=${1:-gpu-tests}
+out=${1:-}
+if [ -z "$out" ]; then
+  if [ -n "${OUT:-}" ]; then out=$OUT/gpu-tests; else out=$(mktemp -d "${TMPDIR:-/tmp}/gpu-tests.XXXXXX"); fi
+  echo "gpu_run: writing to $out" >&2
+fi
 shift $(($# > 0 ? 1 : 0))
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

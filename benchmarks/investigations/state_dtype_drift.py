@@ -1,8 +1,8 @@
 """Logit drift of a bf16 / fp16 recurrent state against an fp32 state over long prompts and long
 generations (issue 12, part 2).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/investigations/state_dtype_drift.py                 # tiny, CPU
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/investigations/state_dtype_drift.py --large --backend cuda
+    PYTHONPATH=$PWD python3 benchmarks/investigations/state_dtype_drift.py                 # tiny, CPU
+    PYTHONPATH=$PWD python3 benchmarks/investigations/state_dtype_drift.py --large --backend cuda
 
 A random model (gdn_export.models.HybridForCausalLM, seeded init_tiny_weights): the tiny test
 config on CPU (TorchRunner), or with --large a 1.66B-class config (24 layers, 3 linear : 1 full

@@ -1,6 +1,6 @@
 """Launch configurations of the Triton decode kernel (fused_recurrent_fwd, T = 1) per state dtype (H200).
 
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/investigations/triton_decode_sweep.py [--out-dir DIR]
+    PYTHONPATH=$PWD python3 benchmarks/investigations/triton_decode_sweep.py [--out-dir DIR]
 
 Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, L2-normalised q / k, in place. For each state dtype
 (fp32, bf16) and B in {8, 64, 256}: value columns per program (BV 16..128) x warps (1..8), each
