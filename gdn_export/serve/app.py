@@ -31,9 +31,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gdn_export.serve.engine import Engine
 from gdn_export.serve.errors import BadRequest, NotFound, ServeError, Unauthorized, Unavailable
 from gdn_export.serve.metrics import ServeMetrics
-from gdn_export.serve.protocol import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-                                       ChatCompletionRequest, ChatMessage, Completion, CompletionChoice,
-                                       CompletionRequest, Delta as DeltaModel, ModelCard, ModelList, Usage,
+from gdn_export.serve.chunks import ChunkWriter
+from gdn_export.serve.protocol import (ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, Completion,
+                                       CompletionChoice, CompletionRequest, ModelCard, ModelList, Usage,
                                        parse_request)
 from gdn_export.serve.requests import Choice, Dispatcher, next_outputs
 from gdn_export.serve.sampling import SamplingParams
@@ -204,22 +204,19 @@ class _Api:
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 
-        def chunk(c: Choice, text: str, token_ids, finish, first: bool) -> Completion:
-            return Completion(id=rid, created=created, model=body.model, choices=[CompletionChoice(
-                index=c.index, text=text, finish_reason=finish, token_ids=list(token_ids) if with_ids else None,
-                prompt_token_ids=c.prompt_ids if with_ids and first else None)])
-
         if body.stream:
+            writer = ChunkWriter("completion", rid, created, body.model, with_ids)
+
             async def events() -> AsyncIterator[str]:
                 started = set()
                 async for c, delta in self._deltas(choices, queue):
                     first = c.index not in started
                     started.add(c.index)
                     text = (prompt_texts[c.index] if first else "") + delta.text
-                    yield _sse(chunk(c, text, delta.token_ids, delta.finish_reason, first))
+                    yield writer.choice(c.index, text, delta.token_ids, delta.finish_reason,
+                                        prompt_ids=c.prompt_ids if first else None)
                 if body.include_usage:
-                    yield _sse(Completion(id=rid, created=created, model=body.model, choices=[],
-                                          usage=_usage(choices)))
+                    yield writer.usage(*_counts(choices))
 
             return self._event_stream(events(), choices)
         await self._wait_all(request, choices, queue)
@@ -245,21 +242,17 @@ class _Api:
         created = int(time.time())
 
         if body.stream:
-            def chunk(delta: DeltaModel, token_ids=None, finish=None, prompt_ids=None) -> ChatCompletionChunk:
-                return ChatCompletionChunk(id=rid, created=created, model=body.model, choices=[ChatChunkChoice(
-                    index=0, delta=delta, finish_reason=finish, token_ids=token_ids, prompt_token_ids=prompt_ids)])
+            writer = ChunkWriter("chat", rid, created, body.model, with_ids)
 
             async def events() -> AsyncIterator[str]:
-                yield _sse(chunk(DeltaModel(role="assistant", content=""), [] if with_ids else None,
-                                 prompt_ids=ids if with_ids else None))
+                yield writer.choice(0, "", [], role=True, prompt_ids=ids)
                 async for c, delta in self._deltas(choices, queue):
                     if delta.text or delta.token_ids:
-                        yield _sse(chunk(DeltaModel(content=delta.text), delta.token_ids if with_ids else None))
+                        yield writer.choice(0, delta.text, delta.token_ids)
                     if delta.finish_reason is not None:
-                        yield _sse(chunk(DeltaModel(), [] if with_ids else None, delta.finish_reason))
+                        yield writer.choice(0, None, [], delta.finish_reason)
                 if body.include_usage:
-                    yield _sse(ChatCompletionChunk(id=rid, created=created, model=body.model, choices=[],
-                                                   usage=_usage(choices)))
+                    yield writer.usage(*_counts(choices))
 
             return self._event_stream(events(), choices)
         await self._wait_all(request, choices, queue)
@@ -327,14 +320,14 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _counts(choices: list[Choice]) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) of a request's choices."""
+    return sum(len(c.prompt_ids) for c in choices), sum(len(c.token_ids) for c in choices)
+
+
 def _usage(choices: list[Choice]) -> Usage:
-    prompt = sum(len(c.prompt_ids) for c in choices)
-    completion = sum(len(c.token_ids) for c in choices)
+    prompt, completion = _counts(choices)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-def _sse(model) -> str:
-    return f"data: {model.model_dump_json()}\n\n"
 
 
 def _json(data) -> str:

@@ -284,7 +284,8 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-
 
 
 class _Response(BaseModel):
-    """Fields that are None and marked optional-extension are left out of the JSON."""
+    """OpenAI response shapes. Fields named in `_drop_when_none` (the extensions) are left out of the
+    JSON when None. The stream's events are written by gdn_export.serve.chunks in the same shapes."""
 
     _drop_when_none: tuple[str, ...] = ()
 
