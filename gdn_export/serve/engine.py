@@ -198,7 +198,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the engine thread
     def _run(self) -> None:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.device.index is not None:  # "cuda": the current device
             torch.cuda.set_device(self.device)
         try:
             with torch.no_grad():
