@@ -200,31 +200,27 @@ class _Api:
                 echo = prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)
             prompt_texts.append(echo)
         with_ids = body.return_token_ids or self.tokenizer is None
-        self._submit(choices)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        writer = ChunkWriter("completion", rid, created, body.model, with_ids)
 
-        if body.stream:
-            writer = ChunkWriter("completion", rid, created, body.model, with_ids)
+        async def events() -> AsyncIterator[str]:
+            started = set()
+            async for c, delta in self._deltas(choices, queue):
+                first = c.index not in started
+                started.add(c.index)
+                text = (prompt_texts[c.index] if first else "") + delta.text
+                yield writer.choice(c.index, text, delta.token_ids, delta.finish_reason,
+                                    prompt_ids=c.prompt_ids if first else None)
+            if body.include_usage:
+                yield writer.usage(*_counts(choices))
 
-            async def events() -> AsyncIterator[str]:
-                started = set()
-                async for c, delta in self._deltas(choices, queue):
-                    first = c.index not in started
-                    started.add(c.index)
-                    text = (prompt_texts[c.index] if first else "") + delta.text
-                    yield writer.choice(c.index, text, delta.token_ids, delta.finish_reason,
-                                        prompt_ids=c.prompt_ids if first else None)
-                if body.include_usage:
-                    yield writer.usage(*_counts(choices))
+        def whole() -> Completion:
+            return Completion(id=rid, created=created, model=body.model, usage=_usage(choices), choices=[
+                CompletionChoice(index=c.index, text=prompt_texts[c.index] + c.text, finish_reason=c.finish_reason,
+                                 token_ids=c.token_ids if with_ids else None,
+                                 prompt_token_ids=c.prompt_ids if with_ids else None) for c in choices])
 
-            return self._event_stream(events(), choices)
-        await self._wait_all(request, choices, queue)
-        out = Completion(id=rid, created=created, model=body.model, usage=_usage(choices), choices=[
-            CompletionChoice(index=c.index, text=prompt_texts[c.index] + c.text, finish_reason=c.finish_reason,
-                             token_ids=c.token_ids if with_ids else None,
-                             prompt_token_ids=c.prompt_ids if with_ids else None) for c in choices])
-        return JSONResponse(out.model_dump())
+        return await self._respond(request, body.stream, choices, queue, events, whole)
 
     # ------------------------------------------------------------------ /v1/chat/completions
     async def chat(self, request: Request):
@@ -237,32 +233,37 @@ class _Api:
         queue: asyncio.Queue = asyncio.Queue()
         choices = [Choice(0, ids, params, self.tokenizer.stream(body.stop_strings, ids), queue)]
         with_ids = body.return_token_ids
-        self._submit(choices)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        writer = ChunkWriter("chat", rid, created, body.model, with_ids)
 
-        if body.stream:
-            writer = ChunkWriter("chat", rid, created, body.model, with_ids)
+        async def events() -> AsyncIterator[str]:
+            yield writer.choice(0, "", [], role=True, prompt_ids=ids)
+            async for c, delta in self._deltas(choices, queue):
+                if delta.text or delta.token_ids:
+                    yield writer.choice(0, delta.text, delta.token_ids)
+                if delta.finish_reason is not None:
+                    yield writer.choice(0, None, [], delta.finish_reason)
+            if body.include_usage:
+                yield writer.usage(*_counts(choices))
 
-            async def events() -> AsyncIterator[str]:
-                yield writer.choice(0, "", [], role=True, prompt_ids=ids)
-                async for c, delta in self._deltas(choices, queue):
-                    if delta.text or delta.token_ids:
-                        yield writer.choice(0, delta.text, delta.token_ids)
-                    if delta.finish_reason is not None:
-                        yield writer.choice(0, None, [], delta.finish_reason)
-                if body.include_usage:
-                    yield writer.usage(*_counts(choices))
+        def whole() -> ChatCompletion:
+            c = choices[0]
+            return ChatCompletion(id=rid, created=created, model=body.model, usage=_usage(choices), choices=[
+                ChatChoice(index=0, message=ChatMessage(content=c.text), finish_reason=c.finish_reason,
+                           token_ids=c.token_ids if with_ids else None, prompt_token_ids=ids if with_ids else None)])
 
-            return self._event_stream(events(), choices)
-        await self._wait_all(request, choices, queue)
-        c = choices[0]
-        out = ChatCompletion(id=rid, created=created, model=body.model, usage=_usage(choices), choices=[ChatChoice(
-            index=0, message=ChatMessage(content=c.text), finish_reason=c.finish_reason,
-            token_ids=c.token_ids if with_ids else None, prompt_token_ids=ids if with_ids else None)])
-        return JSONResponse(out.model_dump())
+        return await self._respond(request, body.stream, choices, queue, events, whole)
 
     # ------------------------------------------------------------------ shared
+    async def _respond(self, request: Request, stream: bool, choices: list[Choice], queue: asyncio.Queue,
+                       events, whole):
+        """Queue the choices, then stream events() or wait for them all and answer whole()."""
+        self._submit(choices)
+        if stream:
+            return self._event_stream(events(), choices)
+        await self._wait_all(request, choices, queue)
+        return JSONResponse(whole().model_dump())
+
     async def _deltas(self, choices: list[Choice], queue: asyncio.Queue):
         """(choice, Delta) per choice per batch of outputs, until every choice is done; a batch's
         outputs of one choice are merged into one delta."""

@@ -11,7 +11,7 @@ on for a checkpoint without a tokenizer), chat_template_kwargs.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
                       model_validator)
@@ -23,7 +23,17 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 class _Request(BaseModel):
+    """A request body. UNSUPPORTED: OpenAI fields this server does not implement, {field: (asks for
+    it?, what the 400 says)}; `refuse_unsupported` checks them after the types."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
+    UNSUPPORTED: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {}
+
+    def refuse_unsupported(self) -> None:
+        for name, (asked, message) in self.UNSUPPORTED.items():
+            value = getattr(self, name)
+            if asked(value):
+                raise BadRequest(f"{name}: {message.format(value)}", param=name)
 
 
 class StreamOptions(_Request):
@@ -50,13 +60,12 @@ class _Sampling(_Request):
     user: str | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v):
-        if v is not None and v != 1:
-            raise ValueError(f"only 1 is supported (one choice per prompt), got {v}")
-        return v
+    UNSUPPORTED = {
+        "n": (lambda v: v not in (None, 1), "only 1 is supported (one choice per prompt), got {}"),
+        "presence_penalty": (bool, "not supported (only 0), got {}"),
+        "frequency_penalty": (bool, "not supported (only 0), got {}"),
+        "logit_bias": (bool, "not supported"),
+    }
 
     @field_validator("stop")
     @classmethod
@@ -66,20 +75,6 @@ class _Sampling(_Request):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v, info):
-        if v:
-            raise ValueError(f"not supported (only 0), got {v}")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError("not supported")
         return v
 
     @property
@@ -106,6 +101,10 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    UNSUPPORTED = {**_Sampling.UNSUPPORTED,
+                   "logprobs": (lambda v: v is not None, "not supported"),
+                   "best_of": (lambda v: v not in (None, 1), "only 1 is supported, got {}"),
+                   "suffix": (bool, "not supported")}
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -122,27 +121,6 @@ class CompletionRequest(_Sampling):
             return v
         raise ValueError("must be a string, a list of strings, a list of token ids or a list of "
                          "non-empty lists of token ids")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v is not None:
-            raise ValueError("not supported")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        if v is not None and v != 1:
-            raise ValueError(f"only 1 is supported, got {v}")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("not supported")
-        return v
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per choice: strings or token-id lists."""
@@ -209,41 +187,13 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v:
-            raise ValueError("not supported")
-        return v
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v):
-        if v:
-            raise ValueError("not supported")
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v):
-        if v:
-            raise ValueError("tools are not supported")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, v):
-        if v not in (None, "none"):
-            raise ValueError("not supported (tools are not)")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v):
-        if v is not None and v.get("type") != "text":
-            raise ValueError(f"type {v.get('type')!r} is not supported (text only)")
-        return v
+    UNSUPPORTED = {**_Sampling.UNSUPPORTED,
+                   "logprobs": (bool, "not supported"),
+                   "top_logprobs": (bool, "not supported"),
+                   "tools": (bool, "tools are not supported"),
+                   "tool_choice": (lambda v: v not in (None, "none"), "not supported (tools are not)"),
+                   "response_format": (lambda v: v is not None and v.get("type") != "text",
+                                       "only {{'type': 'text'}} is supported, got {}")}
 
     @property
     def token_limit(self) -> int | None:
@@ -255,9 +205,11 @@ def parse_request(body: bytes, model: type[_Request]) -> Any:
     if not body.strip():
         raise BadRequest("the request body is empty: send a JSON object")
     try:
-        return model.model_validate_json(body)
+        request = model.model_validate_json(body)
     except ValidationError as exc:
         raise _bad_request(exc) from None
+    request.refuse_unsupported()
+    return request
 
 
 def _bad_request(exc: ValidationError) -> BadRequest:
@@ -304,27 +256,38 @@ class Usage(_Response):
     total_tokens: int
 
 
-class CompletionChoice(_Response):
+class _Choice(_Response):
+    """What every choice has; token_ids / prompt_token_ids only with return_token_ids (or without a
+    tokenizer)."""
+
     _drop_when_none = ("token_ids", "prompt_token_ids")
     index: int
-    text: str
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None = None
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
 
 
-class Completion(_Response):
+class CompletionChoice(_Choice):
+    text: str
+
+
+class _Envelope(_Response):
+    """What every response and stream chunk has around its choices."""
+
+    id: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: Usage | None = None
+
+
+class Completion(_Envelope):
     """A /v1/completions response, or (object "text_completion" too) one of its stream's chunks:
     "usage": null in every chunk but the usage chunk (stream_options.include_usage), which has no
     choices."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ChatMessage(_Response):
@@ -332,23 +295,13 @@ class ChatMessage(_Response):
     content: str
 
 
-class ChatChoice(_Response):
-    _drop_when_none = ("token_ids", "prompt_token_ids")
-    index: int
+class ChatChoice(_Choice):
     message: ChatMessage
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None = None
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
 
 
-class ChatCompletion(_Response):
-    id: str
+class ChatCompletion(_Envelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
 
 
 class Delta(_Response):
@@ -357,26 +310,16 @@ class Delta(_Response):
     content: str | None = None
 
 
-class ChatChunkChoice(_Response):
-    _drop_when_none = ("token_ids", "prompt_token_ids")
-    index: int
+class ChatChunkChoice(_Choice):
     delta: Delta
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None = None
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
 
 
-class ChatCompletionChunk(_Response):
+class ChatCompletionChunk(_Envelope):
     """One chunk of a /v1/chat/completions stream: "usage": null but in the usage chunk
     (stream_options.include_usage), which has no choices."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(_Response):

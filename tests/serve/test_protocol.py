@@ -84,3 +84,19 @@ def test_requests_parse():
                       b'{"type": "text", "text": "b"}]}], "max_completion_tokens": 3, "tool_choice": "none"}',
                       ChatCompletionRequest)
     assert c.token_limit == 3 and c.messages[0].for_template() == {"role": "user", "content": "ab"}
+
+
+@pytest.mark.parametrize("extra,message,param", [
+    ({"response_format": {"type": "json_object"}}, "response_format: only {'type': 'text'} is supported",
+     "response_format"),
+    ({"tool_choice": "auto"}, "tool_choice: not supported (tools are not)", "tool_choice"),
+    ({"logprobs": True}, "logprobs: not supported", "logprobs"),
+    ({"n": 4}, "n: only 1 is supported (one choice per prompt), got 4", "n"),
+], ids=["json-format", "tool-choice", "logprobs", "n"])
+def test_unsupported_chat_fields_are_named(extra, message, param):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(BadRequest) as err:
+        parse_request(json.dumps(body).encode(), ChatCompletionRequest)
+    assert message in err.value.message and err.value.param == param
+    fine = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}
+    parse_request(json.dumps(fine).encode(), ChatCompletionRequest)
