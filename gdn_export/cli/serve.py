@@ -1,6 +1,7 @@
 """`gdn-export serve CHECKPOINT`: an OpenAI-compatible HTTP server with continuous batching
-(gdn_export/serve). Everything that can be refused (flags, checkpoint files, tokenizer, the port,
-the state memory) is refused in one line before the model loads."""
+(gdn_export/serve). Flags, checkpoint files, the tokenizer and the port are refused in one line before
+the model loads; state rows the device cannot hold, once the model is on it (before they are
+allocated)."""
 
 from __future__ import annotations
 
@@ -192,7 +193,7 @@ def _serve(args, engine, tokenizer, sock, progress) -> int:
     name = args.served_model_name or Path(args.checkpoint).resolve().name
     config = ServeConfig(model_name=name, checkpoint=str(args.checkpoint), api_key=args.api_key,
                          sampling_defaults=sampling_defaults(args.checkpoint))
-    app = create_app(engine, tokenizer, config, engine.metrics)
+    app = create_app(engine, tokenizer, config)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     text = "text and token-id prompts" if tokenizer is not None else "token-id prompts only (no tokenizer)"

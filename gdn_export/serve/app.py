@@ -28,10 +28,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gdn_export.serve.chunks import ChunkWriter
 from gdn_export.serve.engine import Engine
 from gdn_export.serve.errors import BadRequest, NotFound, ServeError, Unauthorized, Unavailable
 from gdn_export.serve.metrics import ServeMetrics
-from gdn_export.serve.chunks import ChunkWriter
 from gdn_export.serve.protocol import (ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, Completion,
                                        CompletionChoice, CompletionRequest, ModelCard, ModelList, Usage,
                                        parse_request)
@@ -57,11 +57,13 @@ class ServeConfig:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def create_app(engine: Engine, tokenizer: ServeTokenizer | None, config: ServeConfig,
-               metrics: ServeMetrics | None = None) -> FastAPI:
-    """The FastAPI app serving `engine`; its lifespan starts the engine thread (delivering onto
-    the app's event loop) and stops it."""
-    metrics = metrics or ServeMetrics()
+def create_app(engine: Engine, tokenizer: ServeTokenizer | None, config: ServeConfig) -> FastAPI:
+    """The FastAPI app serving `engine` (None tokenizer: token-id prompts only); its lifespan starts
+    the engine thread (delivering onto the app's event loop) and stops it. /metrics serves the
+    engine's ServeMetrics (one is made and given to the engine if it has none)."""
+    if not isinstance(engine.metrics, ServeMetrics):
+        engine.metrics = ServeMetrics()
+    metrics = engine.metrics
     metrics.bind(engine.stats)
 
     @contextlib.asynccontextmanager

@@ -130,7 +130,7 @@ class LiveServer:
         self.metrics = ServeMetrics()
         self.engine = Engine(self.runner, limits, eos_ids=eos_token_ids(ckpt, self.tokenizer), metrics=self.metrics)
         app = create_app(self.engine, self.tokenizer, ServeConfig(model_name=name, checkpoint=str(ckpt),
-                                                                  api_key=api_key), self.metrics)
+                                                                  api_key=api_key))
         self.sock = bind_socket("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

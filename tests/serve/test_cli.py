@@ -40,6 +40,9 @@ BAD = [
                  id="beyond-positions"),
     pytest.param(["--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA --device, got cpu", id="graph-on-cpu"),
     pytest.param(["--device", "tpu"], "--device 'tpu' is not a torch device", id="device"),
+    pytest.param(["--device", "cpu", "--port", "0", "--max-num-seqs", "2000000", "-q"],
+                 "2000008 state rows (--max-num-seqs 2000000 + --max-prefill-seqs 8) of 4096 cache slots need",
+                 id="state-memory"),
 ]
 
 
@@ -60,6 +63,7 @@ def test_bad_folder_and_taken_port(cli, tiny_ckpt, tmp_path, taken_port):  # noq
     assert re.fullmatch(rf"cannot listen on 127\.0\.0\.1:{taken_port}: .*[Aa]ddress already in use", line), line
 
 
+@pytest.mark.slow
 def test_serves_then_drains_on_sigterm_and_exits_0(tiny_ckpt):
     # one torch thread: the tests share the cores (tests/conftest.py), and OpenMP threads that spin
     # against each other on a busy machine make each tiny step many times slower
