@@ -202,9 +202,14 @@ class Engine:
             torch.cuda.set_device(self.device)
         try:
             with torch.no_grad():
-                while self._iteration():
-                    pass
-        except BaseException as exc:  # a bug in the loop itself: say so, fail what is left
+                while True:
+                    try:
+                        if not self._iteration():
+                            break
+                    except Exception as exc:  # outside a model call: fail the running requests, go on
+                        log.error("engine iteration failed:\n%s", traceback.format_exc())
+                        self._fail_running(f"the engine failed: {type(exc).__name__}: {_first_line(exc)}")
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: the thread ends
             self.dead = f"{type(exc).__name__}: {exc}"
             log.error("engine thread failed:\n%s", traceback.format_exc())
         finally:
@@ -260,16 +265,27 @@ class Engine:
             step(out)
         except Exception as exc:
             log.error("%s step failed:\n%s", kind, traceback.format_exc())
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             with self._cond:
                 rows = list(self.sched.prefilling if kind == "prefill" else self.sched.decoding)
                 self.sched.remove(rows)
             if kind == "decode":
                 self._inflight = None
-            error = EngineFailure(f"the {kind} step failed: {type(exc).__name__}: {first}", code="engine_error")
-            for s in rows:
-                self.metrics.on_finish("error", None)
-                out.append((s, Output(error=error, prompt_tokens=len(s.prompt), generated=len(s.generated))))
+            out += self._failed(rows, f"the {kind} step failed: {type(exc).__name__}: {_first_line(exc)}")
+
+    def _failed(self, rows: list[Sequence], message: str) -> list[tuple[Sequence, Output]]:
+        error = EngineFailure(message, code="engine_error")
+        for _ in rows:
+            self.metrics.on_finish("error", None)
+        return [(s, Output(error=error, prompt_tokens=len(s.prompt), generated=len(s.generated))) for s in rows]
+
+    def _fail_running(self, message: str) -> None:
+        """Fail every prefilling and decoding request (their rows may hold anything now); the queue
+        stays."""
+        with self._cond:
+            rows = self.sched.prefilling + self.sched.decoding
+            self.sched.remove(rows)
+        self._inflight = None
+        self._send(self._failed(rows, message))
 
     def _prefill_step(self, out: list) -> None:
         with self._cond:
@@ -410,6 +426,10 @@ class _Step:
         if ready is not None:
             ready.synchronize()  # releases the GIL while it waits
         return values.tolist()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -162,9 +162,23 @@ def test_a_failing_step_fails_its_requests_only(tiny_ckpt):
             assert "the decode step failed: RuntimeError: injected fault" in error.message
         engine.submit([5, 6, 7], SamplingParams(max_tokens=4), "z")
         got.wait(["z"])
+        # a failure outside the model calls (here the admission, once): the queue waits, the engine goes on
+        admit = engine.sched.admit
+        admit_fails = threading.Event()
+        admit_fails.set()
+
+        def flaky_admit():
+            if admit_fails.is_set():
+                admit_fails.clear()
+                raise RuntimeError("injected bookkeeping fault")
+            return admit()
+
+        engine.sched.admit = flaky_admit
+        engine.submit([5, 6], SamplingParams(max_tokens=3), "w")
+        got.wait(["w"])
     finally:
         engine.stop()
-    assert got.tokens("z") == ref([5, 6, 7], 4)
+    assert got.tokens("z") == ref([5, 6, 7], 4) and got.tokens("w") == ref([5, 6], 3)
     assert engine.dead is None
 
 
