@@ -31,6 +31,7 @@ engine. Requests come in through `submit` and `cancel` from any thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -307,7 +308,7 @@ class Engine:
         ready = [i for i, s in enumerate(rows) if s.prefilled == len(s.prompt)]
         tokens = []
         if ready:
-            index = torch.tensor(ready, device=dev)
+            index = to_device(ready, dev)
             tokens = pick_tokens(logits[:, -1].index_select(0, index), [rows[i].params for i in ready],
                                  [rows[i].generator for i in ready], self._shared).tolist()
         else:
@@ -344,14 +345,8 @@ class Engine:
         source = to_device(fresh, dev)
         if before is not None:
             source = torch.cat([before.tokens, source])
-        k = len(before.rows) if before is not None else 0
-        order, f = [], 0
-        for j in carried:
-            if j >= 0:
-                order.append(j)
-            else:
-                order.append(k + f)
-                f += 1
+        new_row = itertools.count(len(before.rows) if before is not None else 0)  # fresh ones follow in source
+        order = [j if j >= 0 else next(new_row) for j in carried]
         tokens = source.index_select(0, to_device(order, dev))
         past = to_device([s.next_position for s in rows], dev)
         t0 = time.perf_counter()
