@@ -1,4 +1,4 @@
-"""`gdn-export` command line: make-tiny, quantize, export, build, run, validate, demo, bench."""
+"""`gdn-export` command line: make-tiny, quantize, export, build, run, validate, demo, bench, serve."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 
 from gdn_export import __version__
 from gdn_export.cli.args import ArgumentParser
-from gdn_export.cli import bench, build, demo, export, make_tiny, quantize, run, validate
+from gdn_export.cli import bench, build, demo, export, make_tiny, quantize, run, serve, validate
 from gdn_export.errors import GdnExportError
 
-SUBCOMMANDS = (demo, make_tiny, quantize, export, build, run, validate, bench)
+SUBCOMMANDS = (demo, make_tiny, quantize, export, build, run, validate, bench, serve)
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -102,6 +102,7 @@ class GraphRunner(TorchRunner):
         self._step_model = (torch.compile(self.model, dynamic=False, mode=COMPILE_MODES[compile_mode])
                             if compile else self.model)
         self._static: dict[int, _Static] = {}
+        self._pool: list[torch.Tensor] | None = None  # bind_states: every batch size's rows in one pool
 
     def default_prefill_chunk(self, batch: int) -> int:
         """PREFILL_TOKENS // batch tokens per row per prefill call (at least 1)."""
@@ -120,15 +121,61 @@ class GraphRunner(TorchRunner):
     def _static_for(self, batch: int) -> _Static:
         st = self._static.get(batch)
         if st is None:
-            dev = self.device
-            st = _Static(ids=torch.zeros(batch, 1, dtype=torch.int64, device=dev),
-                         past=torch.zeros(batch, dtype=torch.int64, device=dev),
-                         lens=torch.ones(batch, dtype=torch.int64, device=dev),
-                         states=list(self.model.empty_states(batch, device=dev)))
-            self._static[batch] = st
-            if self.cuda_graph:
-                self._capture(st)
+            if self._pool is not None:  # a capture now would step rows that hold sequences
+                raise InputError(f"batch size {batch} is not one of the sizes bound to the state pool "
+                                 f"({sorted(self._static)})")
+            st = self._new_static(batch, list(self.model.empty_states(batch, device=self.device)))
         return st
+
+    def _new_static(self, batch: int, states: list[torch.Tensor]) -> _Static:
+        dev = self.device
+        st = _Static(ids=torch.zeros(batch, 1, dtype=torch.int64, device=dev),
+                     past=torch.zeros(batch, dtype=torch.int64, device=dev),
+                     lens=torch.ones(batch, dtype=torch.int64, device=dev), states=states)
+        self._static[batch] = st
+        if self.cuda_graph:
+            self._capture(st)
+        return st
+
+    # ------------------------------------------------------------------ a pool of state rows
+    def bind_states(self, pool: list[torch.Tensor], batch_sizes) -> None:
+        """Serve the decode steps of a changing set of sequences from one pool of state rows
+        (gdn_export.serve): the static buffers of each batch size b in `batch_sizes` become the
+        first b rows of `pool` (tensors shaped as model.empty_states(N), b <= N), and their decode
+        graphs are captured now, since the capture's warm-up steps write into those rows. Bind
+        before the rows hold anything; the pool is zeroed after. Earlier buffers are dropped."""
+        sizes = sorted({int(b) for b in batch_sizes})
+        rows = int(pool[0].shape[0])
+        if not sizes or sizes[0] < 1 or sizes[-1] > rows:
+            raise InputError(f"batch sizes {sizes} must lie in [1, {rows}] (the pool's rows)")
+        self._static, self._pool = {}, None
+        for b in sizes:
+            self._new_static(b, [t[:b] for t in pool])
+        self._pool = list(pool)
+        for t in pool:
+            t.zero_()
+
+    def decode_rows(self, tokens: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of the bound pool's first n rows: tokens [n] and past [n] int64 on this
+        runner's device (each row's next input and its position). Runs at the smallest bound batch
+        size >= n (a replayed graph on CUDA); rows n.. of that batch are free rows, stepped at
+        position 0 and ignored. Unchecked: callers keep past below the cache length. Returns
+        (logits [n, 1, V] fp32, the greedy tokens [n] int64), device views valid until the next
+        call."""
+        if self._pool is None:
+            raise InputError("decode_rows needs a state pool (bind_states)")
+        n = int(tokens.shape[0])
+        size = next((b for b in self._static if b >= n), None)  # dict order: ascending sizes
+        if size is None:
+            raise InputError(f"{n} rows exceed the largest bound batch size {max(self._static)}")
+        st = self._static[size]
+        st.ids[:n, 0].copy_(tokens)
+        st.past[:n].copy_(past)
+        if size > n:
+            st.ids[n:].zero_()
+            st.past[n:].zero_()
+        logits, token = self._replay(st)
+        return logits[:n], token[:n]
 
     def _load(self, st: _Static, states: list[torch.Tensor]) -> None:
         """Copy `states` into the static buffers where they are other tensors (a caller's own

@@ -46,6 +46,21 @@ class TorchRunner(Runner):
         logits, new_states = self._call(ids, past, lens, states)
         return logits.float().cpu().numpy(), new_states
 
+    def step(self, ids: torch.Tensor, past: torch.Tensor, lens: torch.Tensor,
+             states: list[torch.Tensor]) -> torch.Tensor:
+        """One model call on device tensors that leaves the new states in `states` (written in place
+        by the model, or copied there), with no host round trip: ids [B, T] int64, past [B] and
+        lens [B] int64 on this runner's device, states as `state_specs` for B rows (row slices of
+        larger buffers will do, e.g. rows a..b of a pool of model.empty_states(N)). The model runs
+        eagerly (GraphRunner's compiled wrapper would compile again for every new shape).
+        Unchecked: callers check the lengths on the host first (gdn_export.runtime.base.check_fits).
+        Returns the logits, fp32 on the device ([B, 1, V], or [B, T, V] with layout.logits "all")."""
+        logits, new_states = self._call(ids, past, lens, states)
+        for dst, src in zip(states, new_states):
+            if src.data_ptr() != dst.data_ptr():  # a new tensor, not the K/V cache written in place
+                dst.copy_(src)
+        return logits
+
     def _check_state_tensors(self, states, batch: int, past: int) -> list[torch.Tensor]:
         """states as a list, or InputError naming the first that is not this runner's kind."""
         states = list(states)
