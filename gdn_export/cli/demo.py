@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                        "it to ONNX, run PyTorch and ONNX Runtime on the same prompts and print the "
                        "parity table. Exit status 1 if parity fails.")
     p.add_argument("--family", choices=FAMILIES, default="qwen3_5", help="model family")
-    add_seed(p, "seed of the random weights and prompts")
+    add_seed(p, "the random weights and prompts")
     p.add_argument("--keep", metavar="DIR", help="keep the checkpoint DIR/tiny-FAMILY and ONNX file "
                    "DIR/tiny-FAMILY.onnx (default: a temporary folder, removed at the end)")
     add_overwrite(p, "the files an earlier --keep demo left in DIR")
