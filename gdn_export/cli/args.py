@@ -120,8 +120,10 @@ def add_op_backend(parser) -> None:
                         "(default: $GDN_EXPORT_BACKEND, else reference on the CPU and triton on CUDA)")
 
 
-def op_backend_of(args, device: str) -> str:
-    """--op-backend, else $GDN_EXPORT_BACKEND, else reference on the CPU and triton on a CUDA `device`."""
+def op_backend_of(args, device: str) -> str | None:
+    """--op-backend, else None where $GDN_EXPORT_BACKEND is set (the registry applies it, and its ops
+    name it when it cannot run here: gdn_export.ops.backends), else reference on the CPU and triton
+    on a CUDA `device`."""
     import os
 
     from gdn_export.ops.backends import ENV_VAR
@@ -129,7 +131,7 @@ def op_backend_of(args, device: str) -> str:
     if getattr(args, "op_backend", None):
         return args.op_backend
     if os.environ.get(ENV_VAR):
-        return os.environ[ENV_VAR]
+        return None
     return "triton" if device.startswith("cuda") else "reference"
 
 

@@ -76,6 +76,7 @@ def run(args) -> int:
 
     from gdn_export.hf_config import read_config
     from gdn_export.layout import DeployLayout
+    from gdn_export.ops.backends import current_name
     from gdn_export.runtime import bench_checkpoint as BC
     from gdn_export.weights.loader import check_checkpoint
 
@@ -108,7 +109,7 @@ def run(args) -> int:
     BC.check_memory(args.checkpoint, setup)  # before the first progress line and any allocation
     result: dict = {"checkpoint": str(args.checkpoint), "device": str(device),
                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "dtype": dtype_name, "op_backend": op_backend, "batch": args.batch,
+                    "dtype": dtype_name, "op_backend": op_backend or current_name(), "batch": args.batch,
                     "prompt_len": args.prompt_len, "decode_steps": args.decode_steps,
                     "prefill_chunk": args.prefill_chunk, "cuda_graph": cuda_graph,
                     "compile": compile_, "compile_mode": args.compile_mode or "default",

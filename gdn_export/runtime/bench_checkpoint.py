@@ -33,7 +33,7 @@ class Setup:
     dtype: Any  # torch.dtype
     dtype_name: str  # "fp32" | "fp16" | "bf16"
     layout: Any  # gdn_export.layout.DeployLayout
-    op_backend: str
+    op_backend: str | None  # None: the registry's active backend (gdn_export.ops.backends)
     cuda_graph: bool
     batch: int
     prompt_len: int
@@ -86,6 +86,7 @@ def measure(checkpoint, ids, setup: Setup, result: dict, label: str = "ours"):
     """Load `checkpoint` in setup.dtype on setup.device, time it on a GraphRunner over prompts ids
     [B, T] and add the timing / memory keys to `result`. Returns (runner, model): the caller drops
     them before the next model is loaded."""
+    from gdn_export.ops.backends import current_name
     from gdn_export.runtime.cuda_graph import GraphRunner
     from gdn_export.weights import load_checkpoint
 
@@ -103,7 +104,7 @@ def measure(checkpoint, ids, setup: Setup, result: dict, label: str = "ours"):
     result["states_bytes"] = B.tensor_bytes(runner.empty_states(setup.batch))
     phases["setup"] = B.peak_memory(device)[0]  # fused projections, states, decode graph capture
     progress(f"{label}: {result['parameters'] / 1e9:.3f}B parameters, batch {setup.batch}, prompt "
-             f"{setup.prompt_len}, {setup.decode_steps} decode steps, {setup.op_backend} ops, "
+             f"{setup.prompt_len}, {setup.decode_steps} decode steps, {setup.op_backend or current_name()} ops, "
              f"CUDA graph {'on' if setup.cuda_graph else 'off'}{', compiled' if setup.compile else ''}")
     timings = B.bench_runner(runner, ids, setup.decode_steps, setup.warmup, setup.repeats,
                              setup.prefill_chunk, progress)
