@@ -43,9 +43,10 @@ def run(args) -> int:
         check_target(ckpt, overwrite=args.overwrite or not args.keep)
         root.mkdir(parents=True, exist_ok=True)
         progress(f"writing a tiny random {args.family} checkpoint to {ckpt}")
-        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed, overwrite=True)
+        replace = args.overwrite or not args.keep  # outputs another demo wrote meanwhile are kept
+        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed, overwrite=replace)
         model = load_checkpoint(ckpt)
-        export_onnx(model, onnx_path, progress=progress)
+        export_onnx(model, onnx_path, progress=progress, overwrite=replace)
         progress("running PyTorch and ONNX Runtime on the same prompts")
         report = run_parity(TorchRunner(model), [OrtRunner(onnx_path)],
                             vocab_size=model.config.vocab_size,

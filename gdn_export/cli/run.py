@@ -75,9 +75,9 @@ def run(args) -> int:
     if backend == "ort":
         progress(f"ort on {runner.device}: {runner.kernels_note}")
     if backend == "torch":
-        from gdn_export.vlm.weights import is_composite
+        from gdn_export.vlm.weights import has_vision_tower
 
-        if is_composite(args.model):
+        if has_vision_tower(args.model):
             progress("vision-language checkpoint without --image / --pixel-values: running its language "
                      "model alone")
     lengths = sorted({len(p) for p in prompts})
