@@ -83,10 +83,11 @@ def dtype_of(args, exported: str | None = None) -> str:
     return args.dtype or exported or DEFAULT_DTYPE
 
 
-def add_device(parser, what: str) -> None:
-    """--device where `what` runs (None when not given: `device_of`)."""
+def add_device(parser, what: str, note: str = "") -> None:
+    """--device where `what` runs, `note` added (None when not given: `device_of`)."""
     parser.add_argument("--device", default=None, metavar="DEVICE",
-                        help=f"where {what} runs: cpu, cuda, cuda:1, ... (default: {DEFAULT_DEVICE})")
+                        help=f"where {what} runs: cpu, cuda, cuda:1, ...{'; ' + note if note else ''} "
+                        f"(default: {DEFAULT_DEVICE})")
 
 
 def device_of(args) -> str:

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--onnx", help="--runtime ort: the exported file to time (default: none; required there)")
     add_ort_kernels(p)
     g = p.add_argument_group("model")
-    add_device(g, "the model (--runtime ort on cuda needs onnxruntime-gpu)")
+    add_device(g, "the model", "--runtime ort on cuda needs onnxruntime-gpu")
     add_op_backend(g)
     add_dtype(g, "the model")
     p.add_argument("--batch", type=int, default=1, help="rows per call")

@@ -37,7 +37,9 @@ def add_tolerances(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("tolerances (|actual - expected| <= atol + rtol * |expected|)")
     g.add_argument("--atol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
                    help="absolute tolerance; TENSOR:VALUE overrides one tensor (e.g. logits:1e-3) "
-                   "(default: per dtype, gdn_export.validate.compare.default_tolerances)")
+                   "(default: per dtype, gdn_export.validate.compare.default_tolerances; with static FP8 "
+                   "activations a row within one e4m3 rounding step also passes, named on the row, unless "
+                   "--atol / --rtol is given)")
     g.add_argument("--rtol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
                    help="relative tolerance, same form as --atol (default: per dtype)")
 

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
                    help="fp8: also calibrate per-layer K and V scales (amax / 448, per tensor) in the same pass "
                    "and store the attention K/V cache in FP8 E4M3 (README 'FP8 K/V cache'); default: the "
                    "cache stays in the model dtype")
-    add_device(p, "the calibration (the gdn ops through the reference backend)")
+    add_device(p, "the calibration", "the gdn ops through the reference backend")
     add_overwrite(p, "the output folder")
     add_quiet(p)
     p.set_defaults(handler=run)

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                    "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V] (default: not saved)")
     g = p.add_argument_group("torch and ort backends")
     add_dtype(g, "the torch backend's model")
-    add_device(g, "the torch or ort backend (ort on cuda needs onnxruntime-gpu)")
+    add_device(g, "the torch or ort backend", "ort on cuda needs onnxruntime-gpu")
     add_op_backend(g)
     add_plugins(p, "the trt backend")
     add_ort_kernels(p)

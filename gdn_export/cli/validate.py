@@ -37,8 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--equal-lengths", action="store_true",
                    help="give every row --prompt-len tokens (default with the inplace kv cache: "
                    "ragged rows from --prompt-len down to 1 token)")
-    g = p.add_argument_group("quantized checkpoints: the quantized model against its 16-bit self (beside the "
-                             "export's parity, which keeps the dtype's tolerance)")
+    g = p.add_argument_group("quantized checkpoints: their distance from the 16-bit model")
     g.add_argument("--baseline", metavar="CHECKPOINT", default=None,
                    help="the 16-bit checkpoint it was quantized from (default: its own weights dequantized to "
                    "16 bits)")
