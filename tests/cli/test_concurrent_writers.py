@@ -28,6 +28,7 @@ def _race(monkeypatch, module, name: str, appear) -> None:
     monkeypatch.setattr(module, name, racing)
 
 
+@pytest.mark.slow  # two processes that import torch: ~5 s of CPU
 def test_two_make_tiny_runs_one_wins(tmp_path):
     target = tmp_path / "ckpt"
     env = dict(os.environ, PYTHONPATH=str(REPO))
