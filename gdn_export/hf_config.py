@@ -9,7 +9,6 @@ gdn_export.config for the accepted model types).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from gdn_export.config import (
 from gdn_export.errors import CheckpointError, ConfigError
 from gdn_export.paths import check_readable, os_reason
 
-log = logging.getLogger("gdn_export.config")
 
 # transformers' defaults (Qwen3NextConfig / Qwen3_5TextConfig), used where config.json is silent.
 _COMMON_DEFAULTS: dict[str, Any] = {
@@ -246,8 +244,6 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         d = outer.get("text_config")
         if not isinstance(d, dict):
             raise ConfigError(f"text_config is missing from a {model_type} config (needed for the text model)")
-        log.warning("%s checkpoint: exporting the text model only; the vision tower is not exported",
-                    model_type)
     hidden_act = d.get("hidden_act", "silu")
     n_layers = _get(d, "num_hidden_layers", family)
     # A composite checkpoint ties on its top-level flag (what transformers' tying reads).

@@ -14,9 +14,17 @@ before any checkpoint is read, graph traced or token generated:
 - where the size of the output is known up front (`need_bytes`), the folder's file system has that
   much free space.
 
-Files are then written to a temporary name in the same folder and renamed (`atomic_file`), so that
-nothing half-written is left under the final name, with mode 0666 & ~umask (0644 under the usual
-umask 022) rather than the 0600 of `tempfile.mkstemp`.
+Files are then written to a temporary name in the same folder and moved into place (`atomic_file`,
+`publish_file`; folders: `temp_dir_beside`, `publish_dir`), so that nothing half-written is left
+under the final name, with mode 0666 & ~umask for files and 0777 & ~umask for folders (0644 / 0755
+under the usual umask 022) rather than the 0600 / 0700 of `tempfile.mkstemp` / `mkdtemp` and of the
+safetensors writer (`usual_modes`).
+
+The check before the work and the move after it are minutes apart, and another run may write the
+same output meanwhile. Without `overwrite` the move never replaces what appeared: a file is linked
+to its final name (`os.link` fails on an existing name; where the file system has no hard links, the
+name is claimed by an exclusive create first), a folder is renamed onto its name (which fails on a
+non-empty folder); the loser gets an OutputError and leaves the winner's output as it is.
 
 Every failure is an `OutputError` (a GdnExportError: one line, exit 2 on the command line) whose
 message starts with `what` (e.g. "-o model.onnx", "--save-logits out.npz").
@@ -165,10 +173,11 @@ def check_free_space(folder: Path, need_bytes: int, what: str) -> None:
     """OutputError when `folder`'s file system has less than need_bytes (+ SPACE_MARGIN) free."""
     free = free_bytes(folder)
     if free is not None and need_bytes + SPACE_MARGIN > free:
-        raise OutputError(f"{what}: needs about {_size(need_bytes)} but {folder} has {_size(free)} free")
+        raise OutputError(f"{what}: needs about {human_size(need_bytes)} but {folder} has {human_size(free)} free")
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
+    """1536 -> "1.5 KiB"; bytes below 1 KiB as "N bytes"."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
             return f"{n / (1 << shift):.1f} {unit}"
@@ -254,11 +263,103 @@ def writes_in_place(folder: Path) -> bool:
     return folder.is_dir() and (os.path.ismount(folder) or folder == Path.cwd())
 
 
+def _appeared(what: str, path: Path) -> OutputError:
+    where = f"{path}" if what == str(path) else f"{what}: {path}"
+    return OutputError(f"{where} appeared while this command ran (another run writing the same output?); "
+                       f"it is kept: pass --overwrite to replace it")
+
+
+# errnos of a file system without hard links (FAT, some FUSE and network file systems)
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV, errno.ENOSYS}
+
+
+def publish_file(tmp: str | os.PathLike, path: str | os.PathLike, what: str | None = None, *,
+                 overwrite: bool = False) -> Path:
+    """Move the finished file `tmp` (same folder) to `path`. With overwrite an existing `path` is
+    replaced (os.replace); without, an existing `path` is an OutputError and stays untouched, even
+    when it appeared a moment ago (module docstring). `tmp` is gone afterwards either way."""
+    tmp, path = Path(tmp), Path(path)
+    what = what or str(path)
+    try:
+        if overwrite:
+            os.replace(tmp, path)
+            return path
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise _appeared(what, path) from None
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            try:  # claim the name exclusively, then rename over the claim
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                raise _appeared(what, path) from None
+            os.replace(tmp, path)
+        return path
+    except OSError as exc:
+        raise OutputError(f"{what}: cannot write {path} ({os_reason(exc)})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def publish_files(moves, what: str | None = None, *, overwrite: bool = False) -> None:
+    """publish_file for each (tmp, path) of `moves` in order (a sidecar before the file that points
+    at it). When one fails, the files this call has already put in place are removed again: a run
+    that lost the race leaves the winner's files alone and none of its own."""
+    done: list[Path] = []
+    try:
+        for tmp, path in moves:
+            publish_file(tmp, path, what or str(path), overwrite=overwrite)
+            done.append(Path(path))
+    except BaseException:
+        if not overwrite:  # names this call created exclusively: nobody else's files
+            for path in done:
+                path.unlink(missing_ok=True)
+        raise
+
+
+def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike, what: str | None = None, *,
+                overwrite: bool = False) -> Path:
+    """Move the finished folder `tmp` (same parent) to `path`. An empty folder at `path` is
+    replaced; a non-empty one only with overwrite (moved aside, then removed once `tmp` is in
+    place); without, it is an OutputError and stays untouched, even when it appeared a moment ago.
+    On an OutputError `tmp` is removed."""
+    import shutil
+
+    tmp, path = Path(tmp), Path(path)
+    what = what or str(path)
+    old = None
+    try:
+        if overwrite and path.is_dir() and any(path.iterdir()):
+            old = path.with_name(f".{path.name}.old.{os.getpid()}")
+            os.rename(path, old)
+        try:
+            os.rename(tmp, path)  # onto an existing folder only when it is empty
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                if old is not None:
+                    os.rename(old, path)
+                    old = None
+                raise _appeared(what, path) from None
+            raise
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"{what}: cannot write {path} ({os_reason(exc)})") from None
+    except BaseException:  # the OutputError above, an interrupt
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, what: str | None = None) -> Iterator[Path]:
+def atomic_file(path: str | os.PathLike, what: str | None = None, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `path`; when the block ends without an exception it is given
-    the usual file mode and renamed to `path`, otherwise removed. The temporary name keeps the
-    suffix (numpy's savez and others append one otherwise)."""
+    the usual file mode and moved to `path` (`publish_file`: without overwrite, a file that appeared
+    at `path` meanwhile is an OutputError and kept), otherwise removed. The temporary name keeps
+    the suffix (numpy's savez and others append one otherwise)."""
     path = Path(path)
     what = what or str(path)
     try:
@@ -269,12 +370,46 @@ def atomic_file(path: str | os.PathLike, what: str | None = None) -> Iterator[Pa
     tmp = Path(tmp)
     try:
         yield tmp
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OutputError(f"{what}: cannot write {path} ({os_reason(exc)})") from None
+        try:
+            os.chmod(tmp, file_mode())
+        except OSError as exc:
+            raise OutputError(f"{what}: cannot write {path} ({os_reason(exc)})") from None
+        publish_file(tmp, path, what, overwrite=overwrite)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def temp_dir_beside(path: str | os.PathLike, what: str | None = None) -> Path:
+    """A new empty folder with the usual mode (0777 & ~umask) in `path`'s parent, named after it
+    (.NAME.XXXXXXXX): where an output folder is assembled before `publish_dir`, or where an output
+    file and its sidecar are written before `publish_file`."""
+    path = Path(path)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as exc:
+        raise OutputError(f"{what or path}: cannot write into folder {path.parent} ({os_reason(exc)})") from None
+    make_dir_mode_usual(tmp)
+    return tmp
+
+
+def usual_modes(folder: Path) -> None:
+    """chmod every file directly in `folder` to 0666 & ~umask (safetensors and mkstemp write 0600)."""
+    mode = file_mode()
+    for f in folder.iterdir():
+        if f.is_file() and not f.is_symlink():
+            f.chmod(mode)
+
+
+def describe_folder(folder: str | os.PathLike) -> str:
+    """"FOLDER (N files, SIZE: the largest NAME SIZE)": what a command wrote into an output folder."""
+    folder = Path(folder)
+    files = [f for f in folder.iterdir() if f.is_file()]
+    if not files:
+        return f"{folder} (empty)"
+    sizes = {f.name: f.stat().st_size for f in files}
+    largest = max(sizes, key=sizes.get)
+    return (f"{folder} ({len(files)} files, {human_size(sum(sizes.values()))}: the largest {largest} "
+            f"{human_size(sizes[largest])})")
 
 
 def make_dir_mode_usual(path: Path) -> None:

@@ -1,16 +1,25 @@
 """Flags every subcommand spells the same way, their strict parsers, and the output checks.
 
-For a new subcommand (or flag):
+Each shared flag is declared here once, with one default and one help stem; a subcommand adds it
+to the argument group it belongs to (Polygraphy's style: help lists flags by what they configure):
 
     p = sub.add_parser(...)                  # help shows every flag's default (HelpFormatter)
-    add_dtype(p, default="fp32")             # --dtype {fp32,fp16,bf16}
-    add_seed(p)                              # --seed N
-    add_plugins(p, "the engine")             # --plugins PATH
+    g = p.add_argument_group("PyTorch model")
+    add_dtype(g, "the PyTorch model")        # --dtype {fp32,fp16,bf16}: a checkpoint's fp32, an export's own
+    add_device(g, "the PyTorch model")       # --device DEVICE: cpu
+    add_op_backend(g)                        # --op-backend {reference,triton,cuda}: gdn_export.ops.backends
+    add_plugins(p, "the engine")             # --plugins PATH: $GDN_EXPORT_PLUGINS, then plugins/build/
+    add_seed(p)                              # --seed N: 0
     add_overwrite(p)                         # --overwrite: the one overwrite policy
     ...
     def run(args):
+        device = device_of(args)                              # the default applied
         out = output_file(args.output, "-o", args)           # before any slow work
         ids = parse_input_ids(args.input_ids)                 # strict: "1,2,3" only
+
+--dtype, --device and --op-backend parse to None when not given, so that a command can refuse one
+that does not apply (run's trt backend takes none of them); `dtype_of`, `device_of` and
+`op_backend_of` apply the default.
 
 `output_file` / `output_dir` check that the output can be written (gdn_export.paths): folder
 exists and accepts files, free space, and an existing output refused unless --overwrite.
@@ -58,9 +67,73 @@ class ArgumentParser(argparse.ArgumentParser):
 
 # ------------------------------------------------------------------ shared flags
 
-def add_dtype(parser, default: str | None = "fp32", help: str = "model precision") -> None:
-    """--dtype {fp32,fp16,bf16}; default None when the precision comes from elsewhere (say so in help)."""
-    parser.add_argument("--dtype", choices=DTYPES, default=default, help=help)
+DEFAULT_DTYPE = "fp32"  # of a checkpoint; an exported model keeps its own
+DEFAULT_DEVICE = "cpu"
+
+
+def add_dtype(parser, what: str = "the model") -> None:
+    """--dtype {fp32,fp16,bf16} of `what` (None when not given: `dtype_of`)."""
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help=f"precision of {what} (default: fp32 for a checkpoint; an exported model "
+                        "keeps the precision it was exported in)")
+
+
+def dtype_of(args, exported: str | None = None) -> str:
+    """--dtype, else the exported model's precision `exported` (fp32 / fp16 / bf16) if known, else fp32."""
+    return args.dtype or exported or DEFAULT_DTYPE
+
+
+def add_device(parser, what: str, note: str = "") -> None:
+    """--device where `what` runs, `note` added (None when not given: `device_of`)."""
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help=f"where {what} runs: cpu, cuda, cuda:1, ...{'; ' + note if note else ''} "
+                        f"(default: {DEFAULT_DEVICE})")
+
+
+def device_of(args) -> str:
+    return args.device or DEFAULT_DEVICE
+
+
+class _BackendNames:
+    """The names of the gdn op backend registry (gdn_export.ops.backends.names()) as argparse
+    choices, read when first asked (a parse of --op-backend, --help), so that building the parser
+    imports no torch."""
+
+    def _names(self) -> list[str]:
+        from gdn_export.ops.backends import names
+
+        return names()
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+def add_op_backend(parser) -> None:
+    """--op-backend: the registry's backends (None when not given: `op_backend_of`)."""
+    parser.add_argument("--op-backend", choices=_BackendNames(), default=None,
+                        help="implementation of the gdn ops in PyTorch (gdn_export/ops/backends.py) "
+                        "(default: $GDN_EXPORT_BACKEND, else reference on the CPU and triton on CUDA)")
+
+
+def op_backend_of(args, device: str) -> str | None:
+    """--op-backend, else None where $GDN_EXPORT_BACKEND is set (the registry applies it, and its ops
+    name it when it cannot run here: gdn_export.ops.backends), else reference on the CPU and triton
+    on a CUDA `device`."""
+    import os
+
+    from gdn_export.ops.backends import ENV_VAR
+
+    if getattr(args, "op_backend", None):
+        return args.op_backend
+    if os.environ.get(ENV_VAR):
+        return None
+    return "triton" if device.startswith("cuda") else "reference"
 
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy's generators take any seed in [0, 2**63)
@@ -77,14 +150,15 @@ def seed(text: str) -> int:
     return value
 
 
-def add_seed(parser, help: str = "random seed") -> None:
-    parser.add_argument("--seed", type=seed, default=0, help=help)
+def add_seed(parser, what: str = "the random numbers") -> None:
+    parser.add_argument("--seed", type=seed, default=0, help=f"seed of {what}")
 
 
 def add_plugins(parser, used_for: str = "the TensorRT engine") -> None:
-    parser.add_argument("--plugins", metavar="PATH",
-                        help=f"libgdn_plugins.so for {used_for} (default: $GDN_EXPORT_PLUGINS, then "
-                        "plugins/build/libgdn_plugins.so)")
+    parser.add_argument("--plugins", metavar="PATH", default=None,
+                        help=f"the plugin library libgdn_plugins.so for {used_for} (default: "
+                        "$GDN_EXPORT_PLUGINS, then plugins/build/libgdn_plugins.so; docs/tensorrt.md "
+                        "'Building the plugin library')")
 
 
 def add_overwrite(parser, what: str = "the output") -> None:

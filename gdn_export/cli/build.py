@@ -40,46 +40,47 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from gdn_export.trt.build import build_engine
-    from gdn_export.trt.profile import parse_shape_specs
-
-    from gdn_export.trt.build import layers_path
+    from gdn_export.trt import kv_fp8, loader
+    from gdn_export.trt.build import ENGINE_SUFFIXES, build_engine, check_exported, layers_path
+    from gdn_export.trt.profile import onnx_metadata, parse_shape_specs
 
     if args.workspace is not None:
         check_at_least(args.workspace, 1, "--workspace (MiB)")
-    from gdn_export.cli.runners import ENGINE_SUFFIXES
-
     if Path(args.output).suffix not in ENGINE_SUFFIXES:  # `run` tells an engine by its suffix
         raise InputError(f"-o {args.output}: an engine file name must end in {' / '.join(ENGINE_SUFFIXES)}")
     output = output_file(args.output, "-o", args, also=(layers_path(Path(args.output)),))
     onnx = Path(args.onnx)
     input_file(onnx, "ONNX file")
+    check_exported(onnx)  # a graph of another exporter: named now, not by `run` after the build
+    kv_fp8.check(onnx, onnx_metadata(onnx), loader.flavour())  # a cache this TensorRT cannot build
     # The engine holds the weights once more: about the size of the .onnx and its .data sidecar.
     weights = sum(f.stat().st_size for f in (onnx, onnx.with_name(onnx.name + ".data")) if f.is_file())
     check_free_space(output.parent, weights, f"-o {args.output}")
-    progress = Progress("build", args.quiet)
     shapes = {w: parse_shape_specs(getattr(args, f"trt_{w}_shapes"), f"--trt-{w}-shapes")
               for w in ("min", "opt", "max")}
-    from gdn_export.vlm.cli import is_vlm_onnx
+    plugins = loader.find_plugins(args.plugins)  # missing: how to build it here, in one line
+    loader.check_loads(plugins)  # before the first progress line
+    progress = Progress("build", args.quiet)
+    from gdn_export.vlm.detect import is_vlm_onnx
 
     if is_vlm_onnx(args.onnx):  # model.engine + model.vision.engine
         from gdn_export.vlm.build import build_vlm
 
         paths = build_vlm(args.onnx, args.output, image_sizes=args.image_sizes, max_images=args.max_images,
-                          plugins=args.plugins, min_shapes=shapes["min"] or None,
+                          plugins=plugins, min_shapes=shapes["min"] or None,
                           opt_shapes=shapes["opt"] or None, max_shapes=shapes["max"] or None,
                           max_batch=args.max_batch, max_prefill=args.max_prefill,
                           decode_batch=args.decode_batch,
                           workspace=None if args.workspace is None else args.workspace << 20,
-                          progress=progress)
+                          progress=progress, overwrite=args.overwrite)
         for path in paths:
             print(f"wrote {path}")
         return 0
-    path = build_engine(args.onnx, args.output, plugins=args.plugins,
+    path = build_engine(args.onnx, args.output, plugins=plugins,
                         min_shapes=shapes["min"] or None, opt_shapes=shapes["opt"] or None,
                         max_shapes=shapes["max"] or None, max_batch=args.max_batch,
                         max_prefill=args.max_prefill, decode_batch=args.decode_batch,
                         workspace=None if args.workspace is None else args.workspace << 20,
-                        progress=progress)
+                        progress=progress, overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0

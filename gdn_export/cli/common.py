@@ -7,9 +7,9 @@ import sys
 import time
 
 # Shared flags, strict parsers and output checks live in gdn_export.cli.args.
-from gdn_export.cli.args import (DTYPES, add_dtype, add_overwrite, add_plugins, add_quiet,  # noqa: F401
-                                 add_seed, checkpoint_dir, input_file, output_dir, output_file,
-                                 parse_input_ids)
+from gdn_export.cli.args import (DTYPES, add_device, add_dtype, add_op_backend, add_overwrite,  # noqa: F401
+                                 add_plugins, add_quiet, add_seed, checkpoint_dir, device_of, dtype_of,
+                                 input_file, op_backend_of, output_dir, output_file, parse_input_ids)
 from gdn_export.errors import InputError
 
 TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -37,7 +37,9 @@ def add_tolerances(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("tolerances (|actual - expected| <= atol + rtol * |expected|)")
     g.add_argument("--atol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
                    help="absolute tolerance; TENSOR:VALUE overrides one tensor (e.g. logits:1e-3) "
-                   "(default: per dtype, gdn_export.validate.compare.default_tolerances)")
+                   "(default: per dtype, gdn_export.validate.compare.default_tolerances; with static FP8 "
+                   "activations a row within one e4m3 rounding step also passes, named on the row, unless "
+                   "--atol / --rtol is given)")
     g.add_argument("--rtol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
                    help="relative tolerance, same form as --atol (default: per dtype)")
 
@@ -73,3 +75,18 @@ def check_at_least(value: int, low: int, flag: str) -> int:
 def check_output_file(path: str, flag: str, args=None):
     """gdn_export.cli.args.output_file (the overwrite policy from args.overwrite)."""
     return output_file(path, flag, args)
+
+
+def save_logits(args, result, progress) -> None:
+    """--save-logits: generated [B, N], prompt_lengths [B] and step_i logits in one .npz, written
+    under a temporary name and moved into place (an output that appeared meanwhile is kept unless
+    --overwrite)."""
+    import numpy as np
+
+    from gdn_export.paths import atomic_file
+
+    with atomic_file(args.save_logits, f"--save-logits {args.save_logits}", overwrite=args.overwrite) as tmp:
+        with open(tmp, "wb") as f:  # a file object: savez would add .npz to another name
+            np.savez(f, generated=result.generated, prompt_lengths=result.prompt_lengths,
+                     **{f"step_{i}": lg for i, lg in enumerate(result.step_logits)})
+    progress(f"saved {len(result.step_logits)} steps of logits to {args.save_logits}")

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                        "it to ONNX, run PyTorch and ONNX Runtime on the same prompts and print the "
                        "parity table. Exit status 1 if parity fails.")
     p.add_argument("--family", choices=FAMILIES, default="qwen3_5", help="model family")
-    add_seed(p, "seed of the random weights and prompts")
+    add_seed(p, "the random weights and prompts")
     p.add_argument("--keep", metavar="DIR", help="keep the checkpoint DIR/tiny-FAMILY and ONNX file "
                    "DIR/tiny-FAMILY.onnx (default: a temporary folder, removed at the end)")
     add_overwrite(p, "the files an earlier --keep demo left in DIR")
@@ -43,9 +43,10 @@ def run(args) -> int:
         check_target(ckpt, overwrite=args.overwrite or not args.keep)
         root.mkdir(parents=True, exist_ok=True)
         progress(f"writing a tiny random {args.family} checkpoint to {ckpt}")
-        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed, overwrite=True)
+        replace = args.overwrite or not args.keep  # outputs another demo wrote meanwhile are kept
+        make_tiny_checkpoint(ckpt, family=args.family, seed=args.seed, overwrite=replace)
         model = load_checkpoint(ckpt)
-        export_onnx(model, onnx_path, progress=progress)
+        export_onnx(model, onnx_path, progress=progress, overwrite=replace)
         progress("running PyTorch and ONNX Runtime on the same prompts")
         report = run_parity(TorchRunner(model), [OrtRunner(onnx_path)],
                             vocab_size=model.config.vocab_size,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gdn_export.cli.common import (checkpoint_dir, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_quiet,
-                                   output_file, torch_dtype)
+                                   dtype_of, output_file, torch_dtype)
+from gdn_export.cli.vlm import add_export_flags, export_vlm_if_composite
 from gdn_export.errors import InputError
 
 
@@ -16,7 +17,7 @@ def add_parser(sub) -> None:
                        "nodes of the 'gdn' domain that TensorRT maps to the gdn plugins.")
     p.add_argument("checkpoint", help="folder with config.json and *.safetensors")
     p.add_argument("-o", "--output", required=True, help="path of the .onnx file to write")
-    add_dtype(p, "fp32", help="precision of the exported graph")
+    add_dtype(p, "the exported graph")
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX opset (default 24 for the inplace kv cache, 18 for concat)")
     p.add_argument("--onnx-ops", choices=("gdn", "standard"), default="gdn",
@@ -25,8 +26,6 @@ def add_parser(sub) -> None:
                    "with standard ops around them (docs/onnx.md, 'Standard ONNX ops')")
     add_layout_flags(p)
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
-    from gdn_export.vlm.cli import add_export_flags
-
     add_export_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -83,6 +82,7 @@ def run(args) -> int:
     from gdn_export.onnx.export import check_export_target, export_onnx
     from gdn_export.weights import load_checkpoint
 
+    args.dtype = dtype_of(args)
     layout = layout_from_args(args)
     # export_onnx checks the target too, but only after the (possibly minutes long) checkpoint load.
     output = output_file(args.output, "-o", args, suffix=".onnx", also=(_sidecar(args.output),))
@@ -93,14 +93,16 @@ def run(args) -> int:
                 need_bytes=_export_bytes(args.checkpoint, args.dtype))
     _check_trace_memory(Path(args.checkpoint), layout, args.dtype)
     progress = Progress("export", args.quiet)
-    from gdn_export.vlm.cli import export_vlm_if_composite
-
-    if export_vlm_if_composite(args, layout, progress):  # model.onnx + model.vision.onnx
+    paths = export_vlm_if_composite(args, layout, progress)  # model.onnx + model.vision.onnx
+    if paths:
+        for path in paths:
+            print(f"wrote {path}")
         return 0
     progress(f"loading {args.checkpoint} as {args.dtype}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))
     model.layout = layout
-    path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops)
+    path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops,
+                       overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 
@@ -111,10 +113,7 @@ def _check_trace_memory(checkpoint: Path, layout, dtype: str) -> None:
     from gdn_export.hf_config import read_config
     from gdn_export.onnx.export import EXAMPLE_BATCH, trace_cache_bytes
     from gdn_export.runtime.memory import check_host_bytes
-    from gdn_export.vlm.weights import text_only_warning_off
-
-    with text_only_warning_off():
-        config = read_config(checkpoint / "config.json")
+    config = read_config(checkpoint / "config.json")
     check_host_bytes(trace_cache_bytes(config, layout, 4 if dtype == "fp32" else 2),
                      f"--max-cache-len {layout.cache_len}: tracing the export holds an example K/V cache "
                      f"(batch {EXAMPLE_BATCH}, inputs and outputs) whose tensors", "give a shorter cache")

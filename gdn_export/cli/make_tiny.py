@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
                        "Hugging Face uses, for tests and demos. Nothing is downloaded.")
     p.add_argument("directory", help="output folder (must not exist, or be empty, unless --overwrite)")
     p.add_argument("--family", choices=FAMILIES, default="qwen3_5", help="model family")
-    add_seed(p, "seed of the random weights")
+    add_seed(p, "the random weights")
     p.add_argument("--shards", type=int, default=1,
                    help="write N safetensors shards with an index (at most one per tensor)")
     add_overwrite(p, "DIRECTORY when it holds a checkpoint (a config.json); its other files go with it")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_export.cli.common import Progress, add_overwrite, add_quiet, checkpoint_dir, output_dir
+from gdn_export.cli.common import Progress, add_device, add_overwrite, add_quiet, checkpoint_dir, device_of, output_dir
 from gdn_export.cli.runners import check_device
+from gdn_export.paths import describe_folder
 from gdn_export.errors import InputError
 
 
@@ -32,10 +33,9 @@ def add_parser(sub) -> None:
                    help=f"tokens per calibration row (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--kv-cache", default=None, metavar="fp8",
                    help="fp8: also calibrate per-layer K and V scales (amax / 448, per tensor) in the same pass "
-                   "and store the attention K/V cache in FP8 E4M3 (docs/quantization.md, 'FP8 K/V cache'); "
-                   "default: the cache stays in the model dtype")
-    p.add_argument("--device", default="cpu", help="where the calibration runs: cpu, cuda, cuda:1, ... "
-                   "(default cpu; the gdn ops through the reference backend)")
+                   "and store the attention K/V cache in FP8 E4M3 (docs/quantization.md, 'FP8 K/V cache'); default: "
+                   "the cache stays in the model dtype")
+    add_device(p, "the calibration", "the gdn ops through the reference backend")
     add_overwrite(p, "the output folder")
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -54,7 +54,8 @@ def run(args) -> int:
         raise InputError(f"--kv-cache {args.kv_cache!r} is not one of {', '.join(KV_CACHE_FORMATS)}")
     checkpoint = Path(args.checkpoint)
     checkpoint_dir(checkpoint)
-    check_device(args.device)
+    device = device_of(args)
+    check_device(device)
     config = read_config(checkpoint / "config.json")  # a bad config.json is named before anything else
     if args.kv_cache is not None:
         from gdn_export.quantize.pipeline import check_kv_cache
@@ -68,7 +69,7 @@ def run(args) -> int:
     progress = Progress("quantize", args.quiet)
     path = quantize_checkpoint(checkpoint, args.output, args.format, calib_data=args.calib_data,
                                samples=args.calib_samples, seq_len=args.calib_seq_len,
-                               overwrite=args.overwrite, progress=progress, device=args.device,
+                               overwrite=args.overwrite, progress=progress, device=device,
                                kv_cache=args.kv_cache)
-    print(f"wrote {path}")
+    print(f"wrote {describe_folder(path)}")
     return 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from gdn_export.cli.common import (Progress, add_dtype, add_overwrite, add_plugins, add_quiet, output_file,
-                                   parse_input_ids)
+from gdn_export.cli.common import (Progress, add_device, add_dtype, add_op_backend, add_overwrite, add_plugins, add_quiet,
+                                   device_of, dtype_of, op_backend_of, output_file,
+                                   parse_input_ids, save_logits)
 from gdn_export.cli.runners import BACKENDS, add_ort_kernels, guess_backend, open_runner
+from gdn_export.cli.vlm import add_image_flags, run_with_images, wants_vlm
 from gdn_export.errors import InputError
 
 
@@ -28,30 +30,21 @@ def add_parser(sub) -> None:
                    help="save generated [B, N], prompt_lengths [B] and the logits of every step: "
                    "step_0 = the prompt's ([B, 1, V] at each row's last prompt token, or [B, T, V] "
                    "when the model keeps all logits, zeros past a row's length), then step_i [B, 1, V] (default: not saved)")
-    add_dtype(p, None, help="torch backend precision (default fp32; an exported model keeps the "
-              "precision it was exported in)")
-    p.add_argument("--device", help="torch / ort backend device (default cpu; cuda, cuda:1, ...; ort "
-                   "on cuda needs onnxruntime-gpu)")
-    p.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
-                   help="torch backend: implementation of the gdn ops (default reference)")
+    g = p.add_argument_group("torch and ort backends")
+    add_dtype(g, "the torch backend's model")
+    add_device(g, "the torch or ort backend", "ort on cuda needs onnxruntime-gpu")
+    add_op_backend(g)
     add_plugins(p, "the trt backend")
     add_ort_kernels(p)
     add_overwrite(p, "the --save-logits file")
-    from gdn_export.vlm.cli import add_image_flags
-
     add_image_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    import numpy as np
-
-    from gdn_export.paths import atomic_file
     from gdn_export.runtime.base import as_prompts, check_generation_fits, generate
     from gdn_export.runtime.memory import check_generation_memory
-
-    from gdn_export.vlm.cli import run_with_images, wants_vlm
 
     if wants_vlm(args):  # images, or a vision-language model.onnx
         return run_with_images(args)
@@ -65,8 +58,10 @@ def run(args) -> int:
     backend = args.backend or guess_backend(args.model)
     _check_flags_apply(args, backend)
     progress = Progress("run", args.quiet)
-    runner = open_runner(args.model, backend, dtype=args.dtype or "fp32", device=args.device or "cpu",
-                         plugins=args.plugins, op_backend=args.op_backend, ort_kernels=args.ort_kernels,
+    device = device_of(args)
+    runner = open_runner(args.model, backend, dtype=dtype_of(args), device=device, plugins=args.plugins,
+                         op_backend=op_backend_of(args, device) if backend == "torch" else None,
+                         ort_kernels=args.ort_kernels,
                          layout=_torch_layout(ids, args.max_new_tokens) if backend == "torch" else None)
     # Checked before the progress line, so that an error stays the only line on stderr.
     prompts = as_prompts(ids, runner.vocab_size)
@@ -79,6 +74,12 @@ def run(args) -> int:
                     need_bytes=generation_bytes(runner, prompts, args.max_new_tokens)[1])
     if backend == "ort":
         progress(f"ort on {runner.device}: {runner.kernels_note}")
+    if backend == "torch":
+        from gdn_export.vlm.weights import has_vision_tower
+
+        if has_vision_tower(args.model):
+            progress("vision-language checkpoint without --image / --pixel-values: running its language "
+                     "model alone")
     lengths = sorted({len(p) for p in prompts})
     size = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}..{lengths[-1]}"
     progress(f"{runner.backend}: prefill {size} tokens x {len(prompts)} rows, then greedy decoding of "
@@ -86,12 +87,11 @@ def run(args) -> int:
     result = generate(runner, prompts, args.max_new_tokens, prefill_chunk=args.prefill_chunk)
     for row in result.rows():
         print(" ".join(str(int(t)) for t in row))
+    summary = getattr(runner, "ort_log", None) and runner.ort_log.summary()
+    if summary:  # ONNX Runtime's warnings of the whole run, one line
+        progress(summary)
     if args.save_logits:
-        with atomic_file(args.save_logits, f"--save-logits {args.save_logits}") as tmp:
-            with open(tmp, "wb") as f:  # a file object: savez would add .npz to another name
-                np.savez(f, generated=result.generated, prompt_lengths=result.prompt_lengths,
-                         **{f"step_{i}": lg for i, lg in enumerate(result.step_logits)})
-        progress(f"saved {len(result.step_logits)} steps of logits to {args.save_logits}")
+        save_logits(args, result, progress)
     return 0
 
 

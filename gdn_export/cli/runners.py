@@ -7,9 +7,9 @@ from pathlib import Path
 
 from gdn_export.cli.common import checkpoint_dir, input_file, torch_dtype
 from gdn_export.errors import InputError
+from gdn_export.trt.build import ENGINE_SUFFIXES
 
 BACKENDS = ("torch", "ort", "trt")
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 def guess_backend(path: str) -> str:

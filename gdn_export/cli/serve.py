@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from gdn_export.cli.args import DTYPES, add_quiet, checkpoint_dir, seed
+from gdn_export.cli.args import (add_device, add_dtype, add_op_backend, add_quiet, add_seed, checkpoint_dir, device_of,
+                                  dtype_of, op_backend_of)
 from gdn_export.cli.common import Progress, torch_dtype
 from gdn_export.errors import InputError
 
@@ -43,16 +44,14 @@ def add_parser(sub) -> None:
                    help="uvicorn's log level (default info)")
     g.add_argument("--no-access-log", action="store_true", help="no line per HTTP request")
     g = p.add_argument_group("model")
-    g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when torch sees a GPU, else cpu)")
-    g.add_argument("--dtype", choices=DTYPES, help="model precision (default: bf16 on cuda, fp32 on cpu)")
-    g.add_argument("--op-backend", choices=("reference", "triton", "cuda"),
-                   help="implementation of the gdn ops (default: triton on cuda, reference on cpu)")
+    add_device(g, "the model", "a GPU serves with --device cuda --dtype bf16")
+    add_dtype(g)
+    add_op_backend(g)
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="replay the decode step from CUDA graphs, one per power-of-two batch size "
                    "(default: on with a CUDA --device)")
     g.add_argument("--compile", action="store_true", help="torch.compile the decode step before capturing it")
-    g.add_argument("--seed", type=seed, default=None,
-                   help="seed of the sampling of requests without a seed (default: random)")
+    add_seed(g, "the sampling of requests that give no seed (one generator for the server's life)")
     g = p.add_argument_group("limits")
     g.add_argument("--max-model-len", type=int, default=None, metavar="N",
                    help=f"prompt + generated tokens per request: the K/V cache slots of each row "
@@ -86,16 +85,15 @@ def run(args) -> int:
         raise InputError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings})")
     _check_imports()
-    import torch
 
     from gdn_export.cli.runners import check_device
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    op_backend = args.op_backend or ("triton" if device.startswith("cuda") else "reference")
+    device = device_of(args)
+    op_backend = op_backend_of(args, device)
     check_device(device, op_backend)
     if args.cuda_graph and not device.startswith("cuda"):
         raise InputError(f"--cuda-graph needs a CUDA --device, got {device}")
-    dtype = args.dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    dtype = dtype_of(args)
 
     from gdn_export.serve.scheduler import Limits
     from gdn_export.serve.server import bind_socket

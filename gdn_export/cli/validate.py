@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 
-from gdn_export.cli.common import (checkpoint_dir, input_file, TORCH_DTYPE_NAMES, Progress, add_dtype, add_overwrite, add_plugins,
+from gdn_export.cli.common import (checkpoint_dir, input_file, TORCH_DTYPE_NAMES, Progress, add_device, add_dtype,
+                                   add_overwrite, add_plugins, device_of, dtype_of,
                                    add_quiet, add_seed, add_tolerances, output_file, parse_tolerances)
 from gdn_export.cli.runners import add_ort_kernels, check_device, open_runner
+from gdn_export.cli.vlm import add_image_flags, validate_with_images
 from gdn_export.errors import InputError
 
 _FLAGS = {"batch": "--batch", "prompt_len": "--prompt-len", "decode_steps": "--decode-steps"}
@@ -20,8 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--onnx", help="exported model to run in ONNX Runtime (default: none; give --onnx and/or --engine)")
     p.add_argument("--engine", help="TensorRT engine to run (needs TensorRT and a supported GPU; default: none)")
     add_plugins(p, "--engine")
-    add_dtype(p, None, help="reference precision (default: the ONNX file's, else fp32)")
-    p.add_argument("--device", default="cpu", help="device of the PyTorch reference")
+    g = p.add_argument_group("PyTorch reference")
+    add_dtype(g, "the PyTorch reference")
+    add_device(g, "the PyTorch reference")
     p.add_argument("--ort-device", default="cpu",
                    help="device of ONNX Runtime for --onnx: cpu or cuda[:N] (onnxruntime-gpu)")
     add_ort_kernels(p)
@@ -30,19 +33,21 @@ def add_parser(sub) -> None:
     p.add_argument("--decode-steps", type=int, default=4,
                    help="forced decode steps after the prefill (well past the window to check "
                    "streaming)")
-    add_seed(p, "seed of the random prompts")
+    add_seed(p, "the random prompts")
     p.add_argument("--equal-lengths", action="store_true",
                    help="give every row --prompt-len tokens (default with the inplace kv cache: "
                    "ragged rows from --prompt-len down to 1 token)")
-    p.add_argument("--baseline", metavar="CHECKPOINT", default=None,
-                   help="quantized checkpoints: the 16-bit checkpoint it was quantized from, to report the "
-                   "quantized model's distance from it (default: its own weights dequantized to 16 bits)")
+    g = p.add_argument_group("quantized checkpoints: their distance from the 16-bit model")
+    g.add_argument("--baseline", metavar="CHECKPOINT", default=None,
+                   help="the 16-bit checkpoint it was quantized from (default: its own weights dequantized to "
+                   "16 bits)")
+    g.add_argument("--quant-tol", type=float, default=None, metavar="REL_RMS",
+                   help="the largest logits relative RMS accepted (default: per format, fp8 0.6, int4-awq 1.5: "
+                   "gdn_export.quantize.report.DISTANCE_BOUNDS)")
     p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON (default: not written)")
     p.add_argument("--logits-only", action="store_true", help="print only the logits rows")
     add_overwrite(p, "the --json file")
     add_tolerances(p)
-    from gdn_export.vlm.cli import add_image_flags
-
     add_image_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -54,7 +59,7 @@ def run(args) -> int:
 
     if not (args.onnx or args.engine):
         raise InputError("nothing to validate: give --onnx and/or --engine")
-    from gdn_export.vlm.cli import is_vlm_onnx, validate_with_images
+    from gdn_export.vlm.detect import is_vlm_onnx
 
     if args.image or args.pixel_values or (args.onnx and is_vlm_onnx(args.onnx)):
         return validate_with_images(args)
@@ -66,11 +71,15 @@ def run(args) -> int:
     check_host_bytes(8 * args.batch * args.prompt_len, ids, "lower --batch or --prompt-len")
     if args.json:
         output_file(args.json, "--json", args)
-    check_device(args.device)
+    check_device(device_of(args))
     for flag, path in (("--onnx", args.onnx), ("--engine", args.engine)):
         if path:
             input_file(path, "ONNX file" if flag == "--onnx" else "engine file")
     checkpoint_dir(args.checkpoint)
+    if args.quant_tol is not None:
+        if not args.quant_tol >= 0:  # NaN too
+            raise InputError(f"--quant-tol must be a number >= 0, got {args.quant_tol}")
+        _check_quantized(args.checkpoint, "--quant-tol")
     if args.baseline is not None:
         checkpoint_dir(args.baseline)
         _check_baseline(args.checkpoint, args.baseline)
@@ -84,6 +93,10 @@ def run(args) -> int:
         ort_device.providers_for(ort_device.parse_device(args.ort_device, "--ort-device"), "--ort-device")
     if args.onnx:
         _check_cache(_onnx_layout(args.onnx), args, args.onnx)
+    if args.engine:  # the plugin library: found and loadable before the first progress line
+        from gdn_export.trt import loader
+
+        loader.check_loads(loader.find_plugins(args.plugins))
     progress = Progress("validate", args.quiet)
     candidates = {}  # what the user gave -> runner
     if args.onnx:
@@ -96,19 +109,20 @@ def run(args) -> int:
         candidates[f"--engine {args.engine}"] = open_runner(args.engine, "trt", plugins=args.plugins)
     first = next(iter(candidates.values()))
     _check_fits(first, args)
-    dtype = args.dtype or _dtype_of(first) or "fp32"
+    dtype = dtype_of(args, _dtype_of(first))
     state_dtype = str(first.layout.state_dtype).removeprefix("torch.")
     atol, rtol = default_tolerances(TORCH_DTYPE_NAMES[dtype], state_dtype)
-    from gdn_export.quantize.report import tolerance_floor
+    from gdn_export.quantize.report import STEP_NOTE, rounding_step
 
-    atol, rtol = tolerance_floor(first, atol, rtol)  # quantized graphs: docs/quantization.md, "Validation"
     tolerances = parse_tolerances(args.atol, args.rtol, atol, rtol)
+    if not (args.atol or args.rtol):  # tolerances the user gave are held exactly
+        tolerances.step, tolerances.step_note = rounding_step(first), STEP_NOTE  # static FP8 activations only
     from gdn_export.validate.kv_fp8 import raise_cache_tolerances
 
     raise_cache_tolerances(candidates.values(), tolerances)  # FP8 K/V caches: atol / scale, one e4m3 code
     _check_tensor_names(tolerances, first)
-    progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {args.device})")
-    reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=args.device, layout=first.layout)
+    progress(f"loading {args.checkpoint} in PyTorch ({dtype}, {device_of(args)})")
+    reference = open_runner(args.checkpoint, "torch", dtype=dtype, device=device_of(args), layout=first.layout)
     for what, runner in candidates.items():
         _check_same_model(reference, runner, what)
     from gdn_export.quantize.report import match_graph_form, quantization_distance
@@ -119,13 +133,28 @@ def run(args) -> int:
                         decode_steps=args.decode_steps, seed=args.seed,
                         ragged=False if args.equal_lengths else None, progress=progress)
     print(format_table(report, states=not args.logits_only))
-    distance = quantization_distance(reference.model, args.seed, progress, baseline=args.baseline)
+    for runner in candidates.values():  # ONNX Runtime's warnings of the whole run, one line
+        summary = getattr(runner, "ort_log", None) and runner.ort_log.summary()
+        if summary:
+            progress(summary)
+    distance = quantization_distance(reference.model, args.seed, progress, baseline=args.baseline,
+                                     bound=args.quant_tol)
     if distance:
-        print(distance)
+        print(distance.line())
     if args.json:
-        write_json(report, args.json)
+        write_json(report, args.json, overwrite=args.overwrite)
         progress(f"wrote {args.json}")
-    return 0 if report.passed else 1
+    return 0 if report.passed and (distance is None or distance.passed) else 1
+
+
+def _check_quantized(checkpoint: str, flag: str) -> None:
+    from pathlib import Path
+
+    from gdn_export.weights.quantized import read_quant_config
+
+    if read_quant_config(Path(checkpoint) / "config.json") is None:
+        raise InputError(f"{flag} applies to a quantized checkpoint; {checkpoint} is not quantized "
+                         f"(no quantization_config)")
 
 
 def _check_baseline(checkpoint: str, baseline: str) -> None:
@@ -134,11 +163,8 @@ def _check_baseline(checkpoint: str, baseline: str) -> None:
     from pathlib import Path
 
     from gdn_export.hf_config import read_config
-    from gdn_export.weights.quantized import read_quant_config
 
-    if read_quant_config(Path(checkpoint) / "config.json") is None:
-        raise InputError(f"--baseline applies to a quantized checkpoint; {checkpoint} is not quantized "
-                         f"(no quantization_config)")
+    _check_quantized(checkpoint, "--baseline")
     mine = read_config(Path(checkpoint) / "config.json").to_dict()
     theirs = read_config(Path(baseline) / "config.json").to_dict()
     differ = [k for k in mine if k != "dtype" and mine[k] != theirs.get(k)]

@@ -26,7 +26,7 @@ from gdn_export.errors import InputError
 from gdn_export.ops.backends import exporting
 from gdn_export.modules.vision import (PatchEmbed, PatchMerger, VisionBlock, VisionPositionEmbedding,
                                        patch_layout, vision_rotary)
-from gdn_export.vlm.config import VisionConfig
+from gdn_export.vision_config import VisionConfig
 
 
 class VisionEncoder(nn.Module):

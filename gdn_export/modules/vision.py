@@ -23,7 +23,7 @@ from torch import nn
 
 from gdn_export.modules.rotary import rotate_half
 from gdn_export.ops.attention import attention
-from gdn_export.vlm.config import GELU_APPROXIMATE, VisionConfig
+from gdn_export.vision_config import GELU_APPROXIMATE, VisionConfig
 
 LAYER_NORM_EPS = 1e-6
 

@@ -35,6 +35,7 @@ from gdn_export.onnx import metadata
 from gdn_export.onnx.checks import MAX_OPSET, check_plugin_mappable
 from gdn_export.ops.attention.onnx import OPSET as ATTENTION_OPSET
 from gdn_export.onnx.schemas import custom_translation_table, register_schemas
+from gdn_export.paths import publish_files
 
 ONNX_OPSET = 18  # the concat layout's default
 INPLACE_OPSET = ATTENTION_OPSET  # TensorScatter
@@ -214,7 +215,8 @@ def check_export_target(path: str | os.PathLike, opset: int | None = None, layou
 
 
 def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
-                progress: Callable[[str], None] | None = None, onnx_ops: str = "gdn") -> Path:
+                progress: Callable[[str], None] | None = None, onnx_ops: str = "gdn",
+                overwrite: bool = True) -> Path:
     """Export `model` (HybridForCausalLM, any dtype, shaped by `model.layout`) to `path`; returns
     the written path. `opset` defaults to 24 for the in-place layout, 18 for the concat layout.
 
@@ -222,6 +224,8 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
     gdn-export version, family, dtype, opset, vocab size, the state layout and the deployment
     layout (`gdn_export.onnx.metadata`). `onnx_ops` "standard" writes the GDN layers as opset-27
     LinearAttention / CausalConvWithState blocks (gdn_export.onnx.standard_ops; opset 27).
+    overwrite False: a file that appeared at `path` (or its sidecar) while the export ran is kept
+    and the export ends in an OutputError (gdn_export.paths.publish_files).
     """
     from gdn_export.onnx import standard_ops
 
@@ -265,9 +269,9 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
         _verify(tmp_path, external)
         if onnx_ops == "standard":
             standard_ops.rewrite_file_to_standard(tmp_path, say)
-        if external:  # the weights first, so that the new .onnx never points at missing data
-            os.replace(tmpdir / data_name, path.parent / data_name)
-        os.replace(tmp_path, path)
+        # the weights first, so that the new .onnx never points at missing data
+        moves = [(tmpdir / data_name, path.parent / data_name)] if external else []
+        publish_files([*moves, (tmp_path, path)], overwrite=overwrite)
         if not external:
             # A sidecar left by an earlier large export of the same name is stale now.
             (path.parent / data_name).unlink(missing_ok=True)

@@ -24,6 +24,7 @@
                             scale initializers; absent without an FP8 cache)
 
 Files written before these keys existed are the concat layout with all logits and fp32 states.
+A file without gdn_export.version is not ours: `build` refuses it (gdn_export.trt.build.check_exported).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ KEY_STATE_DTYPE = PREFIX + "state_dtype"
 KEY_QUANTIZATION = PREFIX + "quantization"
 KEY_KV_CACHE_FORMAT = PREFIX + "kv_cache_format"
 KEY_KV_CACHE_SCALES = PREFIX + "kv_cache_scales"
+VLM_PREFIX = PREFIX + "vlm."  # the keys of a vision-language export (gdn_export.vlm.export)
+KEY_VLM_ROLE = VLM_PREFIX + "role"  # "language" | "vision"
 
 
 def kv_cache_metadata(scales: dict | None) -> dict[str, str]:

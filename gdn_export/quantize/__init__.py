@@ -10,6 +10,7 @@ activations; int4-awq: W4A16 with AWQ, groups of 128). See docs/quantization.md.
                     forward loop, FP8 per channel / INT4 round-to-nearest, written per expert
     writer.py       the quantized checkpoint folder (config.json quantization_config,
                     hf_quant_config.json, model.safetensors), written atomically
+    bench.py        `bench --quant`: the 16-bit and the quantized model timed side by side
 """
 
 FORMATS = ("fp8", "int4-awq")

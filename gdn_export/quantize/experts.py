@@ -196,7 +196,7 @@ def checkpoint_tensors(model: nn.Module, family, config) -> dict[str, torch.Tens
     """
     from gdn_export.modules.quant_experts import QuantMoeExperts
     from gdn_export.ops.quant_linear.naive import unpack_int4
-    from gdn_export.weights.quantized import pack_modelopt_int4
+    from gdn_export.weights.quant_format import pack_modelopt_int4
 
     out: dict[str, torch.Tensor] = {}
     for name, m in model.named_modules():

@@ -26,9 +26,7 @@ Written in a temporary folder beside OUT and renamed into place: OUT appears com
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -37,11 +35,12 @@ from torch import nn
 
 from gdn_export import __version__
 from gdn_export.errors import GdnExportError
+from gdn_export.paths import publish_dir, temp_dir_beside, usual_modes
 from gdn_export.modules.quant_experts import QuantMoeExperts
 from gdn_export.modules.quant_linear import Int4Linear, QuantLinear
 from gdn_export.ops.quant_linear.naive import unpack_int4
 from gdn_export.quantize.experts import checkpoint_tensors as expert_checkpoint_tensors
-from gdn_export.weights.quantized import pack_modelopt_int4
+from gdn_export.weights.quant_format import pack_modelopt_int4
 from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
 
 QUANT_ALGO = {"fp8": "FP8", "int4-awq": "W4A16_AWQ"}
@@ -114,7 +113,9 @@ def kv_scale_tensors(model: nn.Module, family, config) -> dict[str, torch.Tensor
 
 def write_quantized(model: nn.Module, family, config, source: str | Path, out: str | Path, fmt: str,
                     calibrator: str, dtype: torch.dtype, overwrite: bool = False, progress=None) -> Path:
-    """Write `model` (quantized Linears swapped in) as a checkpoint folder at `out`."""
+    """Write `model` (quantized Linears swapped in) as a checkpoint folder at `out`: folder 0777 and
+    files 0666 & ~umask (0755 / 0644 under umask 022), assembled beside `out` and renamed into place;
+    without overwrite, a folder that appeared at `out` meanwhile is kept and this is an OutputError."""
     say = progress or (lambda _m: None)
     source, out = Path(source), Path(out)
     raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
@@ -145,7 +146,7 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
             tensors[key] = part.detach().contiguous().cpu()
     tensors.update(kv)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_dir_beside(out, f"-o {out}")  # 0777 & ~umask, as every other output folder
     try:
         say(f"writing {len(tensors)} tensors to {out}")
         for f in source.iterdir():
@@ -154,14 +155,9 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
         (tmp / "hf_quant_config.json").write_text(json.dumps(hf_qc, indent=4) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        usual_modes(tmp)  # safetensors writes 0600
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    publish_dir(tmp, out, f"-o {out}", overwrite=overwrite)  # a folder that appeared meanwhile: kept
     return out

@@ -94,7 +94,8 @@ def forward_on_device(runner, input_ids: np.ndarray, past_lengths: np.ndarray, s
         binding.bind_ortvalue_output(spec.output_name, spare)
         runner._spare[spec.name] = state  # the input buffer is the next step's output buffer
         new_states.append(spare)
-    runner.session.run_with_iobinding(binding)
+    with runner.ort_log.capture():
+        runner.session.run_with_iobinding(binding)
     outputs = binding.get_outputs()
     new_states = [outputs[1 + i] if s is None else s for i, s in enumerate(new_states)]
     logits = outputs[0].numpy()

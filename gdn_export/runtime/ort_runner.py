@@ -31,6 +31,7 @@ from gdn_export.onnx import metadata
 from gdn_export.onnx.export import INPUT_IDS, LOGITS, TOKEN_INPUTS
 from gdn_export.onnx import bf16, kv_fp8_ort, ort_native
 from gdn_export.runtime.base import Runner, StateInfo, check_states
+from gdn_export.runtime.ort_log import OrtLog
 
 _STATE_NAME = re.compile(r"^past\.(?P<layer>\d+)\.(?P<kind>conv|recurrent|key|value)$")
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
@@ -99,6 +100,7 @@ class OrtRunner(Runner):
         from gdn_export.runtime import ort_device
 
         self.device = device
+        self.ort_log = OrtLog()  # ONNX Runtime's warnings, counted: `ort_log.summary()`
         self._ort_device = ort_device.parse_device(device)
         if providers is None:
             providers = ort_device.providers_for(self._ort_device)
@@ -161,7 +163,8 @@ class OrtRunner(Runner):
             # The fp32 weights of the emulation: a temporary folder with its own sidecar.
             with tempfile.TemporaryDirectory(prefix=f".{self.path.stem}.", dir=self.path.parent) as tmp:
                 onnx.save(full, f"{tmp}/m.onnx", save_as_external_data=True, location="m.onnx.data")
-                self.session = ort.InferenceSession(f"{tmp}/m.onnx", options, providers=list(providers))
+                with self.ort_log.capture():
+                    self.session = ort.InferenceSession(f"{tmp}/m.onnx", options, providers=list(providers))
         elif external:
             # External data resolves relative to the model file: the session must load a file
             # beside it. The copy with functions attached lives only until the session is built.
@@ -170,12 +173,14 @@ class OrtRunner(Runner):
             os.close(fd)
             try:
                 onnx.save(full, tmp)
-                self.session = ort.InferenceSession(tmp, options, providers=list(providers))
+                with self.ort_log.capture():
+                    self.session = ort.InferenceSession(tmp, options, providers=list(providers))
             finally:
                 Path(tmp).unlink(missing_ok=True)
         else:
-            self.session = ort.InferenceSession(full.SerializeToString(), options,
-                                                providers=list(providers))
+            with self.ort_log.capture():
+                self.session = ort.InferenceSession(full.SerializeToString(), options,
+                                                    providers=list(providers))
         self._output_names = [LOGITS, *(s.output_name for s in self.state_specs)]
 
     def empty_states(self, batch: int) -> list:
@@ -217,7 +222,8 @@ class OrtRunner(Runner):
             else:
                 binding.bind_cpu_input(spec.name, state)
                 binding.bind_output(spec.output_name)
-        self.session.run_with_iobinding(binding)
+        with self.ort_log.capture():
+            self.session.run_with_iobinding(binding)
         outputs = dict(zip(self._output_names, binding.get_outputs()))
         new_states = [state if in_place and spec.kind in ("key", "value")
                       else outputs[spec.output_name].numpy()

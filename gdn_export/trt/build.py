@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Callable
 
 from gdn_export.errors import GdnExportError
+from gdn_export.paths import publish_files
 from gdn_export.trt import kv_fp8, loader
 from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_inputs, onnx_metadata
 
 LAYERS_SUFFIX = ".layers.json"
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # how `run` tells an engine file
 
 
 def layers_path(engine_path: str | os.PathLike) -> Path:
@@ -101,6 +103,39 @@ def _run_worker(request: dict, say: Callable[[str], None], timeout: float | None
     return result
 
 
+def check_exported(onnx_path: str | os.PathLike, what: str | None = None) -> None:
+    """InputError unless `onnx_path` is a graph `gdn-export export` wrote, told from its metadata and
+    I/O names alone (no weights read): metadata_props carry gdn_export.version, the inputs start with
+    input_ids, past_lengths, seq_lens and the first output is logits (what `run` and `validate`
+    need of an engine). A vision-language export's vision graph is named as such: build its
+    model.onnx, which builds both engines. `build_engine` itself builds any ONNX graph."""
+    import onnx
+
+    from gdn_export.errors import InputError
+    from gdn_export.onnx.export import LOGITS, TOKEN_INPUTS
+    from gdn_export.onnx.metadata import KEY_VERSION, KEY_VLM_ROLE
+
+    what = what or str(onnx_path)
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError, an OSError
+        raise InputError(f"{what}: not a readable ONNX file ({type(exc).__name__})") from None
+    meta = {p.key: p.value for p in model.metadata_props}
+    inputs = [v.name for v in model.graph.input if v.name not in {t.name for t in model.graph.initializer}]
+    outputs = [v.name for v in model.graph.output]
+    hint = "build takes the .onnx that `gdn-export export` writes"
+    if KEY_VERSION not in meta:
+        producer = f" (producer {model.producer_name!r})" if model.producer_name else ""
+        raise InputError(f"{what}: not a gdn-export export{producer}: its metadata has no {KEY_VERSION}; {hint}")
+    if meta.get(KEY_VLM_ROLE) == "vision":
+        raise InputError(f"{what}: the vision graph of a vision-language export; build its language graph "
+                         f"(model.onnx), which builds both engines")
+    if tuple(inputs[:len(TOKEN_INPUTS)]) != TOKEN_INPUTS or outputs[:1] != [LOGITS]:
+        raise InputError(f"{what}: not a gdn-export graph of this release: inputs {', '.join(inputs[:3]) or 'none'}"
+                         f" and output {', '.join(outputs[:1]) or 'none'}, where `run` and `validate` need inputs "
+                         f"{', '.join(TOKEN_INPUTS)} and output {LOGITS}; export the checkpoint again")
+
+
 def build_engine(
     onnx_path: str | os.PathLike,
     engine_path: str | os.PathLike,
@@ -115,6 +150,7 @@ def build_engine(
     workspace: int | None = None,
     progress: Callable[[str], None] | None = None,
     timeout: float | None = None,
+    overwrite: bool = True,
 ) -> Path:
     """Build `engine_path` from `onnx_path`; returns the engine's path.
 
@@ -126,6 +162,8 @@ def build_engine(
         8, min(512, cache_len), max_batch); the decode profile is the prefill one with seq = 1.
     workspace: workspace memory pool limit in bytes (default: TensorRT's).
     progress: called with one line per build phase.
+    overwrite False: an engine (or its build record) that appeared at `engine_path` while this one
+        was built is kept and the build ends in an OutputError (gdn_export.paths.publish_files).
     Raises GdnExportError (one line) for a missing plugin library, a node whose plugin creator is
     not registered, an ONNX the parser rejects (naming the nodes), bad shapes, a failed build.
     """
@@ -141,6 +179,7 @@ def build_engine(
         raise GdnExportError(f"workspace must be a positive number of bytes, got {workspace}")
     kv_fp8.check(onnx_path, onnx_metadata(onnx_path), loader.flavour())  # before any work
     library = loader.find_plugins(plugins)
+    loader.check_loads(library)  # before the first progress line, not in the build's child
     profiles = make_profiles(onnx_inputs(onnx_path), onnx_metadata(onnx_path), max_batch=max_batch,
                              max_prefill=max_prefill, decode_batch=decode_batch, min_shapes=min_shapes,
                              opt_shapes=opt_shapes, max_shapes=max_shapes)
@@ -152,10 +191,10 @@ def build_engine(
     from gdn_export.onnx.standard_ops import gdn_form_file  # imports torch: not in the build's child
 
     with gdn_form_file(onnx_path, say) as parse_path:  # a standard-form file: its gdn form
-        return _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout)
+        return _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout, overwrite)
 
 
-def _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout):
+def _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say, timeout, overwrite):
     tmp = engine_path.with_name(f".{engine_path.name}.{os.getpid()}.tmp")
     tmp_layers = tmp.with_name(tmp.name + LAYERS_SUFFIX)
     request = {"onnx": str(parse_path.resolve()), "engine_tmp": str(tmp), "plugins": str(library),
@@ -169,8 +208,7 @@ def _build(onnx_path, parse_path, engine_path, library, profiles, workspace, say
                   "profiles": request["profiles"], "decomposable_attention": result["decomposable_attention"],
                   "layers": result["layers"], "engine_layers": result["engine_layers"]}
         tmp_layers.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, engine_path)
-        os.replace(tmp_layers, layers_path(engine_path))
+        publish_files([(tmp, engine_path), (tmp_layers, layers_path(engine_path))], overwrite=overwrite)
     finally:
         tmp.unlink(missing_ok=True)
         tmp_layers.unlink(missing_ok=True)

@@ -3,7 +3,9 @@
     flavour()        "tensorrt" (TensorRT 10.x / 11.x) if it imports, else "tensorrt_rtx"
     import_trt()     that module (GdnExportError when neither is installed)
     find_plugins(p)  libgdn_plugins.so: `p` (--plugins), else $GDN_EXPORT_PLUGINS, else
-                     plugins/build/libgdn_plugins.so in the source tree
+                     plugins/build/libgdn_plugins.so in the source tree; missing: how to build it
+                     here (gdn_export.trt.plugin_build)
+    check_loads(lib) that it loads (dlopen) and exports getCreators, before any work or output
     build_env()      os.environ plus what a subprocess that parses ONNX needs (see below)
 
 TensorRT-RTX 1.7 wheels ship `libtensorrt_rtx.so.1` only, but the RTX ONNX parser dlopens the
@@ -24,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 from gdn_export.errors import GdnExportError
+from gdn_export.trt.plugin_build import how_to_build
 
 PLUGINS_ENV = "GDN_EXPORT_PLUGINS"
 # Force one TensorRT flavour ("tensorrt" or "tensorrt_rtx") instead of trying tensorrt first.
@@ -74,10 +77,26 @@ def find_plugins(path: str | os.PathLike | None = None) -> Path:
     if chosen.is_dir():
         chosen = chosen / PLUGIN_LIBRARY
     if not chosen.is_file():
-        raise GdnExportError(
-            f"plugin library not found: {chosen} ({where}); build it with `cmake -S plugins -B plugins/build "
-            f"&& cmake --build plugins/build -j`, or pass --plugins / set ${PLUGINS_ENV}")
+        raise GdnExportError(f"plugin library not found: {chosen} ({where}); {how_to_build()}; or pass --plugins "
+                             f"PATH / set ${PLUGINS_ENV}")
     return chosen.resolve()
+
+
+def check_loads(library: Path) -> None:
+    """GdnExportError unless the plugin library loads into this process (the dynamic loader's
+    reason: not a shared library, another architecture, a missing dependency or symbol) and
+    exports getCreators, the entry point TensorRT's IPluginRegistry::loadLibrary calls. The
+    library links no TensorRT (plugins/CMakeLists.txt), so this needs none."""
+    import ctypes
+
+    try:
+        handle = ctypes.CDLL(str(library), mode=os.RTLD_LAZY | os.RTLD_LOCAL)
+    except OSError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GdnExportError(f"plugin library {library} does not load ({reason}); {how_to_build()}") from None
+    if not hasattr(handle, "getCreators"):
+        raise GdnExportError(f"{library} is not a TensorRT plugin library: it exports no getCreators "
+                             f"(libgdn_plugins.so does); {how_to_build()}")
 
 
 def cache_dir() -> Path:

@@ -111,6 +111,7 @@ class TrtRunner(Runner):
         registry = trt.get_plugin_registry()
         if registry.get_creator("GatedDeltaRule", "1", "gdn") is None:
             library = loader.find_plugins(plugins)
+            loader.check_loads(library)
             if registry.load_library(str(library)) is None:
                 raise GdnExportError(f"TensorRT could not load the plugin library {library}")
         with cuda.scope():

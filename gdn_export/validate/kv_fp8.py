@@ -12,7 +12,9 @@ Measured on the tiny qwen3_5, bf16 graphs, seeds 0-2 (k_scale 0.0072, v_scale 0.
 to 5 codes apart near 0 and max abs 32 at |code| 384 (one code), logits max abs 0.069 (bf16's atol
 0.08); fp8 weights (FP8 activations flip too; docs/quantization.md, "Validation": floors 1.0 / 0.3 for 16-bit
 graphs, which then hold the cache as loosely as every other state) max abs 48 / 56 codes, 0.35 /
-0.08 in K / V units; fp32 graphs: equal code for code.
+0.08 in K / V units; fp32 graphs: equal code for code. With static FP8 activations the second
+bound of gdn_export.validate.compare.Tolerances (one e4m3 rounding step of an activation) is
+converted the same way.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ ONE_CODE_RTOL = 2.0**-3
 
 def raise_cache_tolerances(runners, tolerances) -> None:
     """Per-tensor (atol, rtol) of every key / value state set to (atol / scale, max(rtol, 2^-3)) from
-    the tensor's (atol, rtol) in value units (the dtype's default raised to the weight format's
-    floor, as for every other state), when a runner's graph has an FP8 K/V cache; tensors the user
-    named (--atol / --rtol NAME:VALUE) keep theirs."""
+    the tensor's (atol, rtol) in value units (the dtype's default, as for every other state), and
+    its step bound likewise, when a runner's graph has an FP8 K/V cache; tensors the user named
+    (--atol / --rtol NAME:VALUE) keep theirs."""
     for runner in runners:
         meta = getattr(runner, "metadata", {})
         if meta.get(KEY_KV_CACHE_FORMAT) != "fp8":
@@ -39,3 +41,6 @@ def raise_cache_tolerances(runners, tolerances) -> None:
                 scale = scales[spec.layer][0 if spec.kind == "key" else 1]
                 atol, rtol = tolerances.get(spec.name)
                 tolerances.per_tensor[spec.name] = (atol / scale, max(rtol, ONE_CODE_RTOL))
+                step = tolerances.get_step(spec.name)
+                if step is not None:
+                    tolerances.step_per_tensor[spec.name] = (step[0] / scale, max(step[1], ONE_CODE_RTOL))

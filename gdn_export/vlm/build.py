@@ -63,7 +63,7 @@ def read_vision_file(path: str | Path):
     import onnx
 
     from gdn_export.vlm import export as vx
-    from gdn_export.vlm.config import VisionConfig
+    from gdn_export.vision_config import VisionConfig
 
     proto = onnx.load(str(path), load_external_data=False)
     meta = {p.key: p.value for p in proto.metadata_props}
@@ -107,7 +107,7 @@ def vision_shapes(ranges: dict) -> tuple[dict, dict, dict]:
 
 def build_vlm(onnx_path, engine_path, *, image_sizes: str = DEFAULT_IMAGE_SIZES, max_images: int = 1,
               plugins=None, min_shapes=None, opt_shapes=None, max_shapes=None, progress=None,
-              **build_kwargs) -> tuple[Path, Path]:
+              overwrite: bool = True, **build_kwargs) -> tuple[Path, Path]:
     """Build the language engine `engine_path` from a vision-language model.onnx and the vision
     engine `<stem>.vision.engine` from model.vision.onnx beside it (module docstring); user shape
     specs (dicts, as build_engine takes them) win over the visual defaults."""
@@ -127,12 +127,12 @@ def build_vlm(onnx_path, engine_path, *, image_sizes: str = DEFAULT_IMAGE_SIZES,
     say(f"vision engine: {ranges['patches'][0]}..{ranges['patches'][2]} patches, 1..{max_images} images")
     existed = vengine.exists()
     build_engine(vpath, vengine, plugins=plugins, min_shapes=vmin, opt_shapes=vopt, max_shapes=vmax,
-                 workspace=build_kwargs.get("workspace"), progress=progress)
+                 workspace=build_kwargs.get("workspace"), progress=progress, overwrite=overwrite)
     say(f"language engine: visual rows {ranges['tokens'][0]}..{ranges['tokens'][2]} for image sizes "
         f"{image_sizes} x {max_images}")
     try:
         build_engine(onnx_path, engine_path, plugins=plugins, min_shapes=specs[0], opt_shapes=specs[1],
-                     max_shapes=specs[2], progress=progress, **build_kwargs)
+                     max_shapes=specs[2], progress=progress, overwrite=overwrite, **build_kwargs)
     except BaseException:
         if not existed:  # the pair is built together or not at all
             from gdn_export.trt.build import layers_path

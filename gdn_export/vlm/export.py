@@ -29,16 +29,17 @@ from typing import Callable
 from gdn_export import __version__
 from gdn_export.errors import GdnExportError
 from gdn_export.onnx import metadata
+from gdn_export.paths import publish_files
 
 VISION_SUFFIX = ".vision.onnx"
 ROPE_POSITIONS, VISUAL_EMBEDS, VISUAL_INDEX = "rope_positions", "visual_embeds", "visual_index"
 VISUAL_INPUTS = (ROPE_POSITIONS, VISUAL_EMBEDS, VISUAL_INDEX)
 PIXEL_VALUES, GRID_THW = "pixel_values", "grid_thw"
-VLM_PREFIX = metadata.PREFIX + "vlm."
+VLM_PREFIX = metadata.VLM_PREFIX
 KEY_FINGERPRINT = VLM_PREFIX + "fingerprint"
-KEY_ROLE = VLM_PREFIX + "role"  # "language" | "vision"
+KEY_ROLE = metadata.KEY_VLM_ROLE  # "language" | "vision"
 KEY_HIDDEN = VLM_PREFIX + "hidden_size"
-KEY_CONFIG = VLM_PREFIX + "vision_config"  # JSON of gdn_export.vlm.config.VisionConfig
+KEY_CONFIG = VLM_PREFIX + "vision_config"  # JSON of gdn_export.vision_config.VisionConfig
 KEY_MROPE = VLM_PREFIX + "mrope_section"
 KEY_PREPROCESSOR = VLM_PREFIX + "preprocessor"  # the checkpoint's preprocessor_config.json, if any
 NUM_VISUAL, NUM_PATCHES, NUM_GRIDS = "num_visual", "num_patches", "num_grids"
@@ -138,10 +139,13 @@ def _save_checked(ir_model, tmp_path: Path, say, plugins: bool = True) -> bool:
 
 
 def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtype=None, layout=None,
-               opset: int | None = None, progress: Callable[[str], None] | None = None) -> tuple[Path, Path]:
+               opset: int | None = None, progress: Callable[[str], None] | None = None,
+               overwrite: bool = True) -> tuple[Path, Path]:
     """Export the composite checkpoint's language graph to `output` and its vision encoder to
     `vision_path(output)` (module docstring); returns both paths. dtype: torch dtype of both graphs
-    (default: the checkpoint's); layout: the language graph's DeployLayout (default layout)."""
+    (default: the checkpoint's); layout: the language graph's DeployLayout (default layout);
+    overwrite False: files that appeared at the outputs while the export ran are kept and the
+    export ends in an OutputError (gdn_export.paths.publish_files)."""
     import torch
 
     from gdn_export.layout import DEFAULT_LAYOUT
@@ -191,13 +195,15 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     try:
         ext_l = _save_checked(language, tmpdir / path.name, say)
         ext_v = _save_checked(vis, tmpdir / vpath.name, say, plugins=False)
+        moves = []  # each file after its weights, the language graph last
         for target, external in ((vpath, ext_v), (path, ext_l)):
             data = external_data_name(target)
-            if external:
-                os.replace(tmpdir / data, target.parent / data)
-            os.replace(tmpdir / target.name, target)
-            if not external:
-                (target.parent / data).unlink(missing_ok=True)
+            moves += [(tmpdir / data, target.parent / data)] if external else []
+            moves.append((tmpdir / target.name, target))
+        publish_files(moves, overwrite=overwrite)
+        for target, external in ((vpath, ext_v), (path, ext_l)):
+            if not external:  # a sidecar of an earlier export of the same name is stale now
+                (target.parent / external_data_name(target)).unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     say(f"wrote {path} and {vpath}")

@@ -16,17 +16,38 @@ and / or `pixel_values_videos` + `video_grid_thw`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from gdn_export.errors import InputError
-from gdn_export.vlm.runner import VisualInputs
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 _SETTINGS = ("size", "do_convert_rgb", "do_resize", "resample", "do_rescale", "rescale_factor",
              "do_normalize", "image_mean", "image_std", "min_pixels", "max_pixels")
+
+
+@dataclass
+class VisualInputs:
+    """Images and videos of one request, as transformers' processor returns them (numpy):
+    pixel_values [P, D] + image_grid_thw [Ni, 3], pixel_values_videos + video_grid_thw."""
+
+    pixel_values: np.ndarray | None = None
+    image_grid_thw: np.ndarray | None = None
+    pixel_values_videos: np.ndarray | None = None
+    video_grid_thw: np.ndarray | None = None
+
+    def check_pairs(self) -> None:
+        for pv, grid, what in ((self.pixel_values, self.image_grid_thw, "image"),
+                               (self.pixel_values_videos, self.video_grid_thw, "video")):
+            if (pv is None) != (grid is None):
+                raise InputError(f"{what} pixel values and their grid_thw must be given together")
+
+    @property
+    def empty(self) -> bool:
+        return self.pixel_values is None and self.pixel_values_videos is None
 
 
 def read_processor_config(directory: str | Path) -> dict | None:
@@ -42,7 +63,7 @@ def read_processor_config(directory: str | Path) -> dict | None:
 
 
 def make_processor(vision_config, processor_config: dict | None = None):
-    """transformers' Qwen2VLImageProcessorPil for `vision_config` (gdn_export.vlm.config)."""
+    """transformers' Qwen2VLImageProcessorPil for `vision_config` (gdn_export.vision_config)."""
     try:
         from transformers import Qwen2VLImageProcessorPil
     except ImportError as exc:

@@ -37,7 +37,7 @@ class VisualTokens:
 
     @classmethod
     def from_config(cls, config) -> "VisualTokens":
-        """From a gdn_export.vlm.config.VisionConfig (or anything with the same fields)."""
+        """From a gdn_export.vision_config.VisionConfig (or anything with the same fields)."""
         return cls(config.image_token_id, config.video_token_id, config.vision_start_token_id,
                    config.vision_end_token_id, config.spatial_merge_size)
 

@@ -18,7 +18,6 @@ differ, naming both files.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,28 +27,8 @@ from gdn_export.runtime import base
 from gdn_export.runtime.ort_runner import OrtRunner
 from gdn_export.runtime.torch_runner import TorchRunner
 from gdn_export.vlm import export as vx
-from gdn_export.vlm.positions import VisualCall, VisualTokens, decode_positions, visual_call
-
-
-@dataclass
-class VisualInputs:
-    """Images and videos of one request, as transformers' processor returns them (numpy):
-    pixel_values [P, D] + image_grid_thw [Ni, 3], pixel_values_videos + video_grid_thw."""
-
-    pixel_values: np.ndarray | None = None
-    image_grid_thw: np.ndarray | None = None
-    pixel_values_videos: np.ndarray | None = None
-    video_grid_thw: np.ndarray | None = None
-
-    def check_pairs(self) -> None:
-        for pv, grid, what in ((self.pixel_values, self.image_grid_thw, "image"),
-                               (self.pixel_values_videos, self.video_grid_thw, "video")):
-            if (pv is None) != (grid is None):
-                raise InputError(f"{what} pixel values and their grid_thw must be given together")
-
-    @property
-    def empty(self) -> bool:
-        return self.pixel_values is None and self.pixel_values_videos is None
+from gdn_export.vlm.images import VisualInputs
+from gdn_export.vlm.positions import VisualCall, VisualTokens, build_prompt, decode_positions, visual_call
 
 
 class _VisualMixin:
@@ -169,7 +148,7 @@ class OrtVision:
         import onnx
         import onnxruntime as ort
 
-        from gdn_export.vlm.config import VisionConfig
+        from gdn_export.vision_config import VisionConfig
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -228,7 +207,7 @@ def open_vlm(model: str | Path, device: str = "cpu", vision_file: str | Path | N
         vision = TorchVision(load_vision(path, dtype=lm.dtype), device, read_processor_config(path))
         return TorchVLRunner(lm, device), vision
     if path.suffix == ".onnx":
-        from gdn_export.vlm.cli import is_vlm_onnx
+        from gdn_export.vlm.detect import is_vlm_onnx
 
         if not is_vlm_onnx(path):
             raise InputError(f"{path}: a text-only export; images need the vision-language export of a "
@@ -243,6 +222,17 @@ def open_vlm(model: str | Path, device: str = "cpu", vision_file: str | Path | N
 
 def tokens_of(vision) -> VisualTokens:
     return VisualTokens.from_config(vision.config)
+
+
+def prompt_rows(ids, visual: VisualInputs, vision) -> list[np.ndarray]:
+    """Token rows (1-D int64) with the first row's images and videos placed before its ids
+    (vision_start, the placeholders of each grid, vision_end: gdn_export.vlm.positions.build_prompt)."""
+    rows = [np.asarray(r, np.int64) for r in ids]
+    if not visual.empty:
+        images = visual.image_grid_thw if visual.image_grid_thw is not None else []
+        videos = visual.video_grid_thw if visual.video_grid_thw is not None else []
+        rows[0] = build_prompt(rows[0], images, videos, tokens_of(vision))
+    return rows
 
 
 def encode_all(vision, visual: VisualInputs) -> np.ndarray:

@@ -56,7 +56,7 @@ class TrtVision:
 
     def __init__(self, engine_path: str | os.PathLike, *, plugins=None, device=None, trt=None, cuda=None):
         from gdn_export.trt import loader
-        from gdn_export.vlm.config import VisionConfig
+        from gdn_export.vision_config import VisionConfig
 
         self.path = Path(engine_path)
         if not self.path.is_file():

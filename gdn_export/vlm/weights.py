@@ -8,7 +8,6 @@ missing or mis-shaped tensor is a CheckpointError naming the checkpoint key.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -16,9 +15,10 @@ from pathlib import Path
 
 import torch
 
+from gdn_export.config import COMPOSITE
 from gdn_export.errors import CheckpointError, ConfigError
 from gdn_export.models.vision import VisionEncoder
-from gdn_export.vlm.config import VisionConfig, has_vision, parse_vision_config
+from gdn_export.vision_config import VisionConfig, has_vision, parse_vision_config
 from gdn_export.weights.mapping import check_shape
 from gdn_export.weights.reader import CheckpointReader
 
@@ -28,26 +28,12 @@ PATCH_WEIGHT = "patch_embed.proj.weight"
 EMBED_KEYS = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight")
 
 
-@contextlib.contextmanager
-def text_only_warning_off():
-    """Silence gdn_export.config's "exporting the text model only" warning (it is for text exports;
-    a vision-language load uses the vision tower too)."""
-    config_log = logging.getLogger("gdn_export.config")
-    level = config_log.level
-    config_log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        config_log.setLevel(level)
-
-
 def load_language(directory: str | Path, dtype=None, device="cpu"):
     """The HybridVLForCausalLM of composite checkpoint `directory`."""
     from gdn_export.models.vlm import HybridVLForCausalLM
     from gdn_export.weights import load_checkpoint
 
-    with text_only_warning_off():
-        return load_checkpoint(directory, dtype=dtype, device=device, model_class=HybridVLForCausalLM)
+    return load_checkpoint(directory, dtype=dtype, device=device, model_class=HybridVLForCausalLM)
 
 
 def read_config_dict(directory: str | Path) -> dict:
@@ -66,6 +52,15 @@ def vision_prefix(shapes: dict) -> str | None:
         if any(k.startswith(prefix) for k in shapes):
             return prefix
     return None
+
+
+def is_composite(directory: str | Path) -> bool:
+    """Whether `directory`'s config.json is a composite (vision-language) model type; False where it
+    cannot be read (the text loader reports that in its own words)."""
+    try:
+        return read_config_dict(directory).get("model_type") in COMPOSITE
+    except CheckpointError:
+        return False
 
 
 def has_vision_tower(directory: str | Path) -> bool:
@@ -107,8 +102,7 @@ def load_vision(directory: str | Path, dtype: torch.dtype | None = None,
     if dtype is None:
         from gdn_export.hf_config import parse_config
 
-        with text_only_warning_off():
-            dtype = parse_config(d).torch_dtype
+        dtype = parse_config(d).torch_dtype
     with torch.device("meta"):
         model = VisionEncoder(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}

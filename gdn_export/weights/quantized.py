@@ -37,14 +37,10 @@ from gdn_export.errors import CheckpointError
 from gdn_export.modules.quant_linear import Fp8BlockLinear, Fp8Linear, Int4Linear, swap_linear
 from gdn_export.ops.quant_linear.naive import dequantize_block, pack_int4
 from gdn_export.weights.mapping import Assembled, Plan, Source
+from gdn_export.weights.quant_format import (BLOCK, F8, FP8, FP8_BLOCK, INT4_AWQ, MODELOPT_ALGOS,  # noqa: F401
+                                             SCALE_DTYPES, need_tensor, pack_modelopt_int4, unpack_modelopt_int4)
+from gdn_export.weights.quantized_experts import prepare_experts
 
-F8 = "F8_E4M3"
-SCALE_DTYPES = ("F32", "BF16", "F16")
-BLOCK = 128
-FP8_BLOCK = "fp8-block128"  # the published fine-grained form
-FP8 = "fp8"  # ModelOpt FP8: per-channel (or per-tensor) weights, static per-tensor activations
-INT4_AWQ = "int4-awq"  # ModelOpt W4A16_AWQ
-MODELOPT_ALGOS = {"FP8": FP8, "W4A16_AWQ": INT4_AWQ}
 _PER_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -125,21 +121,6 @@ def parse_spec(qc: dict | None, where: str = "config.json") -> QuantSpec | None:
                           f"(gdn-export loads 'fp8' with [128, 128] blocks and 'modelopt' FP8 / W4A16_AWQ)")
 
 
-def unpack_modelopt_int4(packed: torch.Tensor) -> torch.Tensor:
-    """ModelOpt's W4A16 weight uint8 [N/2, K] (rows 2i, 2i+1 in the low / high nibble of row i) ->
-    int8 [N, K] in [-8, 7]."""
-    low = (packed & 0x0F).to(torch.int8)
-    high = (packed >> 4).to(torch.int8)
-    q = torch.stack((low, high), dim=1).reshape(-1, packed.shape[1])
-    return torch.where(q >= 8, q - 16, q)
-
-
-def pack_modelopt_int4(q: torch.Tensor) -> torch.Tensor:
-    """int [N, K] in [-8, 7] (N even) -> uint8 [N/2, K], ModelOpt's packing."""
-    u = (q.to(torch.int16) & 0x0F).to(torch.uint8)
-    return u[0::2] | (u[1::2] << 4)
-
-
 def _repack_int4(packed: torch.Tensor) -> torch.Tensor:
     return pack_int4(unpack_modelopt_int4(packed))
 
@@ -199,18 +180,6 @@ def _linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
 
 
-def need_tensor(reader, key: str, dtypes: tuple[str, ...], shape: tuple[int, ...] | None, what: str) -> None:
-    """CheckpointError naming `key` unless the checkpoint holds it in one of `dtypes` (safetensors
-    names) and, when given, `shape`; `what` says what it is for."""
-    if key not in reader.shapes:
-        raise CheckpointError(f"tensor {key} is missing from the checkpoint ({what})")
-    if reader.dtypes[key] not in dtypes:
-        raise CheckpointError(f"tensor {key} is {reader.dtypes[key]}, expected {' or '.join(dtypes)} ({what})")
-    if shape is not None and tuple(reader.shapes[key]) != tuple(shape):
-        raise CheckpointError(f"tensor {key} has shape {tuple(reader.shapes[key])} in the checkpoint, "
-                              f"expected {tuple(shape)} ({what})")
-
-
 def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) -> Prepared:
     """Check the checkpoint's quantized tensors against `spec` and swap the quantized Linears of the
     meta-device `model` for their quantized modules. CheckpointError names the key on any mismatch."""
@@ -223,9 +192,7 @@ def prepare(model: nn.Module, config, family, spec: QuantSpec | None, reader) ->
                                   f"take without a quantization_config in config.json (its scales would be ignored)")
         return out
     dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else torch.bfloat16
-    from gdn_export.weights.quantized_experts import prepare_experts
-
-    expert_sources, handled = prepare_experts(model, config, family, spec, reader, (FP8_BLOCK, FP8, INT4_AWQ))
+    expert_sources, handled = prepare_experts(model, config, family, spec, reader)
     out.sources.update(expert_sources)  # routed experts kept quantized (weights/quantized_experts.py)
     out.consumed.update(handled)
     for name, linear in _linears(model):

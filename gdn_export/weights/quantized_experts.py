@@ -33,12 +33,10 @@ from gdn_export.errors import CheckpointError
 from gdn_export.modules.mlp import MoeExperts
 from gdn_export.modules.quant_experts import Fp8MoeExperts, Int4MoeExperts, swap_experts
 from gdn_export.ops.quant_linear.naive import pack_int4
-from gdn_export.weights.quantized import need_tensor
 from gdn_export.weights.mapping import Source
+from gdn_export.weights.quant_format import (BLOCK, F8, FP8, FP8_BLOCK, SCALE_DTYPES, need_tensor,
+                                             unpack_modelopt_int4)
 
-F8 = "F8_E4M3"
-SCALE_DTYPES = ("F32", "BF16", "F16")
-BLOCK = 128
 PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -71,16 +69,13 @@ def _per_channel(rows: int):
 
 
 def _repack(K: int):
-    from gdn_export.weights.quantized import unpack_modelopt_int4
-
     return lambda w: pack_int4(unpack_modelopt_int4(w)[:, :K])
 
 
-def prepare_experts(model: nn.Module, config, family, spec, reader, fmt_names) -> tuple[dict[str, Source], set[str]]:
+def prepare_experts(model: nn.Module, config, family, spec, reader) -> tuple[dict[str, Source], set[str]]:
     """Swap every MoeExperts of the meta-device `model` whose checkpoint experts are quantized for its
-    quantized holder; returns ({module tensor name: source}, checkpoint keys consumed).
-    fmt_names: (FP8_BLOCK, FP8, INT4_AWQ) of gdn_export.weights.quantized."""
-    FP8_BLOCK, FP8, INT4_AWQ = fmt_names
+    quantized holder; returns ({module tensor name: source}, checkpoint keys consumed). spec: the
+    checkpoint's gdn_export.weights.quantized.QuantSpec."""
     sources: dict[str, Source] = {}
     consumed: set[str] = set()
     dtype = model.model.embed_tokens.weight.dtype if hasattr(model, "model") else torch.bfloat16

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from gdn_export.hf_config import parse_config
 from gdn_export.config import HybridConfig
-from gdn_export.paths import file_mode, make_dir_mode_usual, writes_in_place
+from gdn_export.paths import make_dir_mode_usual, publish_dir, publish_files, usual_modes, writes_in_place
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
@@ -231,6 +231,7 @@ def make_tiny_checkpoint(
         make_dir_mode_usual(tmp)  # mkdtemp makes it 0700
     except OSError as exc:
         raise CheckpointError(f"{directory}: cannot create it ({exc.strerror})") from None
+    written = False
     try:
         (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
         names = sorted(tensors)
@@ -245,34 +246,33 @@ def make_tiny_checkpoint(
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        for f in tmp.iterdir():
-            f.chmod(file_mode())  # safetensors writes 0600
-        if not directory.exists():
-            os.replace(tmp, directory)
-        elif in_place:
-            _fill_in_place(tmp, directory)
-        else:
-            old = directory.with_name(f".{directory.name}.old.{os.getpid()}")
-            os.replace(directory, old)
-            os.replace(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        usual_modes(tmp)  # safetensors writes 0600
+        written = True
+    finally:
+        if not written:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if in_place:
+        _fill_in_place(tmp, directory, overwrite)
+    else:  # a checkpoint that appeared meanwhile is kept unless overwrite
+        publish_dir(tmp, directory, str(directory), overwrite=overwrite)
     return directory
 
 
-def _fill_in_place(tmp: Path, directory: Path) -> None:
+def _fill_in_place(tmp: Path, directory: Path, overwrite: bool) -> None:
     """Replace directory's contents (empty, or a checkpoint with overwrite: check_target) by the
-    files of tmp, a folder inside it: the old entries go first, then each new file is renamed in
-    (config.json last, so that an interrupted fill never looks like a checkpoint)."""
-    for entry in directory.iterdir():
-        if entry == tmp:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
-        os.replace(f, directory / f.name)
-    tmp.rmdir()
+    files of tmp, a folder inside it: with overwrite the old entries go first; then each new file is
+    moved in (config.json last, so that an interrupted fill never looks like a checkpoint), and
+    without overwrite none replaces a file that appeared meanwhile (gdn_export.paths.publish_files)."""
+    try:
+        if overwrite:
+            for entry in directory.iterdir():
+                if entry == tmp:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        files = sorted(tmp.iterdir(), key=lambda f: f.name == "config.json")
+        publish_files([(f, directory / f.name) for f in files], overwrite=overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -558,6 +558,11 @@ def test_make_tiny_into_a_mount_point(cli, tmp_path):
      "--prompt-len 100 + --decode-steps 10000 = 10100 tokens exceed the cache of 4096 slots"),
     (["validate", "{ckpt}", "--onnx", "{onnx}", "--baseline", "{ckpt}"],
      "--baseline applies to a quantized checkpoint"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--quant-tol", "0.5"],
+     "--quant-tol applies to a quantized checkpoint"),
+    (["validate", "{ckpt}", "--onnx", "{onnx}", "--quant-tol", "nan"], "--quant-tol must be a number >= 0, got nan"),
+    (["bench", "--runtime", "ort", "--onnx", "{onnx}", "--dtype", "fp16"],
+     "--dtype applies to --runtime torch only (an exported file keeps the precision it was exported in)"),
     (["export", "{ckpt}", "-o", "{tmp}/x.onnx", "--max-cache-len", str(10**13)],
      "--max-cache-len 10000000000000: tracing the export holds an example K/V cache (batch 2, inputs and "
      "outputs) whose tensors need 9536743.16 GiB, but the host has"),
@@ -569,7 +574,8 @@ def test_make_tiny_into_a_mount_point(cli, tmp_path):
     (["bench", "{ckpt}", "--runtime", "ort", "--onnx", "{onnx}"], "drop the checkpoint argument"),
     (["run", "{tmp}/dir.onnx", "--input-ids", "1"], "dir.onnx: is a folder, expected an ONNX file"),
 ], ids=["seed-negative", "seed-huge", "demo-seed", "seed-text", "rtol-nan", "validate-ids-memory",
-        "validate-past-the-cache", "baseline-unquantized", "export-cache-memory", "concat-cache-len",
+        "validate-past-the-cache", "baseline-unquantized", "quant-tol-unquantized", "quant-tol-nan",
+        "bench-ort-dtype", "export-cache-memory", "concat-cache-len",
         "build-onnx-suffix", "bench-quant-steps-alone", "bench-calib-alone", "bench-ort-checkpoint",
         "run-folder-named-onnx"])
 def test_values_refused_before_the_work(cli, tmp_path, tiny_ckpt, tiny_onnx, argv, fragment):

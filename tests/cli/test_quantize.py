@@ -5,11 +5,16 @@ exit 2, nothing written."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 
 import numpy as np
 import onnx
 import pytest
 
+from gdn_export.paths import human_size
+from gdn_export.quantize.report import DISTANCE_BOUNDS
 from gdn_export.weights.tiny import make_tiny_checkpoint
 from tests.onnx._tiny import TWO_LAYERS
 
@@ -30,10 +35,20 @@ def ids_file(tmp_path_factory):
 @pytest.mark.parametrize("fmt,algo", [("fp8", "FP8"), ("int4-awq", "W4A16_AWQ")])
 def test_quantize_export_validate(cli, ckpt, ids_file, tmp_path, fmt, algo):
     out = tmp_path / "q"
-    r = cli("quantize", ckpt, "-o", out, "--format", fmt, "--calib-data", ids_file, "--calib-samples", 3,
-            "--calib-seq-len", 40)
+    umask = os.umask(0o022)
+    try:
+        r = cli("quantize", ckpt, "-o", out, "--format", fmt, "--calib-data", ids_file, "--calib-samples", 3,
+                "--calib-seq-len", 40)
+    finally:
+        os.umask(umask)
     assert r.code == 0, r.err
     assert "calibration forward" in r.err  # progress on stderr
+    # the usual modes, as every other command writes (mkdtemp and safetensors would give 0700 / 0600)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {
+        "config.json": 0o644, "hf_quant_config.json": 0o644, "model.safetensors": 0o644}
+    size = human_size((out / "model.safetensors").stat().st_size)
+    assert r.out.startswith(f"wrote {out} (3 files, ") and f"the largest model.safetensors {size})" in r.out
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == algo
     assert any(name.endswith("in_proj_a") for name in qc["ignore"]) and "lm_head" in qc["ignore"]
@@ -44,7 +59,19 @@ def test_quantize_export_validate(cli, ckpt, ids_file, tmp_path, fmt, algo):
     assert meta["gdn_export.quantization"] == fmt
     r = cli("validate", out, "--onnx", onnx_path, "--baseline", ckpt, "-q")
     assert r.code == 0, r.out
-    assert "PASS" in r.out and f"quantization ({fmt}) vs the 16-bit" in r.out
+    *table, verdict, distance = r.out.strip().splitlines()
+    # Part 1, the export's parity: fp32's tolerance on every row; only static FP8 activations may
+    # round one e4m3 step apart (named on the row), int4-awq's 16-bit activations never.
+    rows = [line for line in table if line.startswith("ort ")]
+    verdicts = r"(ok|ok \(one e4m3 rounding step\))" if fmt == "fp8" else "ok"
+    assert rows and all(re.search(rf"  0\.0001  0\.001  {verdicts}$", row) for row in rows), rows
+    assert verdict.startswith("PASS: ")
+    # Part 2, the quantization's cost against the 16-bit checkpoint, held to the format's own bound
+    bound = DISTANCE_BOUNDS[fmt]
+    assert distance.startswith(f"PASS: quantization ({fmt}) vs the 16-bit {ckpt}: logits relative RMS ")
+    assert f"(bound {bound:g})" in distance
+    r = cli("validate", out, "--onnx", onnx_path, "--baseline", ckpt, "-q", "--quant-tol", 1e-6)
+    assert r.code == 1 and r.out.strip().splitlines()[-1].startswith("FAIL: quantization") and "(bound 1e-06)" in r.out
 
 
 def test_published_fp8_exports_and_validates(cli, ckpt, tmp_path):

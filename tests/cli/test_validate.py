@@ -156,3 +156,14 @@ def test_state_of_the_wrong_dtype_is_one_line(exported):
     states[i] = states[i].astype(np.float32)
     with pytest.raises(InputError, match=r"^state past\.0\.recurrent must be float16, got float32$"):
         runner.forward(np.ones((1, 2), np.int64), 0, states)
+
+
+def test_bf16_validate_prints_one_summary_line(capfd, tiny_ckpt, exported):
+    """The bf16 emulation's K/V caches cannot be updated in place, and ORT says so at every call."""
+    from gdn_export.cli.main import main
+
+    assert main(["validate", str(tiny_ckpt), "--onnx", str(exported("bf16"))]) == 0
+    err = capfd.readouterr().err
+    assert "onnxruntime:" not in err
+    summary = [line for line in err.splitlines() if "ONNX Runtime warned" in line]
+    assert len(summary) == 1 and "TensorScatter: in-place optimization not activated" in summary[0], err

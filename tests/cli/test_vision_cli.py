@@ -103,10 +103,28 @@ def test_text_prompts_on_the_vision_language_graph(files, tmp_path):
 
 
 def test_validate_with_images(files, capsys):
+    """The text validate's table: every row with its tolerances, then the verdict line."""
     _, ckpt, root = files
     assert main(["validate", str(ckpt), "--onnx", str(root / "model.onnx"), "--image", str(root / "a.png"),
                  "-q"]) == 0
-    assert "logits prefill" in capsys.readouterr().out
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1].split() == ["backend", "phase", "tensor", "max", "abs", "max", "rel", "atol", "rtol"]
+    rows = [line.split() for line in lines[3:-1]]
+    assert [r[1:3] for r in rows][:2] == [["vision", "visual_embeds"], ["prefill", "logits"]]
+    assert [" ".join(r[1:4]) for r in rows[2:]] == [f"decode {i} logits" for i in range(1, 5)]
+    assert all(r[-3:] == ["0.0001", "0.001", "ok"] for r in rows)
+    assert lines[-1] == "PASS: 6 tensors within tolerance"
+    assert main(["validate", str(ckpt), "--onnx", str(root / "model.onnx"), "--atol", "0", "--rtol", "0",
+                 "-q"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("FAIL: ")
+
+
+def test_run_on_the_checkpoint_without_images_says_what_it_runs(files, tmp_path, capsys):
+    _, ckpt, _ = files
+    assert main(["run", str(ckpt), "--input-ids", "3,4", "--max-new-tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "vision-language checkpoint without --image / --pixel-values: running its language model alone" in err
+    assert "export" not in err
 
 
 def _refused(argv, match, capsys, tmp_path):

@@ -71,3 +71,26 @@ def test_missing_onnx_and_output_folder(tmp_path):
     onnx_path = make_plugin_graph(tmp_path / "graph.onnx")
     with pytest.raises(GdnExportError, match="output folder does not exist"):
         build_engine(onnx_path, tmp_path / "no" / "x.engine")
+
+
+def test_an_engine_that_appeared_during_the_build_is_kept(plugins_lib, tmp_path, monkeypatch):
+    """Two builds to one engine: the second to finish (overwrite False, as `build` without
+    --overwrite) keeps the first one's engine and build record and leaves nothing of its own."""
+    import gdn_export.trt.build as build_module
+    from gdn_export.trt.build import layers_path
+
+    onnx_path = make_plugin_graph(tmp_path / "graph.onnx")
+    engine = tmp_path / "graph.engine"
+    real = build_module.publish_files
+
+    def racing(moves, **kwargs):
+        engine.write_bytes(b"the other build's engine")
+        layers_path(engine).write_text("{}")
+        return real(moves, **kwargs)
+
+    monkeypatch.setattr(build_module, "publish_files", racing)
+    with pytest.raises(GdnExportError) as info:
+        build_engine(onnx_path, engine, plugins=plugins_lib, overwrite=False)
+    assert f"{engine} appeared while this command ran" in _one_line(info)
+    assert engine.read_bytes() == b"the other build's engine" and layers_path(engine).read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.engine", "graph.engine.layers.json", "graph.onnx"]

@@ -79,10 +79,31 @@ def test_build_refuses_by_name_before_work(trt_flavour, tmp_path):
     assert list(tmp_path.iterdir()) == [onnx_path]
 
 
+def _as_export(path):
+    """The graph with the I/O names and version key of an export, which `build` asks of its input
+    before anything else (gdn_export.trt.build.check_exported): input_ids, past_lengths, seq_lens
+    first, logits the first output."""
+    model = onnx.load(str(path))
+    g = model.graph
+    inputs = {v.name: v for v in g.input}
+    order = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+             inputs["past_lengths"], helper.make_tensor_value_info("seq_lens", TensorProto.INT64, ["batch"]),
+             *(v for v in g.input if v.name != "past_lengths")]
+    del g.input[:]
+    g.input.extend(order)
+    for node in g.node:
+        node.output[:] = ["logits" if o == "out" else o for o in node.output]
+    g.output[0].name = "logits"
+    model.metadata_props.add(key="gdn_export.version", value="0.1.0")
+    onnx.save(model, str(path))
+    return path
+
+
 def test_cli_build_exit_2(trt_flavour, tmp_path, capsys):
+    """An export with an FP8 K/V cache: refused by name before the plugin library is looked up."""
     from gdn_export.cli.main import main
 
-    onnx_path = fp8_cache_graph(tmp_path / "kv8.onnx")
+    onnx_path = _as_export(fp8_cache_graph(tmp_path / "kv8.onnx"))
     code = main(["build", str(onnx_path), "-o", str(tmp_path / "e.engine"), "--plugins", str(tmp_path / "x.so")])
     err = capsys.readouterr().err
     assert code == 2 and "FP8 K/V cache" in err and trt_flavour in err

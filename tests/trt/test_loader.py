@@ -33,7 +33,7 @@ def test_missing_plugin_library_is_one_line_error(tmp_path, monkeypatch, how):
     with pytest.raises(GdnExportError) as info:
         loader.find_plugins(missing if how == "argument" else None)
     message = str(info.value)
-    assert "\n" not in message and str(missing) in message and "cmake -S plugins" in message
+    assert "\n" not in message and str(missing) in message and "cmake --build" in message
 
 
 def test_forced_flavour_must_be_known(monkeypatch):

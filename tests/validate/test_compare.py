@@ -125,3 +125,42 @@ def test_write_json_refuses_a_folder(tmp_path):
     (tmp_path / "r.json").mkdir()
     with pytest.raises(GdnExportError, match="r.json: is a folder"):
         write_json(Report("ref", 1, 1, 0, 0), tmp_path / "r.json")
+
+
+def test_the_step_bound_passes_named_rows_only_within_it():
+    """A second bound (static FP8 activations: one e4m3 rounding step) passes a row over the tight
+    tolerance with its note; the tight tolerance stays what the table shows, and beyond the step
+    bound the row fails."""
+    tol = Tolerances(1e-4, 1e-3, step=(0.3, 0.1), step_note="one e4m3 rounding step")
+    near = _parity(ToyRunner("near", offset=0.05))
+    report = run_parity(ToyRunner("ref"), [ToyRunner("near", offset=0.05)], vocab_size=VOCAB, tolerances=tol,
+                        batch=2, prompt_len=3, decode_steps=2)
+    logits = [r for r in report.rows if r.tensor == "logits"]
+    assert report.passed and not near.passed
+    assert all(r.note == "one e4m3 rounding step" and (r.atol, r.rtol) == (1e-4, 1e-3) for r in logits)
+    assert all(r.note == "" for r in report.rows if r.tensor != "logits")
+    text = format_table(report)
+    assert "ok (one e4m3 rounding step)" in text
+    assert text.splitlines()[-1] == "PASS: 7 tensors within tolerance (3 of them only within one e4m3 rounding step)"
+    far = run_parity(ToyRunner("ref"), [ToyRunner("far", offset=2.0)], vocab_size=VOCAB, tolerances=tol,
+                     batch=2, prompt_len=3, decode_steps=2)
+    assert not far.passed and all(not r.passed and r.note == "" for r in far.rows if r.tensor == "logits")
+
+
+def test_the_step_bound_is_per_tensor_where_given():
+    tol = Tolerances(1e-4, 1e-3, step=(0.3, 0.1), step_note="step", step_per_tensor={"logits": (0.0, 0.0)})
+    report = run_parity(ToyRunner("ref"), [ToyRunner("near", offset=0.05)], vocab_size=VOCAB, tolerances=tol,
+                        batch=2, prompt_len=3, decode_steps=2)
+    assert not report.passed
+
+
+@pytest.mark.parametrize("quantization, dtype, step", [
+    ("fp8", "float32", (0.3, 0.1)), ("fp8", "bfloat16", (1.0, 0.3)), ("fp8,int4-awq", "float16", (1.0, 0.3)),
+    ("int4-awq", "float32", None), ("fp8-block128", "bfloat16", None), ("none", "float32", None)])
+def test_only_static_fp8_activations_get_the_step(quantization, dtype, step):
+    from gdn_export.quantize.report import rounding_step
+
+    class Meta:
+        metadata = {"gdn_export.quantization": quantization, "gdn_export.dtype": dtype}
+
+    assert rounding_step(Meta()) == step
