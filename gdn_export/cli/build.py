@@ -40,10 +40,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from gdn_export.trt.build import build_engine
+    from gdn_export.trt.build import build_engine, check_buildable_form, layers_path
     from gdn_export.trt.profile import parse_shape_specs
-
-    from gdn_export.trt.build import layers_path
 
     if args.workspace is not None:
         check_at_least(args.workspace, 1, "--workspace (MiB)")
@@ -54,6 +52,7 @@ def run(args) -> int:
     output = output_file(args.output, "-o", args, also=(layers_path(Path(args.output)),))
     onnx = Path(args.onnx)
     input_file(onnx, "ONNX file")
+    check_buildable_form(onnx)  # the ort form: before the vision engine of a vision-language file
     # The engine holds the weights once more: about the size of the .onnx and its .data sidecar.
     weights = sum(f.stat().st_size for f in (onnx, onnx.with_name(onnx.name + ".data")) if f.is_file())
     check_free_space(output.parent, weights, f"-o {args.output}")

@@ -34,7 +34,7 @@ def export_vlm_if_composite(args, layout, progress) -> bool:
             or not has_vision_tower(args.checkpoint):
         return False
     paths = export_vlm(args.checkpoint, args.output, dtype=torch_dtype(args.dtype), layout=layout,
-                       opset=args.opset, progress=progress)
+                       opset=args.opset, progress=progress, onnx_ops=args.onnx_ops)
     for path in paths:
         print(f"wrote {path}")
     return True
