@@ -50,7 +50,10 @@ def run(args) -> int:
             raise InputError(f"{flag} applies to --runtime torch only")
     if args.json:
         output_file(args.json, "--json", args)
-    ort_device.providers_for(ort_device.parse_device(args.device))  # one line before loading
+    providers = ort_device.providers_for(ort_device.parse_device(args.device))  # one line before loading
+    from gdn_export.onnx.ort_native import check_file
+
+    check_file(args.onnx, args.ort_kernels, providers)
     progress = Progress("bench", args.quiet)
     progress(f"loading {args.onnx} in ONNX Runtime on {args.device}")
     runner = OrtRunner(args.onnx, device=args.device, kernels=args.ort_kernels)

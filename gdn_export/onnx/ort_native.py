@@ -78,10 +78,27 @@ def check_runnable(model: onnx.ModelProto, kernels: str = "auto", providers=("CP
         import onnxruntime
 
         lacking = ", ".join(f"com.microsoft.{op}" for op in OPS if op in missing)
+        need = min((MIN_ORT_VERSION.get(n, "1.32") for n in names), key=lambda v: tuple(map(int, v.split("."))))
+        package = "onnxruntime-gpu" if "CUDAExecutionProvider" in names else "onnxruntime"
         raise GdnExportError(f"the file is the ort form, and onnxruntime {onnxruntime.__version__} has no "
-                             f"{' / '.join(names)} kernel for {lacking}: it needs onnxruntime >= "
-                             f"{MIN_ORT_VERSION} (pip install -U onnxruntime, or onnxruntime-gpu), or "
+                             f"{' / '.join(names)} kernel for {lacking}: it needs {package} >= {need}, or "
                              f"export the file with --onnx-ops gdn or standard")
+
+
+def check_file(path, kernels: str = "auto", providers=("CPUExecutionProvider",)) -> None:
+    """check_runnable on the graph of the file `path` (its weights are not read), as InputError
+    naming the file: what the command line calls before its first progress line. A file that
+    cannot be read passes (the runner then names the problem)."""
+    from gdn_export.errors import InputError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - reported by the runner
+        return
+    try:
+        check_runnable(model, kernels, providers)
+    except GdnExportError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def _ort_form_plan(model: onnx.ModelProto, providers) -> OrtPlan:

@@ -246,6 +246,9 @@ def validate_with_images(args) -> int:
     if args.decode_steps < 0 or args.prompt_len < 1:
         raise InputError("--prompt-len must be >= 1 and --decode-steps >= 0")
     _precheck_visual_files(args)
+    from gdn_export.onnx.ort_native import check_file
+
+    check_file(args.onnx)  # an ORT without the ort form's kernels: before any loading
     progress = Progress("validate", args.quiet)
     progress(f"loading {args.onnx} in ONNX Runtime")
     candidate, cand_vision = open_vlm(args.onnx)

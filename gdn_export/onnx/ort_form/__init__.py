@@ -9,11 +9,12 @@ Per GDN layer (docs/onnx_forms.md has the table):
   value heads native: value head h reads key head h // (Hv / Hk)), `scale` as given.
   - q / k L2 norm: in standard ops (fp32, then the model dtype), not the op's `qk_l2_norm`, whose
     epsilon is not our 1e-6 (measured: it matches eps 1e-12 or none).
-  - the gate g = -exp(A_log) softplus(a + dt_bias): inside (`gate_activation` softplus, a_log =
-    log(exp(A_log)) from the exported constant, dt_bias), fed the raw a; beta = sigmoid(b): inside
-    (`beta_activation` sigmoid), fed the raw b. Both in fp32 inside the op, where the gdn form
-    rounds a 16-bit sigmoid(b) to the model dtype first. Padded tokens of ragged rows get the
-    lowest finite value as raw a and b: softplus and sigmoid make it exactly 0, an identity step.
+  - the gate g = -exp(A_log) softplus(a + dt_bias): inside (`gate_activation` "qwen", which 1.32
+    also calls softplus; a_log recovered from the exported constant -exp(A_log); dt_bias), fed the
+    raw a; beta = sigmoid(b): inside (`beta_activation` sigmoid), fed the raw b. Both in fp32 inside
+    the op, where the gdn form rounds a 16-bit sigmoid(b) to the model dtype first. Padded tokens
+    of ragged rows get the lowest finite value as raw a and b: softplus and sigmoid make it
+    exactly 0, an identity step.
     Where the exported chain is another (OLMo-Hybrid's beta = 2 sigmoid(b)), the computed g / beta.
   - the recurrent state: the op's is V-major fp32 [B, Hv, Dv, Dk]; the graph's stays
     [B, Hv, Dk, Dv] in its dtype (Transpose, and Cast for a 16-bit state, either side).
@@ -26,7 +27,7 @@ Per GDN layer (docs/onnx_forms.md has the table):
 Graph inputs, outputs, states and metadata_props are the gdn form's (`gdn_export.onnx_ops` = ort);
 gdn.MoE stays a gdn node. The rewrite drops what the fused ops replace, so the ort form does not go
 back to the gdn form: TensorRT (`build`) refuses it by name. ONNX Runtime needs kernels of the
-three ops (onnxruntime >= MIN_ORT_VERSION; gdn_export.onnx.ort_native checks at load).
+three ops (MIN_ORT_VERSION per provider; gdn_export.onnx.ort_native checks at load).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ from gdn_export.ops.causal_conv1d import PLUGIN_NAME as CONV_NAME
 from gdn_export.ops.gated_delta_rule import PLUGIN_NAME as GDR_NAME
 
 _BUILDERS = {GDR_NAME: gdr_block, CONV_NAME: conv_block}
-MIN_ORT_VERSION = "1.32"  # the first onnxruntime release with CPU and CUDA kernels of OPS
+# The first release with kernels of OPS, per provider (read from the 1.31.1 / 1.32.0 wheels: 1.31.1
+# has their schemas and CUDA kernels, CPU kernels of GatedRMSNorm only).
+MIN_ORT_VERSION = {"CPUExecutionProvider": "1.32", "CUDAExecutionProvider": "1.31"}
 __all__ = ["KEY_ORT_BLOCK", "MIN_ORT_VERSION", "OPS", "rewrite_file_to_ort", "to_ort"]
 
 

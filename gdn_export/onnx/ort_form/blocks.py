@@ -27,6 +27,9 @@ from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
 KEY_ORT_BLOCK = "gdn_export.ort_block"  # node metadata: the ort block a node belongs to
 F32 = TensorProto.FLOAT
 V_MAJOR = [0, 1, 3, 2]  # [B, Hv, Dk, Dv] <-> GatedDeltaNet's [B, Hv, Dv, Dk]
+# -exp(a_log) softplus(decay + dt_bias): onnxruntime 1.31 names it "qwen" only, 1.32 "softplus" and
+# "qwen" (a legacy alias there); "qwen" serves both.
+GATE_SOFTPLUS = "qwen"
 
 
 def _elem(types, name: str) -> int:
@@ -83,7 +86,7 @@ def gdr_block(node: onnx.NodeProto, G: GraphIndex, types, block_id: str) -> dict
     if gate is not None:
         g, g_type = _masked(b, gate.a, gate.mask, types), _elem(types, gate.a)
         extra = [b.const(gate.a_log, "a_log"), b.const(gate.dt_bias, "dt_bias")]
-        op_attrs["gate_activation"] = "softplus"
+        op_attrs["gate_activation"] = GATE_SOFTPLUS
     if logit is not None:
         beta, beta_type = _masked(b, logit.b, logit.mask, types), _elem(types, logit.b)
         op_attrs["beta_activation"] = "sigmoid"
