@@ -42,25 +42,50 @@ def set_metadata(model: onnx.ModelProto, values: dict[str, str | None]) -> None:
             model.metadata_props.add(key=key, value=value)
 
 
-def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Type of every tensor of the main graph (shape inference with the gdn and com.microsoft
-    schemas registered)."""
+def inferred_types(model: onnx.ModelProto, what: str = "shape inference failed on the graph") -> dict[str, onnx.TypeProto]:
+    """Type of every graph input, output and node output of the main graph that shape inference
+    (the gdn and com.microsoft schemas registered) can tell; GdnExportError "`what` (reason)"."""
     from gdn_export.onnx.schemas import register_schemas
 
     register_schemas()
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
-        raise GdnExportError(f"shape inference failed on the graph ({exc})") from None
+        raise GdnExportError(f"{what} ({exc})") from None
     g = inferred.graph
-    types = {v.name: v.type for v in (*g.input, *g.output, *g.value_info)}
-    for init in g.initializer:
+    return {v.name: v.type for v in (*g.input, *g.output, *g.value_info)}
+
+
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """inferred_types and the initializers' types: every tensor of the main graph."""
+    types = inferred_types(model)
+    for init in model.graph.initializer:
         t = onnx.TypeProto()
         t.tensor_type.elem_type = init.data_type
         for d in init.dims:
             t.tensor_type.shape.dim.add().dim_value = d
         types[init.name] = t
     return types
+
+
+def gdr_fields(node: onnx.NodeProto, types, op: str) -> tuple[str, int, int, int, int, float, bool]:
+    """(what, Hk, Hv, Dk, Dv, scale, use_qk_l2norm) of a gdn.GatedDeltaRule `node` rewritten to `op`;
+    GdnExportError unless its heads and head sizes are static with Hv a multiple of Hk and its scale
+    is not 0 (which would mean 1/sqrt(Dk) to `op`)."""
+    from gdn_export.ops.gated_delta_rule import FIELD_SCALE, FIELD_USE_QK_L2NORM
+
+    q, v = node.input[0], node.input[2]
+    what = f"{node.domain}.{node.op_type} node {node.name!r}"
+    _, _, hk, dk = static_dims(types, q, 4, what)
+    _, _, hv, dv = static_dims(types, v, 4, what)
+    if None in (hk, hv, dk, dv) or hv % hk:
+        raise GdnExportError(f"cannot rewrite {what}: heads / head sizes must be static with Hv a "
+                             f"multiple of Hk (q heads {hk}, v heads {hv}, Dk {dk}, Dv {dv})")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    scale = float(attrs[FIELD_SCALE])
+    if scale == 0.0:
+        raise GdnExportError(f"cannot rewrite {what}: scale 0 means 1/sqrt(Dk) to {op}")
+    return what, hk, hv, dk, dv, scale, bool(attrs[FIELD_USE_QK_L2NORM])
 
 
 def static_dims(types, name: str, rank: int, what: str) -> list[int | None]:

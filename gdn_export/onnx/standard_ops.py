@@ -31,11 +31,10 @@ from onnx import TensorProto
 
 from gdn_export.errors import GdnExportError
 from gdn_export.onnx.forms import KEY_BLOCK, KEY_ONNX_OPS, MS_DOMAIN, STANDARD, form_of
-from gdn_export.onnx.rewrite import (Block, default_opset, l2norm, meta, set_metadata, set_opset,
-                                     static_dims)
+from gdn_export.onnx.rewrite import (Block, default_opset, gdr_fields, l2norm, meta, set_metadata,
+                                     set_opset, static_dims)
 from gdn_export.ops.causal_conv1d import ACTIVATION_SILU
 from gdn_export.ops.causal_conv1d import PLUGIN_NAME as CONV_NAME
-from gdn_export.ops.gated_delta_rule import FIELD_SCALE, FIELD_USE_QK_L2NORM
 from gdn_export.ops.gated_delta_rule import PLUGIN_NAME as GDR_NAME
 from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
 from gdn_export.onnx.schemas import DOMAIN as GDN_DOMAIN
@@ -59,16 +58,7 @@ def _gdr_block(node: onnx.NodeProto, types, block_id: str, domain: str) -> Block
     """gdn.GatedDeltaRule(q, k, v, g, beta, s0) -> (o, final_state) as a LinearAttention block."""
     q, k, v, g, beta, s0 = node.input
     o, final = node.output
-    what = f"{node.domain}.{node.op_type} node {node.name!r}"
-    _, _, hk, dk = static_dims(types, q, 4, what)
-    _, _, hv, dv = static_dims(types, v, 4, what)
-    if None in (hk, hv, dk, dv) or hv % hk:
-        raise GdnExportError(f"cannot rewrite {what}: heads / head sizes must be static with Hv a "
-                             f"multiple of Hk (q heads {hk}, v heads {hv}, Dk {dk}, Dv {dv})")
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    scale, l2 = float(attrs[FIELD_SCALE]), int(attrs[FIELD_USE_QK_L2NORM])
-    if scale == 0.0:
-        raise GdnExportError(f"cannot rewrite {what}: scale 0 means 1/sqrt(Dk) to LinearAttention")
+    _, hk, hv, _, dv, scale, l2 = gdr_fields(node, types, LINEAR_ATTENTION)
     v_type = types[v].tensor_type.elem_type
     s_type = types[s0].tensor_type.elem_type
     b = _block(block_id)

@@ -11,13 +11,8 @@ SMALL = ["--batch", "2", "--prompt-len", "9", "--decode-steps", "2"]
 
 
 @pytest.fixture(scope="module")
-def standard_onnx(cli_root, tiny_ckpt):
-    from gdn_export.cli.main import main
-
-    path = cli_root / "standard" / "tiny.onnx"
-    path.parent.mkdir()
-    assert main(["export", str(tiny_ckpt), "-o", str(path), "--onnx-ops", "standard", "-q"]) == 0
-    return path
+def standard_onnx(exported):
+    return exported("fp32", "--onnx-ops", "standard")
 
 
 def test_export_standard_writes_opset27_ops(standard_onnx):
@@ -107,13 +102,8 @@ def test_bench_ort_mistakes(cli, tiny_onnx, tiny_ckpt, monkeypatch, args, fragme
 
 
 @pytest.fixture(scope="module")
-def ort_onnx(cli_root, tiny_ckpt):
-    from gdn_export.cli.main import main
-
-    path = cli_root / "ort" / "tiny.onnx"
-    path.parent.mkdir()
-    assert main(["export", str(tiny_ckpt), "-o", str(path), "--onnx-ops", "ort", "-q"]) == 0
-    return path
+def ort_onnx(exported):
+    return exported("fp32", "--onnx-ops", "ort")
 
 
 def test_export_ort_is_the_rewritten_gdn_export(ort_onnx, tiny_onnx, tmp_path):

@@ -20,7 +20,7 @@ from gdn_export.layout import DeployLayout
 from gdn_export.onnx import forms, ort_native
 from gdn_export.runtime.ort_runner import OrtRunner
 from gdn_export.runtime.torch_runner import TorchRunner
-from gdn_export.validate.compare import Tolerances, default_tolerances, run_parity
+from tests.onnx._parity import assert_parity
 from tests.onnx._tiny import CONCAT, FAMILIES, tiny_export, tiny_ort
 
 MS = "com.microsoft"
@@ -64,47 +64,38 @@ def test_ort_file_has_one_fused_op_per_layer_and_the_gdn_io(both):
     onnx.shape_inference.infer_shapes(ort, check_type=True, strict_mode=True)
 
 
-def _parity(reference, candidates, dtype="float32", state="float32", prompt_len=65, steps=4, batch=3):
-    atol, rtol = default_tolerances(dtype, state)
-    report = run_parity(reference, candidates, vocab_size=reference.vocab_size,
-                        tolerances=Tolerances(atol, rtol), batch=batch, prompt_len=prompt_len,
-                        decode_steps=steps)
-    bad = [r for r in report.rows if not r.passed]
-    assert report.passed, bad[:4]
-
-
 def test_ort_form_matches_torch(both):
     """Ragged prefill of 65 / 33 / 1 tokens, then 4 forced decode steps; every logits and state row."""
     _, model, _, ort_path = both
     runner = OrtRunner(ort_path)
     assert runner.kernels == "native" and runner.kernels_note.startswith("ort form: native ORT kernels")
-    _parity(TorchRunner(model), [runner])
+    assert_parity(TorchRunner(model), [runner])
 
 
 def test_device_buffers_path(tiny_root):
     """The IOBinding path of --device cuda (states as OrtValues, GDN states swapped with a spare
     buffer), here on the CPU provider."""
     model, ort_path = tiny_ort("qwen3_5", tiny_root)
-    _parity(TorchRunner(model), [OrtRunner(ort_path, device_buffers=True)], prompt_len=20, steps=3, batch=2)
+    assert_parity(TorchRunner(model), [OrtRunner(ort_path, device_buffers=True)], prompt_len=20, steps=3, batch=2)
 
 
 @pytest.mark.slow
 def test_ort_form_long_prompt(tiny_root):
     model, ort_path = tiny_ort("qwen3_5", tiny_root)
-    _parity(TorchRunner(model), [OrtRunner(ort_path)], prompt_len=130, steps=2, batch=2)
+    assert_parity(TorchRunner(model), [OrtRunner(ort_path)], prompt_len=130, steps=2, batch=2)
 
 
 @pytest.mark.slow
 def test_ort_form_streams_far_past_the_window(tiny_root):
     layout = DeployLayout.make(sinks=2, window=8)
     model, ort_path = tiny_ort("qwen3_5", tiny_root, layout=layout)
-    _parity(TorchRunner(model), [OrtRunner(ort_path)], prompt_len=11, steps=30, batch=2)
+    assert_parity(TorchRunner(model), [OrtRunner(ort_path)], prompt_len=11, steps=30, batch=2)
 
 
 @pytest.mark.slow
 def test_ort_form_concat_layout(tiny_root):
     model, ort_path = tiny_ort("qwen3_next", tiny_root, layout=CONCAT)
-    _parity(TorchRunner(model), [OrtRunner(ort_path)], prompt_len=20, steps=3, batch=2)
+    assert_parity(TorchRunner(model), [OrtRunner(ort_path)], prompt_len=20, steps=3, batch=2)
 
 
 # The exports other suites make already (tests/onnx/test_standard_export.py, test_bf16_emulation.py,
@@ -123,7 +114,7 @@ def test_ort_form_dtypes_and_state_dtypes(tiny_root, dtype, state):
     runner = OrtRunner(ort_path)
     specs = lambda r: [(s.name, s.dtype) for s in r.state_specs]  # noqa: E731
     assert specs(runner) == specs(OrtRunner(gdn_path))
-    _parity(TorchRunner(model), [runner], dtype=str(dtype).removeprefix("torch."), state=state,
+    assert_parity(TorchRunner(model), [runner], dtype=str(dtype).removeprefix("torch."), state=state,
             prompt_len=40, steps=3, batch=2)
 
 

@@ -19,9 +19,8 @@ from gdn_export.errors import GdnExportError
 from gdn_export.onnx.forms import MS_DOMAIN
 from gdn_export.onnx.ort_form.patterns import GraphIndex, match_beta, match_gate, match_norm
 from gdn_export.onnx.ort_form.schemas import GATED_DELTA_NET, GATED_RMS_NORM, VARLEN_CONV
-from gdn_export.onnx.rewrite import Block, l2norm, static_dims
+from gdn_export.onnx.rewrite import Block, gdr_fields, l2norm, static_dims
 from gdn_export.ops.causal_conv1d import ACTIVATION_SILU
-from gdn_export.ops.gated_delta_rule import FIELD_SCALE, FIELD_USE_QK_L2NORM
 from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
 
 KEY_ORT_BLOCK = "gdn_export.ort_block"  # node metadata: the ort block a node belongs to
@@ -61,19 +60,10 @@ def gdr_block(node: onnx.NodeProto, G: GraphIndex, types, block_id: str) -> dict
     output norm as one GatedRMSNorm where it matches."""
     q, k, v, g, beta, s0 = node.input
     o, final = node.output
-    what = f"{node.domain}.{node.op_type} node {node.name!r}"
-    _, _, hk, dk = static_dims(types, q, 4, what)
-    _, _, hv, dv = static_dims(types, v, 4, what)
-    if None in (hk, hv, dk, dv) or hv % hk:
-        raise GdnExportError(f"cannot rewrite {what}: heads / head sizes must be static with Hv a "
-                             f"multiple of Hk (q heads {hk}, v heads {hv}, Dk {dk}, Dv {dv})")
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    scale = float(attrs[FIELD_SCALE])
-    if scale == 0.0:
-        raise GdnExportError(f"cannot rewrite {what}: scale 0 means 1/sqrt(Dk) to GatedDeltaNet")
+    _, _, hv, _, _, scale, l2 = gdr_fields(node, types, GATED_DELTA_NET)
     t_type, s_type = _elem(types, v), _elem(types, s0)
     b = Block(block_id, KEY_ORT_BLOCK)
-    if int(attrs[FIELD_USE_QK_L2NORM]):
+    if l2:
         # The op's qk_l2_norm uses another epsilon than L2NORM_EPS: normalised here in fp32.
         last = b.const(np.array([-1], np.int64), "last")
         eps = b.const(np.array(L2NORM_EPS, np.float32), "eps")
