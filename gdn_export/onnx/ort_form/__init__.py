@@ -53,7 +53,8 @@ __all__ = ["KEY_ORT_BLOCK", "MIN_ORT_VERSION", "OPS", "rewrite_file_to_ort", "to
 
 
 def prune(graph: onnx.GraphProto) -> None:
-    """Remove the nodes whose outputs feed nothing (repeatedly) and the initializers nothing reads."""
+    """Remove the nodes whose outputs feed nothing (repeatedly), the initializers nothing reads and
+    the value_info of tensors no node makes any more."""
     outputs = {v.name for v in graph.output}
     nodes = list(graph.node)
     while True:
@@ -68,6 +69,10 @@ def prune(graph: onnx.GraphProto) -> None:
     inits = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(inits)
+    made = {o for n in nodes for o in n.output}
+    infos = [v for v in graph.value_info if v.name in made]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
 
 
 def to_ort(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.ModelProto:
