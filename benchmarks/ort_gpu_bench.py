@@ -2,7 +2,7 @@
 
     python benchmarks/make_random_checkpoint.py /tmp/q35 --size 1.6b --device cuda
     python benchmarks/ort_gpu_bench.py /tmp/q35 [--dtype bf16] [--prompt 1024] [--steps 64]
-        [--batch 1] [--onnx-ops gdn|standard] [--onnx /tmp/q35.onnx] [--json out.json]
+        [--batch 1] [--onnx-ops gdn|standard|ort] [--onnx /tmp/q35.onnx] [--json out.json]
 
 Needs onnxruntime-gpu (with CUDAExecutionProvider; `onnxruntime.preload_dlls()` finds the CUDA 13
 libraries of torch's nvidia-* wheels) and a GPU. Exports the checkpoint (unless --onnx is given) with
@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--onnx-ops", choices=("gdn", "standard"), default="gdn")
+    p.add_argument("--onnx-ops", choices=("gdn", "standard", "ort"), default="gdn",
+                   help="the form of the export (docs/onnx_forms.md; benchmarks/ort_gpu_forms.py times all three)")
     p.add_argument("--onnx", help="an export of the checkpoint with this cache length (default: export it)")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     del ort_runner
     torch_runner = GraphRunner(model.cuda(), device="cuda", op_backend="triton")
     t_prefill, t_decode, t_tokens = _bench(torch_runner, ids, args.steps)
-    rows = [("ORT CUDA EP (ours, native kernels)", ort_prefill, ort_decode),
+    rows = [(f"ORT CUDA EP (ours, {args.onnx_ops} form)", ort_prefill, ort_decode),
             ("torch GraphRunner (triton ops, CUDA graph)", t_prefill, t_decode)]
     print(f"| {torch.cuda.get_device_name()}, {args.dtype}, batch {args.batch} | prefill {args.prompt} (ms) "
           f"| decode step (ms) |")

@@ -3,14 +3,17 @@
     python -m venv /tmp/peer && echo /path/to/shared/venv/site-packages > /tmp/peer/lib/python3.11/site-packages/shared.pth
     /tmp/peer/bin/pip install onnxruntime-genai==0.18.0           # only that package lands in /tmp/peer
     PYTHONPATH=$PWD python benchmarks/peer_ort_genai.py --peer-python /tmp/peer/bin/python [--hidden 256]
-        [--layers 4] [--prompt 64] [--steps 16] [--out docs/perf/peer_ort_genai.md]
+        [--layers 4] [--prompt 64] [--steps 16] [--forms gdn,standard,ort] [--device cpu|cuda]
+        [--out docs/perf/peer_ort_genai.md]
 
 Makes a random `Qwen3_5ForConditionalGeneration` (transformers, seeded, tiny vision tower) and saves it;
-then (1) gdn-export: export fp32, time it, file size, OrtRunner (native kernels) prefill and decode per
-step, greedy tokens; (2) the peer: `python -m onnxruntime_genai.models.builder -i CKPT -o OUT -p fp32
--e cpu` in the peer interpreter, time, size of its files, then its own generator (og.Model /
-og.Generator, greedy) timed per step; (3) transformers' greedy tokens as the truth. Where the peer's
-build or run fails, its error (last line) goes into the table instead of numbers.
+then (1) gdn-export: export fp32 (the gdn form; the standard and ort forms rewritten from it,
+docs/onnx_forms.md), time it, file size, OrtRunner prefill and decode per step, greedy tokens, a row
+per form; (2) the peer: `python -m onnxruntime_genai.models.builder -i CKPT -o OUT -p fp32 -e cpu`
+(`-e cuda` with --device cuda: onnxruntime-genai-cuda in the peer venv, onnxruntime-gpu in ours) in
+the peer interpreter, time, size of its files, then its own generator (og.Model / og.Generator,
+greedy) timed per step; (3) transformers' greedy tokens as the truth. Where the peer's build or run
+fails, its error (last line) goes into the table instead of numbers.
 """
 
 from __future__ import annotations
@@ -86,20 +89,38 @@ def transformers_greedy(folder: Path, ids: list[int], steps: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def ours(folder: Path, work: Path, ids: list[int], steps: int) -> dict:
+def ours(folder: Path, work: Path, ids: list[int], steps: int, forms=("gdn",), device: str = "cpu") -> dict:
+    """{form: row} of our export in each form (the gdn file exported, the others rewritten from it)."""
+    import shutil
+
     import torch
 
     from gdn_export.layout import DeployLayout
     from gdn_export.onnx import export_onnx
-    from gdn_export.runtime.ort_runner import OrtRunner
+    from gdn_export.onnx.export import rewrite_form
     from gdn_export.weights import load_checkpoint
 
     t0 = time.perf_counter()
     model = load_checkpoint(folder, dtype=torch.float32)
     model.layout = DeployLayout.make(cache_len=len(ids) + steps + 1)
-    path = export_onnx(model, work / "ours.onnx")
+    gdn = export_onnx(model, work / "ours.onnx")
     export_s = time.perf_counter() - t0
-    runner = OrtRunner(path)
+    rows = {}
+    for form in forms:
+        t0 = time.perf_counter()
+        path = gdn
+        if form != "gdn":
+            path = work / f"ours-{form}.onnx"
+            shutil.copyfile(gdn, path)
+            rewrite_form(path, form)
+        rows[form] = _time_ours(path, export_s + time.perf_counter() - t0, ids, steps, device)
+    return rows
+
+
+def _time_ours(path: Path, export_s: float, ids: list[int], steps: int, device: str) -> dict:
+    from gdn_export.runtime.ort_runner import OrtRunner
+
+    runner = OrtRunner(path, device=device)
     arr = np.array([ids], np.int64)
     t0 = time.perf_counter()
     logits, states = runner.forward(arr, 0, runner.empty_states(1))
@@ -117,11 +138,11 @@ def ours(folder: Path, work: Path, ids: list[int], steps: int) -> dict:
                 tokens=tokens, note=runner.kernels_note)
 
 
-def peer(python: str, folder: Path, work: Path, ids: list[int], steps: int) -> dict:
+def peer(python: str, folder: Path, work: Path, ids: list[int], steps: int, device: str = "cpu") -> dict:
     out_dir = work / "peer"
     t0 = time.perf_counter()
     build = subprocess.run([python, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out_dir),
-                            "-p", "fp32", "-e", "cpu", "-c", str(work / "peer_cache")],
+                            "-p", "fp32", "-e", device, "-c", str(work / "peer_cache")],
                            capture_output=True, text=True, timeout=1800)
     export_s = time.perf_counter() - t0
     if build.returncode != 0:
@@ -143,16 +164,25 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--forms", default="gdn,standard,ort", help="our forms to time (docs/onnx_forms.md)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out", help="also write the Markdown table here")
     args = p.parse_args(argv)
+    forms = [f for f in args.forms.split(",") if f]
+    from gdn_export.onnx.forms import check_form
+
+    for form in forms:
+        check_form(form)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folder = make_checkpoint(work / "ckpt", args.hidden, args.layers)
         ids = np.random.default_rng(0).integers(0, 1024, args.prompt).tolist()
         truth = transformers_greedy(folder, ids, args.steps)
-        rows = {"gdn-export": ours(folder, work, ids, args.steps),
-                "onnxruntime-genai 0.18 builder": peer(args.peer_python, folder, work, ids, args.steps)}
-    lines = [f"| random Qwen3_5ForConditionalGeneration, hidden {args.hidden}, {args.layers} layers, fp32, ORT CPU "
+        rows = {f"gdn-export, {form} form": r for form, r in
+                ours(folder, work, ids, args.steps, forms, args.device).items()}
+        rows["onnxruntime-genai 0.18 builder"] = peer(args.peer_python, folder, work, ids, args.steps, args.device)
+    lines = [f"| random Qwen3_5ForConditionalGeneration, hidden {args.hidden}, {args.layers} layers, fp32, "
+             f"ORT {args.device.upper()} "
              f"| export (s) | files (MiB) | prefill {args.prompt} (ms) | decode step (ms) | greedy tokens = transformers |",
              "|---|---|---|---|---|---|"]
     for name, r in rows.items():

@@ -22,12 +22,6 @@ from gdn_export.cli.main import make_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Names another branch adds, allowed before it is merged (delete each entry once it is):
-NOT_YET = {
-    "pages": {"docs/onnx_forms.md"},  # repository-relative paths
-    "subcommands": set(),  # `gdn-export NAME ...`, any flags
-}
-
 
 def doc_files(root: Path = ROOT) -> list[Path]:
     files = [root / "README.md", root / "CONTRIBUTING.md", root / "CHANGELOG.md", root / "benchmarks/README.md"]
@@ -136,8 +130,7 @@ def link_problems(path: Path, root: Path = ROOT) -> list[str]:
             problems.append(f"{target}: outside the repository")
             continue
         if not dest.exists():
-            if rel not in NOT_YET["pages"]:
-                problems.append(f"{target}: no such file ({rel})")
+            problems.append(f"{target}: no such file ({rel})")
             continue
         if anchor and dest.suffix == ".md" and unquote(anchor) not in anchors(dest):
             problems.append(f"{target}: no heading #{anchor} in {rel}")
@@ -174,8 +167,6 @@ def command_problems(rest: str, parser: argparse.ArgumentParser) -> list[str]:
     first = words[0]
     if first.startswith("-"):  # gdn-export --help / --version
         cmd, sub, args = "gdn-export", parser, words
-    elif first in NOT_YET["subcommands"]:
-        return []
     elif _is_placeholder(first):
         return []
     elif first not in sub_action.choices:
@@ -229,7 +220,7 @@ def test_the_link_check_finds_missing_files_and_anchors(tmp_path):
     page = tmp_path / "docs" / "a.md"
     page.write_text(
         "# A\n\n[ok](b.md) [ok](b.md#title-1) [ok](b.md#the---x-flag-new) [self](#a) [web](https://x.y/z)\n"
-        "[gone](c.md) [bad anchor](b.md#nope) [bad self](#b) [allowed](onnx_forms.md)\n"
+        "[gone](c.md) [bad anchor](b.md#nope) [bad self](#b)\n"
         "`[in code](nowhere.md)`\n\n```\n[in a block](nowhere.md)\n```\n\n[ref]: missing.md\n")
     problems = link_problems(page, root=tmp_path)
     assert problems == ["c.md: no such file (docs/c.md)", "b.md#nope: no heading #nope in docs/b.md",

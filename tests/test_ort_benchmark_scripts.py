@@ -1,5 +1,5 @@
-"""benchmarks/ort_cpu_kernels.py runs on a tiny model; benchmarks/ort_gpu_bench.py parses its flags
-and stops with one line where onnxruntime-gpu is missing (it runs on the H200)."""
+"""benchmarks/ort_cpu_kernels.py runs on a tiny model; benchmarks/ort_gpu_bench.py and ort_gpu_forms.py
+parse their flags and stop with one line where onnxruntime-gpu is missing (they run on the GPU)."""
 
 import json
 import os
@@ -41,3 +41,13 @@ def test_ort_gpu_bench_without_onnxruntime_gpu_is_one_error(tmp_path):
     out = subprocess.run([sys.executable, ROOT / "benchmarks/ort_gpu_bench.py", ckpt, "--dtype", "fp32",
                           "--prompt", "4", "--steps", "1"], env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode != 0 and "needs onnxruntime-gpu" in out.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in onnxruntime.get_available_providers(),
+                    reason="onnxruntime-gpu is installed")
+def test_ort_gpu_forms_without_onnxruntime_gpu_is_one_error_before_any_work(tmp_path):
+    """benchmarks/ort_gpu_forms.py (run on a GPU; `--dry-run` runs its steps tiny on the CPU)."""
+    out = subprocess.run([sys.executable, ROOT / "benchmarks/ort_gpu_forms.py", "--out", tmp_path / "o"], env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "needs onnxruntime-gpu" in out.stderr
+    assert not (tmp_path / "o").exists()

@@ -34,7 +34,10 @@ def run(args) -> int:
     if args.json:
         output_file(args.json, "--json", args)
     device = device_of(args)
-    ort_device.providers_for(ort_device.parse_device(device))  # one line before loading
+    providers = ort_device.providers_for(ort_device.parse_device(device))  # one line before loading
+    from gdn_export.onnx.ort_native import check_file
+
+    check_file(args.onnx, args.ort_kernels, providers)
     progress = Progress("bench", args.quiet)
     progress(f"loading {args.onnx} in ONNX Runtime on {device}")
     runner = OrtRunner(args.onnx, device=device, kernels=args.ort_kernels)

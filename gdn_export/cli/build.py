@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from gdn_export.trt import kv_fp8, loader
-    from gdn_export.trt.build import ENGINE_SUFFIXES, build_engine, check_exported, layers_path
+    from gdn_export.trt.build import ENGINE_SUFFIXES, build_engine, check_buildable_form, check_exported, layers_path
     from gdn_export.trt.profile import onnx_metadata, parse_shape_specs
 
     if args.workspace is not None:
@@ -52,6 +52,7 @@ def run(args) -> int:
     onnx = Path(args.onnx)
     input_file(onnx, "ONNX file")
     check_exported(onnx)  # a graph of another exporter: named now, not by `run` after the build
+    check_buildable_form(onnx)  # the ort form: before the vision engine of a vision-language file
     kv_fp8.check(onnx, onnx_metadata(onnx), loader.flavour())  # a cache this TensorRT cannot build
     # The engine holds the weights once more: about the size of the .onnx and its .data sidecar.
     weights = sum(f.stat().st_size for f in (onnx, onnx.with_name(onnx.name + ".data")) if f.is_file())

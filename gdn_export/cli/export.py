@@ -20,10 +20,14 @@ def add_parser(sub) -> None:
     add_dtype(p, "the exported graph")
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX opset (default 24 for the inplace kv cache, 18 for concat)")
-    p.add_argument("--onnx-ops", choices=("gdn", "standard"), default="gdn",
+    from gdn_export.onnx.forms import FORMS
+
+    p.add_argument("--onnx-ops", choices=FORMS, default="gdn",
                    help="gdn (default): GDN layers as gdn.GatedDeltaRule / gdn.CausalConv1d nodes (the "
                    "TensorRT plugins); standard: ONNX opset-27 LinearAttention / CausalConvWithState "
-                   "with standard ops around them (docs/onnx.md, 'Standard ONNX ops')")
+                   "with standard ops around them (docs/onnx.md, 'Standard ONNX ops'); ort: ONNX Runtime's com.microsoft GatedDeltaNet / "
+                   "VarlenCausalConvWithState / GatedRMSNorm (onnxruntime >= 1.32 only; "
+                   "docs/onnx_forms.md says which form for which runtime)")
     add_layout_flags(p)
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
     add_export_flags(p)

@@ -69,7 +69,8 @@ def add_ort_kernels(p) -> None:
     p.add_argument("--ort-kernels", choices=("auto", "native", "functions"), default="auto",
                    help="ort backend: native = ONNX Runtime's com.microsoft LinearAttention / "
                    "CausalConvWithState kernels, functions = standard-ONNX function bodies, auto "
-                   "(default) = native where they apply (the choice is printed)")
+                   "(default) = native where they apply (the choice is printed); an --onnx-ops ort "
+                   "file runs on ORT's GatedDeltaNet kernels (functions is refused there)")
 
 
 def check_device(device: str, op_backend: str | None = None) -> None:

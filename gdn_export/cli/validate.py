@@ -87,10 +87,12 @@ def run(args) -> int:
 
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
     parse_tolerances(args.atol, args.rtol, 0.0, 0.0)  # their syntax; the defaults need the dtype
-    if args.onnx:  # onnxruntime-gpu / a GPU missing: one line before any loading
+    if args.onnx:  # onnxruntime-gpu / a GPU missing, an ORT without the ort form's kernels: before any loading
+        from gdn_export.onnx.ort_native import check_file
         from gdn_export.runtime import ort_device
 
-        ort_device.providers_for(ort_device.parse_device(args.ort_device, "--ort-device"), "--ort-device")
+        providers = ort_device.providers_for(ort_device.parse_device(args.ort_device, "--ort-device"), "--ort-device")
+        check_file(args.onnx, args.ort_kernels, providers)
     if args.onnx:
         _check_cache(_onnx_layout(args.onnx), args, args.onnx)
     if args.engine:  # the plugin library: found and loadable before the first progress line

@@ -38,7 +38,7 @@ def export_vlm_if_composite(args, layout, progress) -> tuple | None:
                  "language model alone")
         return None
     return export_vlm(args.checkpoint, args.output, dtype=torch_dtype(args.dtype), layout=layout,
-                      opset=args.opset, progress=progress, overwrite=args.overwrite)
+                      opset=args.opset, progress=progress, onnx_ops=args.onnx_ops, overwrite=args.overwrite)
 
 
 # ------------------------------------------------------------------------------- run / validate
@@ -178,6 +178,9 @@ def validate_with_images(args) -> int:
     _precheck_visual_files(args)
     if not Path(args.checkpoint).is_dir():
         raise InputError(f"{args.checkpoint}: checkpoint folder not found")
+    from gdn_export.onnx.ort_native import check_file
+
+    check_file(args.onnx)  # an ORT without the ort form's kernels: before any loading
     progress = Progress("validate", args.quiet)
     progress(f"loading {args.onnx} in ONNX Runtime")
     candidate, cand_vision = open_vlm(args.onnx)

@@ -5,6 +5,9 @@
     functions.py  attach standard-ONNX bodies of the gdn.* ops in memory, for ONNX Runtime
     metadata.py   the metadata_props that let a runtime read the state layout from the file
     checks.py     the exported file is exactly what TensorRT's parser maps to plugins
+    forms.py      the three forms of the GDN layers (--onnx-ops gdn | standard | ort), which a file is
+    standard_ops.py / ort_form/   the rewrites of a gdn-form file to the standard / ort form
+    ort_native.py what ONNX Runtime loads for a file of any form (kernels or function bodies)
 """
 
 import importlib

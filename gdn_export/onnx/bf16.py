@@ -40,15 +40,10 @@ def _to_fp32_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def _output_types(model: onnx.ModelProto) -> dict[str, int]:
-    from gdn_export.onnx.schemas import register_schemas
+    from gdn_export.onnx.rewrite import inferred_types
 
-    register_schemas()
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError) as exc:
-        raise GdnExportError(f"bf16 emulation: shape inference failed ({exc})") from None
-    g = inferred.graph
-    return {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
+    types = inferred_types(model, "bf16 emulation: shape inference failed")
+    return {name: t.tensor_type.elem_type for name, t in types.items()}
 
 
 def emulate_bf16(model: onnx.ModelProto) -> onnx.ModelProto:

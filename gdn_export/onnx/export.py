@@ -188,6 +188,18 @@ def _verify(onnx_path: Path, external: bool) -> None:
     check_plugin_mappable(proto)
 
 
+def rewrite_form(path: Path, onnx_ops: str, say=lambda _msg: None) -> None:
+    """Rewrite the checked gdn-form file `path` in place into form `onnx_ops` (nothing for "gdn")."""
+    if onnx_ops == "standard":
+        from gdn_export.onnx.standard_ops import rewrite_file_to_standard
+
+        rewrite_file_to_standard(path, say)
+    elif onnx_ops == "ort":
+        from gdn_export.onnx.ort_form import rewrite_file_to_ort
+
+        rewrite_file_to_ort(path, say)
+
+
 def check_export_target(path: str | os.PathLike, opset: int | None = None, layout=None) -> Path:
     """GdnExportError unless `export_onnx` can write `path` at `opset` (default: the layout's): the
     opset is in [MIN_EXPORT_OPSET, MAX_EXPORT_OPSET] (the in-place layout needs >= 24), the name ends
@@ -222,14 +234,16 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
 
     Weights go to a sidecar `<name>.data` when they exceed ~2 GB. metadata_props record the
     gdn-export version, family, dtype, opset, vocab size, the state layout and the deployment
-    layout (`gdn_export.onnx.metadata`). `onnx_ops` "standard" writes the GDN layers as opset-27
-    LinearAttention / CausalConvWithState blocks (gdn_export.onnx.standard_ops; opset 27).
+    layout (`gdn_export.onnx.metadata`). `onnx_ops` (gdn_export.onnx.forms): "gdn" (default) the
+    gdn nodes; "standard" the GDN layers as opset-27 LinearAttention / CausalConvWithState blocks
+    (gdn_export.onnx.standard_ops; opset 27); "ort" as ONNX Runtime's com.microsoft GatedDeltaNet /
+    VarlenCausalConvWithState / GatedRMSNorm (gdn_export.onnx.ort_form).
     overwrite False: a file that appeared at `path` (or its sidecar) while the export ran is kept
     and the export ends in an OutputError (gdn_export.paths.publish_files).
     """
-    from gdn_export.onnx import standard_ops
+    from gdn_export.onnx.forms import check_form
 
-    standard_ops.check_form(onnx_ops)
+    check_form(onnx_ops)
     layout = model.layout
     opset = default_opset(layout) if opset is None else opset
     path = check_export_target(path, opset, layout)
@@ -267,8 +281,7 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
         onnx_ir.save(ir_model, tmp_path, external_data=data_name if external else None)
         say("checking (onnx.checker full_check, strict shape inference, plugin mapping)")
         _verify(tmp_path, external)
-        if onnx_ops == "standard":
-            standard_ops.rewrite_file_to_standard(tmp_path, say)
+        rewrite_form(tmp_path, onnx_ops, say)
         # the weights first, so that the new .onnx never points at missing data
         moves = [(tmpdir / data_name, path.parent / data_name)] if external else []
         publish_files([*moves, (tmp_path, path)], overwrite=overwrite)

@@ -21,9 +21,13 @@ DOMAIN = gated_delta_rule_onnx.ONNX_DOMAIN
 
 
 def register_schemas() -> None:
-    """Register gdn.GatedDeltaRule, gdn.CausalConv1d and gdn.MoE (a no-op when already registered)."""
+    """Register gdn.GatedDeltaRule, gdn.CausalConv1d and gdn.MoE, and the com.microsoft ops of the
+    ort form (gdn_export.onnx.ort_form.schemas); a no-op when already registered."""
+    from gdn_export.onnx.ort_form.schemas import register_schemas as register_ort_form
+
     for module in OP_MODULES:
         module.register_schema()
+    register_ort_form()
 
 
 def custom_translation_table() -> dict:

@@ -27,146 +27,48 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from gdn_export.errors import GdnExportError
+from gdn_export.onnx.forms import KEY_BLOCK, KEY_ONNX_OPS, MS_DOMAIN, STANDARD, form_of
+from gdn_export.onnx.rewrite import (Block, default_opset, gdr_fields, l2norm, meta, set_metadata,
+                                     set_opset, static_dims)
 from gdn_export.ops.causal_conv1d import ACTIVATION_SILU
 from gdn_export.ops.causal_conv1d import PLUGIN_NAME as CONV_NAME
-from gdn_export.ops.gated_delta_rule import FIELD_SCALE, FIELD_USE_QK_L2NORM
 from gdn_export.ops.gated_delta_rule import PLUGIN_NAME as GDR_NAME
 from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
 from gdn_export.onnx.schemas import DOMAIN as GDN_DOMAIN
 
 STANDARD_OPSET = 27  # LinearAttention, CausalConvWithState entered the default domain here
-MS_DOMAIN = "com.microsoft"
 LINEAR_ATTENTION, CAUSAL_CONV = "LinearAttention", "CausalConvWithState"
 STANDARD_OPS = (LINEAR_ATTENTION, CAUSAL_CONV)
-KEY_BLOCK, KEY_GDN_NODE = "gdn_export.block", "gdn_export.gdn_node"
-# Model metadata_props of a standard-form file: its form, and the default opset of its gdn form.
-KEY_ONNX_OPS, KEY_GDN_OPSET = "gdn_export.onnx_ops", "gdn_export.gdn_opset"
-FORMS = ("gdn", "standard")
+KEY_GDN_NODE = "gdn_export.gdn_node"
+# Model metadata_props of a standard-form file: the default opset of its gdn form.
+KEY_GDN_OPSET = "gdn_export.gdn_opset"
 IR_VERSION_27 = 13  # the IR version onnx 1.23 pairs with opset 27
 
-__all__ = ["FORMS", "STANDARD_OPSET", "form_of", "retarget", "to_gdn", "to_standard"]
+__all__ = ["STANDARD_OPSET", "form_of", "retarget", "to_gdn", "to_standard"]
 
 
-def _meta(node: onnx.NodeProto) -> dict[str, str]:
-    return {p.key: p.value for p in node.metadata_props}
+def _block(block_id: str) -> Block:
+    return Block(block_id, KEY_BLOCK)
 
 
-def form_of(model: onnx.ModelProto) -> str:
-    """"standard" when the graph holds LinearAttention / CausalConvWithState blocks, else "gdn"."""
-    return "standard" if any(KEY_BLOCK in _meta(n) for n in model.graph.node) else "gdn"
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for e in model.opset_import:
-        if e.domain in ("", "ai.onnx"):
-            return e.version
-    raise GdnExportError("model has no opset_import entry for the default ONNX domain")
-
-
-def _set_opset(model: onnx.ModelProto, domain: str, version: int | None) -> None:
-    """Set (version) or drop (None) the opset_import entry of `domain`."""
-    keep = [e for e in model.opset_import if e.domain != domain and not (domain == "" and e.domain == "ai.onnx")]
-    del model.opset_import[:]
-    model.opset_import.extend(keep)
-    if version is not None:
-        model.opset_import.add(domain=domain, version=version)
-
-
-def _set_metadata(model: onnx.ModelProto, values: dict[str, str | None]) -> None:
-    """Set (str) or remove (None) model metadata_props entries."""
-    props = {p.key: p.value for p in model.metadata_props}
-    props.update(values)
-    del model.metadata_props[:]
-    for key, value in props.items():
-        if value is not None:
-            model.metadata_props.add(key=key, value=value)
-
-
-def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Type of every tensor of the main graph (shape inference with the gdn schemas registered)."""
-    from gdn_export.onnx.schemas import register_schemas
-
-    register_schemas()
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError) as exc:
-        raise GdnExportError(f"shape inference failed on the graph ({exc})") from None
-    g = inferred.graph
-    types = {v.name: v.type for v in (*g.input, *g.output, *g.value_info)}
-    for init in g.initializer:
-        t = onnx.TypeProto()
-        t.tensor_type.elem_type = init.data_type
-        for d in init.dims:
-            t.tensor_type.shape.dim.add().dim_value = d
-        types[init.name] = t
-    return types
-
-
-def _static_dims(types, name: str, rank: int, what: str) -> list[int | None]:
-    t = types.get(name)
-    if t is None or not t.tensor_type.HasField("shape") or len(t.tensor_type.shape.dim) != rank:
-        raise GdnExportError(f"cannot rewrite {what}: the shape of {name!r} is unknown")
-    return [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
-
-
-class _Block:
-    """Nodes of one rewritten gdn node; every node tagged with the block id."""
-
-    def __init__(self, block_id: str):
-        self.id, self.nodes, self._n = block_id, [], 0
-
-    def name(self, hint: str) -> str:
-        self._n += 1
-        return f"{self.id}/{hint}_{self._n}"
-
-    def add(self, op: str, inputs, outputs=None, domain: str = "", **attrs) -> str | list[str]:
-        outputs = outputs or [self.name(op.lower())]
-        node = helper.make_node(op, list(inputs), list(outputs), name=self.name(op), domain=domain, **attrs)
-        node.metadata_props.add(key=KEY_BLOCK, value=self.id)
-        self.nodes.append(node)
-        return outputs[0] if len(outputs) == 1 else outputs
-
-    def const(self, array: np.ndarray, hint: str) -> str:
-        return self.add("Constant", [], [self.name(hint)],
-                        value=onnx.numpy_helper.from_array(np.asarray(array), self.name(hint)))
-
-    def cast(self, x: str, to: int) -> str:
-        return self.add("Cast", [x], to=to)
-
-
-def _l2norm(b: _Block, x: str, axis_last: str, eps: str) -> str:
-    sq = b.add("Mul", [x, x])
-    ss = b.add("ReduceSum", [sq, axis_last], keepdims=1)
-    return b.add("Div", [x, b.add("Sqrt", [b.add("Add", [ss, eps])])])
-
-
-def _gdr_block(node: onnx.NodeProto, types, block_id: str, domain: str) -> _Block:
+def _gdr_block(node: onnx.NodeProto, types, block_id: str, domain: str) -> Block:
     """gdn.GatedDeltaRule(q, k, v, g, beta, s0) -> (o, final_state) as a LinearAttention block."""
     q, k, v, g, beta, s0 = node.input
     o, final = node.output
-    what = f"{node.domain}.{node.op_type} node {node.name!r}"
-    _, _, hk, dk = _static_dims(types, q, 4, what)
-    _, _, hv, dv = _static_dims(types, v, 4, what)
-    if None in (hk, hv, dk, dv) or hv % hk:
-        raise GdnExportError(f"cannot rewrite {what}: heads / head sizes must be static with Hv a "
-                             f"multiple of Hk (q heads {hk}, v heads {hv}, Dk {dk}, Dv {dv})")
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    scale, l2 = float(attrs[FIELD_SCALE]), int(attrs[FIELD_USE_QK_L2NORM])
-    if scale == 0.0:
-        raise GdnExportError(f"cannot rewrite {what}: scale 0 means 1/sqrt(Dk) to LinearAttention")
+    _, hk, hv, _, dv, scale, l2 = gdr_fields(node, types, LINEAR_ATTENTION)
     v_type = types[v].tensor_type.elem_type
     s_type = types[s0].tensor_type.elem_type
-    b = _Block(block_id)
+    b = _block(block_id)
     f32 = TensorProto.FLOAT
     qf, kf, vf, bf, sf = (b.cast(x, f32) for x in (q, k, v, beta, s0))
     gf = b.cast(g, f32)
     if l2:
         last = b.const(np.array([-1], np.int64), "last")
         eps = b.const(np.array(L2NORM_EPS, np.float32), "eps")
-        qf, kf = _l2norm(b, qf, last, eps), _l2norm(b, kf, last, eps)
+        qf, kf = l2norm(b, qf, last, eps), l2norm(b, kf, last, eps)
     packed = b.const(np.array([0, 0, -1], np.int64), "packed")
     if hv != hk:  # repeat each key head m = Hv / Hk times: value head h reads key head h // m
         ax3 = b.const(np.array([3], np.int64), "ax3")
@@ -184,18 +86,18 @@ def _gdr_block(node: onnx.NodeProto, types, block_id: str, domain: str) -> _Bloc
     return b
 
 
-def _conv_block(node: onnx.NodeProto, types, block_id: str, domain: str) -> _Block:
+def _conv_block(node: onnx.NodeProto, types, block_id: str, domain: str) -> Block:
     """gdn.CausalConv1d(x, weight, bias, state, seq_lens) -> (y, new_state) as a CausalConvWithState
     block; the new state is gathered at each row's last real token."""
     x, weight, bias, state, seq_lens = node.input
     y, new_state = node.output
     what = f"{node.domain}.{node.op_type} node {node.name!r}"
-    _, k = _static_dims(types, weight, 2, what)
+    _, k = static_dims(types, weight, 2, what)
     if k is None or k < 2:
         raise GdnExportError(f"cannot rewrite {what}: the kernel width must be static and >= 2, got {k}")
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     x_type = types[x].tensor_type.elem_type
-    b = _Block(block_id)
+    b = _block(block_id)
     f32 = TensorProto.FLOAT
     xf, wf, bf, sf = (b.cast(t, f32) for t in (x, weight, bias, state))
     x_ct = b.add("Transpose", [xf], perm=[0, 2, 1])
@@ -230,7 +132,9 @@ def to_standard(model: onnx.ModelProto, domain: str = "") -> onnx.ModelProto:
     13). domain "com.microsoft": ONNX Runtime's contrib ops (opset unchanged), for an in-memory
     session only. gdn.MoE nodes stay. GdnExportError when a node cannot be expressed (shapes unknown).
     """
-    types = _value_types(model)
+    from gdn_export.onnx.rewrite import value_types
+
+    types = value_types(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes, n_blocks = [], 0
@@ -243,16 +147,16 @@ def to_standard(model: onnx.ModelProto, domain: str = "") -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     if domain == "":
-        gdn_opset = _default_opset(model)
+        gdn_opset = default_opset(model)
         opset = max(gdn_opset, STANDARD_OPSET)
-        _set_opset(out, "", opset)
+        set_opset(out, "", opset)
         out.ir_version = max(out.ir_version, IR_VERSION_27)
-        _set_metadata(out, {KEY_ONNX_OPS: "standard", KEY_GDN_OPSET: str(gdn_opset),
+        set_metadata(out, {KEY_ONNX_OPS: STANDARD, KEY_GDN_OPSET: str(gdn_opset),
                             "gdn_export.opset": str(opset)})
     else:
-        _set_opset(out, domain, 1)
+        set_opset(out, domain, 1)
     if not any(n.domain == GDN_DOMAIN for n in out.graph.node):
-        _set_opset(out, GDN_DOMAIN, None)
+        set_opset(out, GDN_DOMAIN, None)
     return out
 
 
@@ -261,7 +165,7 @@ def retarget(model: onnx.ModelProto, domain: str) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for node in out.graph.node:
-        if node.op_type in STANDARD_OPS and KEY_BLOCK in _meta(node):
+        if node.op_type in STANDARD_OPS and KEY_BLOCK in meta(node):
             node.domain = domain
     if domain and not any(e.domain == domain for e in out.opset_import):
         out.opset_import.add(domain=domain, version=1)
@@ -280,14 +184,14 @@ def to_gdn(model: onnx.ModelProto, opset: int | None = None) -> onnx.ModelProto:
     out.CopyFrom(model)
     records: dict[str, onnx.NodeProto] = {}
     for node in model.graph.node:
-        meta = _meta(node)
-        if KEY_GDN_NODE in meta:
+        props = meta(node)
+        if KEY_GDN_NODE in props:
             gdn = onnx.NodeProto()
-            gdn.ParseFromString(base64.b64decode(meta[KEY_GDN_NODE]))
-            records[meta[KEY_BLOCK]] = gdn
+            gdn.ParseFromString(base64.b64decode(props[KEY_GDN_NODE]))
+            records[props[KEY_BLOCK]] = gdn
     nodes, seen = [], set()
     for node in model.graph.node:
-        block = _meta(node).get(KEY_BLOCK)
+        block = meta(node).get(KEY_BLOCK)
         if block is None:
             nodes.append(node)
             continue
@@ -300,24 +204,17 @@ def to_gdn(model: onnx.ModelProto, opset: int | None = None) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     if seen:
-        _set_opset(out, GDN_DOMAIN, DOMAIN_VERSION)
+        set_opset(out, GDN_DOMAIN, DOMAIN_VERSION)
     if opset is None:
         recorded = {p.key: p.value for p in model.metadata_props}.get(KEY_GDN_OPSET)
         opset = int(recorded) if recorded else None
     if opset is not None:
-        _set_opset(out, "", opset)
-        _set_metadata(out, {KEY_ONNX_OPS: None, KEY_GDN_OPSET: None, "gdn_export.opset": str(opset)})
+        set_opset(out, "", opset)
+        set_metadata(out, {KEY_ONNX_OPS: None, KEY_GDN_OPSET: None, "gdn_export.opset": str(opset)})
     for domain in ("", MS_DOMAIN):
         if domain and not any(n.domain == domain for n in out.graph.node):
-            _set_opset(out, domain, None)
+            set_opset(out, domain, None)
     return out
-
-
-def check_form(onnx_ops: str) -> str:
-    """`onnx_ops` if it names a form ("gdn" / "standard"), else GdnExportError."""
-    if onnx_ops not in FORMS:
-        raise GdnExportError(f"--onnx-ops {onnx_ops!r}: choose one of {', '.join(FORMS)}")
-    return onnx_ops
 
 
 def rewrite_file_to_standard(path, say=lambda _msg: None) -> None:
@@ -341,7 +238,7 @@ def gdn_form_file(path, say=lambda _msg: None):
     to our plugins and does not import the opset-27 ops."""
     path = Path(path)
     proto = onnx.load(str(path), load_external_data=False)
-    if form_of(proto) != "standard":
+    if form_of(proto) != STANDARD:
         yield path
         return
     say("standard form: LinearAttention / CausalConvWithState blocks rewritten to gdn nodes for the plugins")

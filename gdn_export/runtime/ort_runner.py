@@ -1,10 +1,12 @@
 """OrtRunner: an exported .onnx file in ONNX Runtime (states are numpy arrays).
 
-The file holds bare gdn.* nodes (what TensorRT maps to plugins) or their standard form. At load time
-the runner rewrites the GDN layers to ORT's com.microsoft LinearAttention / CausalConvWithState
-kernels, or, where none applies, attaches standard-ONNX bodies of the gdn ops as model-local
-functions (gdn_export.onnx.ort_native; `kernels` / `kernels_note` say which and why); nothing is
-written over the file and no compiled custom-op library is needed.
+The file holds bare gdn.* nodes (what TensorRT maps to plugins), their standard form or the ort
+form (gdn_export.onnx.forms). At load time the runner rewrites the GDN layers of the first two to
+ORT's com.microsoft LinearAttention / CausalConvWithState kernels, or, where none applies, attaches
+standard-ONNX bodies of the gdn ops as model-local functions; the ort form runs as it is, on ORT's
+GatedDeltaNet / VarlenCausalConvWithState / GatedRMSNorm kernels, and an ORT without them is
+refused at load (gdn_export.onnx.ort_native; `kernels` / `kernels_note` say which and why); nothing
+is written over the file and no compiled custom-op library is needed.
 
 Steps run through an IOBinding. With the in-place K/V cache each present.{i}.key / .value output is
 bound to its past.* input's own buffer, which ORT's TensorScatter then updates in place (it copies
@@ -118,7 +120,8 @@ class OrtRunner(Runner):
             raise InputError(f"{self.path}: cannot read ({exc.strerror})") from None
         try:
             self.state_specs = read_state_specs(model, self.token_inputs)
-        except InputError as exc:
+            ort_native.check_runnable(model, kernels, providers)  # an ort form ORT lacks: before any work
+        except GdnExportError as exc:
             raise InputError(f"{self.path}: {exc}") from None
         self.metadata = {p.key: p.value for p in model.metadata_props}
         try:
@@ -150,8 +153,7 @@ class OrtRunner(Runner):
         if kv_fp8_ort.has_fp8_cache(model):
             model = kv_fp8_ort.emulate_fp8_cache(model)
         # Native com.microsoft kernels where they apply, else function bodies (gdn_export.onnx.ort_native).
-        first = list(providers)[0]
-        plan = ort_native.prepare(model, kernels, provider=first if isinstance(first, str) else first[0])
+        plan = ort_native.prepare(model, kernels, providers=list(providers))
         self.kernels = plan.kernels
         self.kernels_note = plan.note + ("; bf16 tensors as fp32 rounded to bf16" if self.bf16_emulated else "")
         full = plan.model

@@ -31,10 +31,23 @@ from typing import Callable
 from gdn_export.errors import GdnExportError
 from gdn_export.paths import publish_files
 from gdn_export.trt import kv_fp8, loader
-from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_inputs, onnx_metadata
+from gdn_export.trt.profile import ShapeSpecs, make_profiles, onnx_form, onnx_inputs, onnx_metadata
 
 LAYERS_SUFFIX = ".layers.json"
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # how `run` tells an engine file
+
+
+def check_buildable_form(onnx_path: str | os.PathLike) -> None:
+    """GdnExportError naming the ort form, which TensorRT cannot build: it has no com.microsoft
+    GatedDeltaNet / VarlenCausalConvWithState / GatedRMSNorm, and the ort form keeps no record of the
+    gdn nodes it replaced (the gdn and standard forms build)."""
+    from gdn_export.onnx.forms import ORT
+
+    if onnx_form(onnx_path) == ORT:
+        raise GdnExportError(f"{onnx_path} is the ort form (com.microsoft.GatedDeltaNet, VarlenCausalConvWithState, "
+                             f"GatedRMSNorm), which only ONNX Runtime runs: TensorRT has no such ops and the form "
+                             f"cannot be rewritten back to gdn nodes; export with --onnx-ops gdn (the default) "
+                             f"or standard for TensorRT")
 
 
 def layers_path(engine_path: str | os.PathLike) -> Path:
@@ -177,6 +190,7 @@ def build_engine(
         raise GdnExportError(f"{engine_path}: is a folder")
     if workspace is not None and workspace <= 0:
         raise GdnExportError(f"workspace must be a positive number of bytes, got {workspace}")
+    check_buildable_form(onnx_path)
     kv_fp8.check(onnx_path, onnx_metadata(onnx_path), loader.flavour())  # before any work
     library = loader.find_plugins(plugins)
     loader.check_loads(library)  # before the first progress line, not in the build's child

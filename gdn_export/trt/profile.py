@@ -88,6 +88,13 @@ def onnx_metadata(onnx_path: str | os.PathLike) -> dict[str, str]:
     return {p.key: p.value for p in _load(onnx_path).metadata_props}
 
 
+def onnx_form(onnx_path: str | os.PathLike) -> str:
+    """The form of an ONNX file's GDN layers: "gdn", "standard" or "ort" (gdn_export.onnx.forms)."""
+    from gdn_export.onnx.forms import form_of
+
+    return form_of(_load(onnx_path))
+
+
 def onnx_inputs(onnx_path: str | os.PathLike) -> list[InputInfo]:
     """The graph inputs of an ONNX file (initializers excluded), without loading its weights."""
     model = _load(onnx_path)

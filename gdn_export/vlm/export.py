@@ -140,18 +140,21 @@ def _save_checked(ir_model, tmp_path: Path, say, plugins: bool = True) -> bool:
 
 def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtype=None, layout=None,
                opset: int | None = None, progress: Callable[[str], None] | None = None,
-               overwrite: bool = True) -> tuple[Path, Path]:
+               onnx_ops: str = "gdn", overwrite: bool = True) -> tuple[Path, Path]:
     """Export the composite checkpoint's language graph to `output` and its vision encoder to
     `vision_path(output)` (module docstring); returns both paths. dtype: torch dtype of both graphs
     (default: the checkpoint's); layout: the language graph's DeployLayout (default layout);
-    overwrite False: files that appeared at the outputs while the export ran are kept and the
-    export ends in an OutputError (gdn_export.paths.publish_files)."""
+    onnx_ops: the form of the language graph's GDN layers (gdn_export.onnx.forms); overwrite False:
+    files that appeared at the outputs while the export ran are kept and the export ends in an
+    OutputError (gdn_export.paths.publish_files)."""
     import torch
 
     from gdn_export.layout import DEFAULT_LAYOUT
-    from gdn_export.onnx.export import INPLACE_OPSET, check_export_target, external_data_name
+    from gdn_export.onnx.export import INPLACE_OPSET, check_export_target, external_data_name, rewrite_form
+    from gdn_export.onnx.forms import check_form
     from gdn_export.vlm.weights import fingerprint, load_language, load_vision, vision_config_of
 
+    check_form(onnx_ops)
     layout = layout or DEFAULT_LAYOUT
     opset = INPLACE_OPSET if opset is None else opset
     if not layout.inplace:
@@ -194,6 +197,7 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         ext_l = _save_checked(language, tmpdir / path.name, say)
+        rewrite_form(tmpdir / path.name, onnx_ops, say)
         ext_v = _save_checked(vis, tmpdir / vpath.name, say, plugins=False)
         moves = []  # each file after its weights, the language graph last
         for target, external in ((vpath, ext_v), (path, ext_l)):

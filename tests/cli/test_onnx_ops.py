@@ -11,13 +11,8 @@ SMALL = ["--batch", "2", "--prompt-len", "9", "--decode-steps", "2"]
 
 
 @pytest.fixture(scope="module")
-def standard_onnx(cli_root, tiny_ckpt):
-    from gdn_export.cli.main import main
-
-    path = cli_root / "standard" / "tiny.onnx"
-    path.parent.mkdir()
-    assert main(["export", str(tiny_ckpt), "-o", str(path), "--onnx-ops", "standard", "-q"]) == 0
-    return path
+def standard_onnx(exported):
+    return exported("fp32", "--onnx-ops", "standard")
 
 
 def test_export_standard_writes_opset27_ops(standard_onnx):
@@ -101,3 +96,64 @@ def test_bench_ort_mistakes(cli, tiny_onnx, tiny_ckpt, monkeypatch, args, fragme
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     argv = [a.format(onnx=tiny_onnx, ckpt=tiny_ckpt) for a in args]
     assert fragment in cli("bench", *argv).error_line("bench")
+
+
+# ------------------------------------------------------------------------------------ the ort form
+
+
+@pytest.fixture(scope="module")
+def ort_onnx(exported):
+    return exported("fp32", "--onnx-ops", "ort")
+
+
+def test_export_ort_is_the_rewritten_gdn_export(ort_onnx, tiny_onnx, tmp_path):
+    """export --onnx-ops ort traces once and writes what rewriting its own gdn export gives, byte for
+    byte: tests/onnx/test_ort_form.py takes the rewritten files (tests/onnx/_tiny.py: tiny_ort)."""
+    import shutil
+
+    from gdn_export.onnx.export import rewrite_form
+
+    copy = tmp_path / "tiny.onnx"
+    shutil.copyfile(tiny_onnx, copy)
+    rewrite_form(copy, "ort")
+    assert copy.read_bytes() == ort_onnx.read_bytes()
+    ops = {(n.domain, n.op_type) for n in onnx.load(ort_onnx).graph.node}
+    assert ("com.microsoft", "GatedDeltaNet") in ops and not any(d == "gdn" for d, _ in ops)
+
+
+def test_validate_and_run_the_ort_form(cli, tiny_ckpt, tiny_onnx, ort_onnx):
+    result = cli("validate", tiny_ckpt, "--onnx", ort_onnx, *SMALL)
+    assert result.code == 0 and result.out.splitlines()[-1].startswith("PASS: "), result.out + result.err
+    assert "ort on cpu: ort form: native ORT kernels com.microsoft.GatedDeltaNet" in result.err
+    a = cli("run", tiny_onnx, "--input-ids", "1,2,3", "--input-ids", "4", "--max-new-tokens", "5")
+    b = cli("run", ort_onnx, "--input-ids", "1,2,3", "--input-ids", "4", "--max-new-tokens", "5")
+    assert a.code == b.code == 0 and a.out == b.out
+
+
+def test_an_ort_lacking_the_kernels_is_named_before_any_loading(cli, tiny_ckpt, ort_onnx, monkeypatch):
+    from gdn_export.onnx import ort_native
+
+    monkeypatch.setattr(ort_native, "missing_native_kernels", lambda provider, ops=(): list(ops))
+    for command, argv in (("validate", (tiny_ckpt, "--onnx", ort_onnx, *SMALL)),
+                          ("run", (ort_onnx, "--input-ids", "1,2")),
+                          ("bench", ("--runtime", "ort", "--onnx", ort_onnx, "--prompt-len", "4"))):
+        line = cli(command, *argv).error_line(command)
+        assert f"{ort_onnx}: the file is the ort form" in line
+        assert (f"onnxruntime {ort.__version__} has no CPUExecutionProvider kernel for "
+                "com.microsoft.GatedDeltaNet") in line
+        assert "it needs onnxruntime >= 1.32" in line
+
+
+def test_function_bodies_and_tensorrt_refuse_the_ort_form(cli, ort_onnx, tmp_path):
+    line = cli("run", ort_onnx, "--input-ids", "1", "--ort-kernels", "functions").error_line("run")
+    assert "--ort-kernels functions: the file is the ort form" in line
+    line = cli("build", ort_onnx, "-o", tmp_path / "x.engine").error_line("build")
+    assert f"{ort_onnx} is the ort form" in line and "TensorRT has no such ops" in line
+    assert "--onnx-ops gdn" in line and not list(tmp_path.iterdir())
+
+
+def test_bench_ort_times_the_ort_form(cli, ort_onnx):
+    result = cli("bench", "--runtime", "ort", "--onnx", ort_onnx, "--prompt-len", "8", "--decode-steps", "2",
+                 "--repeats", "1", "--warmup", "0")
+    assert result.code == 0, result.err
+    assert "| tiny.onnx |" in result.out and "ort form: native ORT kernels" in result.err

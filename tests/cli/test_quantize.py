@@ -1,6 +1,6 @@
 """`gdn-export quantize` through the command line: fp8 and int4-awq checkpoints that export,
-validate in ONNX Runtime and carry their format in metadata_props; every bad input is one line,
-exit 2, nothing written."""
+validate in ONNX Runtime and carry their format in metadata_props (the ort form of the same file
+gives what the validated gdn form gives); every bad input is one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -72,6 +72,27 @@ def test_quantize_export_validate(cli, ckpt, ids_file, tmp_path, fmt, algo):
     assert f"(bound {bound:g})" in distance
     r = cli("validate", out, "--onnx", onnx_path, "--baseline", ckpt, "-q", "--quant-tol", 1e-6)
     assert r.code == 1 and r.out.strip().splitlines()[-1].startswith("FAIL: quantization") and "(bound 1e-06)" in r.out
+    _ort_form_gives_the_same(onnx_path)
+
+
+def _ort_form_gives_the_same(onnx_path):
+    """The ort form of a validated file (export --onnx-ops ort writes the same rewrite:
+    tests/cli/test_onnx_ops.py) against it in ONNX Runtime: ragged prefill, decode, every state, at
+    validate's fp32 tolerances (both compute the quantized layers alike)."""
+    import shutil
+
+    from gdn_export.onnx.export import rewrite_form
+    from gdn_export.runtime.ort_runner import OrtRunner
+    from gdn_export.validate.compare import Tolerances, run_parity
+
+    path = onnx_path.with_name(onnx_path.stem + "-ort.onnx")
+    shutil.copyfile(onnx_path, path)
+    rewrite_form(path, "ort")
+    gdn, ort = OrtRunner(onnx_path), OrtRunner(path)
+    assert ort.kernels_note.startswith("ort form")
+    report = run_parity(gdn, [ort], vocab_size=gdn.vocab_size, tolerances=Tolerances(1e-4, 1e-3), batch=3,
+                        prompt_len=20, decode_steps=2)
+    assert report.passed, [r for r in report.rows if not r.passed][:3]
 
 
 def test_published_fp8_exports_and_validates(cli, ckpt, tmp_path):
@@ -83,6 +104,7 @@ def test_published_fp8_exports_and_validates(cli, ckpt, tmp_path):
     assert cli("export", fp8, "-o", onnx_path, "-q").code == 0
     r = cli("validate", fp8, "--onnx", onnx_path, "-q")
     assert r.code == 0 and "PASS" in r.out and "quantization (fp8-block128)" in r.out
+    _ort_form_gives_the_same(onnx_path)
 
 
 def _text(tmp_path, name, content):

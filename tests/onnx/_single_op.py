@@ -27,8 +27,15 @@ def export_single_op(module: torch.nn.Module, args: tuple, dynamic_shapes, input
     return program.model_proto
 
 
-def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    full = attach_reference_functions(model)
+def ort_session(model: onnx.ModelProto, form: str = "gdn") -> ort.InferenceSession:
+    """A CPU session on `model` (gdn nodes): through the function bodies, or ("ort") rewritten to
+    the ort form (gdn_export.onnx.ort_form.to_ort), which runs on ORT's own kernels."""
+    if form == "ort":
+        from gdn_export.onnx.ort_form import to_ort
+
+        full = to_ort(model)
+    else:
+        full = attach_reference_functions(model)
     return ort.InferenceSession(full.SerializeToString(), providers=["CPUExecutionProvider"])
 
 

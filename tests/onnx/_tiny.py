@@ -91,21 +91,33 @@ def tiny_export(family: str, root: Path, dtype: torch.dtype = torch.float32,
     return _EXPORTS[key]
 
 
-def tiny_standard(family: str, root: Path, dtype: torch.dtype = torch.float32, layout: DeployLayout = TEST_LAYOUT):
-    """(model, path of the standard form of tiny_export's gdn file), made by the rewrite
-    export_onnx(..., onnx_ops="standard") applies to its gdn file after the trace
-    (standard_ops.rewrite_file_to_standard): the standard form without a second trace.
-    tests/onnx/test_standard_export.py checks that both ways give the same file."""
-    from gdn_export.onnx.standard_ops import rewrite_file_to_standard
+def tiny_rewritten(family: str, root: Path, form: str, dtype: torch.dtype = torch.float32,
+                   layout: DeployLayout = TEST_LAYOUT):
+    """(model, path of form `form` ("standard" / "ort") of tiny_export's gdn file), made by the
+    rewrite export_onnx(..., onnx_ops=form) applies to its gdn file after the trace
+    (gdn_export.onnx.export.rewrite_form): the form without a second trace.
+    tests/onnx/test_standard_export.py and tests/cli/test_onnx_ops.py check that both ways give the
+    same file."""
+    from gdn_export.onnx.export import rewrite_form
 
     model, gdn_path = tiny_export(family, root, dtype=dtype, layout=layout)
-    name = f"{gdn_path.stem}-rewritten.onnx"
+    name = f"{gdn_path.stem}-{form}-rewritten.onnx"
     _, lock = _shared(root, name)
     path = gdn_path.with_name(name)
     with lock:
         if not path.is_file():
             tmp = path.with_name(f".{name}.{os.getpid()}")
             shutil.copyfile(gdn_path, tmp)
-            rewrite_file_to_standard(tmp)
+            rewrite_form(tmp, form)
             os.replace(tmp, path)
     return model, path
+
+
+def tiny_standard(family: str, root: Path, dtype: torch.dtype = torch.float32, layout: DeployLayout = TEST_LAYOUT):
+    """tiny_rewritten(..., "standard")."""
+    return tiny_rewritten(family, root, "standard", dtype, layout)
+
+
+def tiny_ort(family: str, root: Path, dtype: torch.dtype = torch.float32, layout: DeployLayout = TEST_LAYOUT):
+    """tiny_rewritten(..., "ort")."""
+    return tiny_rewritten(family, root, "ort", dtype, layout)

@@ -1,4 +1,4 @@
-"""Polygraphy on our files: `polygraphy inspect model` on both forms, and `polygraphy run --onnxrt`
+"""Polygraphy on our files: `polygraphy inspect model` on the three forms, and `polygraphy run --onnxrt`
 on the model ONNX Runtime runs (`python -m gdn_export.onnx.ort_native IN OUT`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.onnx._tiny import tiny_export
+from tests.onnx._tiny import tiny_export, tiny_ort
 
 POLYGRAPHY = shutil.which("polygraphy") or str(Path(sys.executable).parent / "polygraphy")
 
@@ -25,12 +25,15 @@ def _run(*args, timeout=300):
 def files(tiny_root):
     model, gdn = tiny_export("qwen3_5", tiny_root)
     _, std = tiny_export("qwen3_5", tiny_root, onnx_ops="standard")
-    return model, gdn, std
+    _, ort_form = tiny_ort("qwen3_5", tiny_root)
+    return model, {"gdn": gdn, "standard": std, "ort": ort_form}
 
 
-def test_inspect_model_reads_both_forms(files):
-    _, gdn, std = files
-    for path, opsets in ((gdn, "ONNX Opset: 24 | Other Opsets: {'gdn': 1}"), (std, "ONNX Opset: 27")):
+def test_inspect_model_reads_the_three_forms(files):
+    _, paths = files
+    for form, opsets in (("gdn", "ONNX Opset: 24 | Other Opsets: {'gdn': 1}"), ("standard", "ONNX Opset: 27"),
+                         ("ort", "ONNX Opset: 24 | Other Opsets: {'com.microsoft': 1}")):
+        path = paths[form]
         result = _run(POLYGRAPHY, "inspect", "model", path)
         assert result.returncode == 0, result.stderr[-2000:]
         assert opsets in result.stdout and "past.0.recurrent" in result.stdout
@@ -44,11 +47,11 @@ def _shapes(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["gdn", "standard"])
+@pytest.mark.parametrize("form", ["gdn", "standard", "ort"])
 def test_polygraphy_run_onnxrt_on_the_ort_model(files, tmp_path, form):
-    model, gdn, std = files
+    model, paths = files
     ort_model = tmp_path / "ort.onnx"
-    made = _run(sys.executable, "-m", "gdn_export.onnx.ort_native", gdn if form == "gdn" else std, ort_model)
+    made = _run(sys.executable, "-m", "gdn_export.onnx.ort_native", paths[form], ort_model)
     assert made.returncode == 0 and "native ORT kernels" in made.stdout, made.stderr
     result = _run(POLYGRAPHY, "run", ort_model, "--onnxrt", "--input-shapes", *_shapes(model),
                   "--val-range", f"input_ids:[0,{model.config.vocab_size - 1}]", "past_lengths:[0,0]",
@@ -58,6 +61,5 @@ def test_polygraphy_run_onnxrt_on_the_ort_model(files, tmp_path, form):
 
 def test_the_bare_file_names_what_ort_lacks(files, tmp_path):
     """The exported gdn file alone is not an ORT model (that is what ort_native writes)."""
-    model, gdn, _ = files
     result = _run(sys.executable, "-m", "gdn_export.onnx.ort_native", tmp_path / "missing.onnx", tmp_path / "o.onnx")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "ort_native: error:" in result.stderr

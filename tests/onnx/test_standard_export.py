@@ -18,7 +18,7 @@ from gdn_export.layout import DeployLayout
 from gdn_export.onnx import export_onnx, metadata, standard_ops
 from gdn_export.runtime.ort_runner import OrtRunner
 from gdn_export.runtime.torch_runner import TorchRunner
-from gdn_export.validate.compare import Tolerances, default_tolerances, run_parity
+from tests.onnx._parity import assert_parity
 from tests.onnx._same import assert_same_graph, file_digest, graph_difference
 from tests.onnx._tiny import CONCAT, FAMILIES, TEST_LAYOUT, tiny_export, tiny_standard
 
@@ -73,43 +73,33 @@ def test_export_onnx_standard_is_the_rewritten_gdn_export(tiny_root):
         pytest.fail(where or ("the models differ outside the graph" if a != b else "equal models, other bytes"))
 
 
-def _parity(reference, candidates, dtype="float32", state="float32", prompt_len=65, steps=4, batch=3):
-    atol, rtol = default_tolerances(dtype, state)
-    report = run_parity(reference, candidates, vocab_size=reference.vocab_size,
-                        tolerances=Tolerances(atol, rtol), batch=batch, prompt_len=prompt_len,
-                        decode_steps=steps)
-    bad = [r for r in report.rows if not r.passed]
-    assert report.passed, bad[:4]
-    return report
-
-
 def test_both_forms_on_native_kernels_and_function_bodies_match_torch(both):
     """Ragged prefill of 65 / 33 / 1 tokens, then 4 forced decode steps; every logits and state row."""
     _, model, gdn_path, std_path = both
     runners = [OrtRunner(std_path), OrtRunner(gdn_path), OrtRunner(std_path, kernels="functions")]
     assert [r.kernels for r in runners] == ["native", "native", "functions"]
-    _parity(TorchRunner(model), runners)
+    assert_parity(TorchRunner(model), runners)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt_len", [1, 130], ids=["prompt1", "prompt130"])
 def test_standard_form_prompt_lengths(tiny_root, prompt_len):
     model, _, std_path = standard_export("qwen3_5", tiny_root)
-    _parity(TorchRunner(model), [OrtRunner(std_path)], prompt_len=prompt_len, steps=2, batch=2)
+    assert_parity(TorchRunner(model), [OrtRunner(std_path)], prompt_len=prompt_len, steps=2, batch=2)
 
 
 @pytest.mark.slow
 def test_standard_form_streams_far_past_the_window(tiny_root):
     layout = DeployLayout.make(sinks=2, window=8)
     model, gdn_path, std_path = standard_export("qwen3_5", tiny_root, layout=layout)
-    _parity(TorchRunner(model), [OrtRunner(std_path), OrtRunner(gdn_path, kernels="functions")],
+    assert_parity(TorchRunner(model), [OrtRunner(std_path), OrtRunner(gdn_path, kernels="functions")],
             prompt_len=11, steps=30, batch=2)
 
 
 @pytest.mark.slow
 def test_standard_form_concat_layout(tiny_root):
     model, _, std_path = standard_export("qwen3_next", tiny_root, layout=CONCAT)
-    _parity(TorchRunner(model), [OrtRunner(std_path)], prompt_len=20, steps=3, batch=2)
+    assert_parity(TorchRunner(model), [OrtRunner(std_path)], prompt_len=20, steps=3, batch=2)
 
 
 @pytest.mark.slow
@@ -122,7 +112,7 @@ def test_standard_form_dtypes_and_state_dtypes(tiny_root, dtype, state):
     model, gdn_path, std_path = standard_export("qwen3_5", tiny_root, dtype=dtype, layout=layout)
     std = OrtRunner(std_path)
     assert {s.name: s.dtype for s in std.state_specs} == {s.name: s.dtype for s in OrtRunner(gdn_path).state_specs}
-    _parity(TorchRunner(model), [std, OrtRunner(gdn_path, kernels="functions")],
+    assert_parity(TorchRunner(model), [std, OrtRunner(gdn_path, kernels="functions")],
             dtype=str(dtype).removeprefix("torch."), state=state, prompt_len=40, steps=3, batch=2)
 
 

@@ -1,9 +1,13 @@
 """Two-file export of vision-language checkpoints, run in ONNX Runtime against transformers
 (fp32, 1e-4): the vision graph on images of several sizes and a video, the language graph through
 the vision-language runner (prefill with images, decode) on a ragged batch of rows with and without
-images; the files' I/O and metadata; a vision file of another checkpoint is refused."""
+images, in the gdn form and the ort form (the MoE family is exported in the ort form, the other's
+gdn file also runs rewritten to it); the files' I/O and metadata; a vision file of another
+checkpoint is refused."""
 
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import onnx
@@ -14,6 +18,8 @@ pytest.importorskip("transformers")
 
 from gdn_export.errors import InputError  # noqa: E402
 from gdn_export.layout import DeployLayout  # noqa: E402
+from gdn_export.onnx.export import rewrite_form  # noqa: E402
+from gdn_export.onnx.forms import KEY_ONNX_OPS, form_of  # noqa: E402
 from gdn_export.vlm import export as vx  # noqa: E402
 from gdn_export.vlm.export import export_vlm  # noqa: E402
 from gdn_export.vlm.runner import VisualInputs, generate_vl, open_vlm  # noqa: E402
@@ -24,6 +30,7 @@ from tests.vlm_models import FAMILIES, TEXT_VOCAB, hf_checkpoint, pixels  # noqa
 pytestmark = pytest.mark.slow
 ATOL, STEPS = 1e-4, 3
 _EXPORTS: dict = {}
+FORM = {"qwen3_5": "gdn", "qwen3_5_moe": "ort"}  # export_vlm(onnx_ops=...) of each family
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -33,7 +40,7 @@ def exported(request, tmp_path_factory):
         hf, directory = hf_checkpoint(family, tmp_path_factory)
         out = tmp_path_factory.mktemp(f"vlm-onnx-{family}") / "model.onnx"
         layout = DeployLayout.make(cache_len=160)
-        _EXPORTS[family] = (hf, directory, *export_vlm(directory, out, layout=layout))
+        _EXPORTS[family] = (hf, directory, *export_vlm(directory, out, layout=layout, onnx_ops=FORM[family]))
     return _EXPORTS[family]
 
 
@@ -41,6 +48,9 @@ def test_files_io_and_metadata(exported):
     _, _, lpath, vpath = exported
     assert vpath.name == "model.vision.onnx" and vpath.parent == lpath.parent
     lang, vis = onnx.load(str(lpath)), onnx.load(str(vpath))
+    form = FORM[{p.key: p.value for p in lang.metadata_props}["gdn_export.family"]]
+    assert form_of(lang) == form and form_of(vis) == "gdn"
+    assert {p.key: p.value for p in lang.metadata_props}.get(KEY_ONNX_OPS) == (None if form == "gdn" else form)
     assert [i.name for i in lang.graph.input[:6]] == ["input_ids", "past_lengths", "seq_lens",
                                                        "rope_positions", "visual_embeds", "visual_index"]
     assert [i.name for i in vis.graph.input] == ["pixel_values", "grid_thw"]
@@ -70,10 +80,10 @@ def test_vision_graph_matches_transformers(exported, grid, video):
     assert np.abs(got - want).max() <= ATOL
 
 
-def test_language_graph_matches_transformers_ragged(exported):
+def test_language_graph_matches_transformers_ragged(exported, tmp_path):
     """Rows with 2 images, none, and a video in one batch: prefill and decode logits of every row
-    equal transformers on that row alone."""
-    hf, _, lpath, _ = exported
+    equal transformers on that row alone, for the exported file and (a gdn-form file) its ort form."""
+    hf, _, lpath, vpath = exported
     runner, vision = open_vlm(lpath)
     from gdn_export.vlm.runner import tokens_of
 
@@ -95,13 +105,21 @@ def test_language_graph_matches_transformers_ragged(exported):
                 vid_grid += case[1]
         rows.append(row)
     visual = VisualInputs(np.concatenate(img_pv), np.array(img_grid), np.concatenate(vid_pv), np.array(vid_grid))
-    result = generate_vl(runner, vision, rows, visual, STEPS + 1)
-    for b, want in enumerate(wants):
-        diffs = [np.abs(result.step_logits[0][b, -1] - want[0][-1].numpy()).max()]
-        diffs += [np.abs(result.step_logits[s + 1][b, -1] - want[s + 1].numpy()).max() for s in range(STEPS)]
-        assert max(diffs) <= ATOL, f"row {b}: {diffs}"
-        # transformers' greedy choices are ours
-        assert result.generated[b, 0] == int(want[0][-1].argmax())
+    runners = [runner]
+    if form_of(onnx.load(str(lpath), load_external_data=False)) == "gdn":
+        ort_path = tmp_path / "model.onnx"
+        shutil.copyfile(lpath, ort_path)
+        rewrite_form(ort_path, "ort")
+        runners.append(open_vlm(ort_path, vision_file=vpath)[0])
+    for r in runners:
+        result = generate_vl(r, vision, rows, visual, STEPS + 1)
+        for b, want in enumerate(wants):
+            diffs = [np.abs(result.step_logits[0][b, -1] - want[0][-1].numpy()).max()]
+            diffs += [np.abs(result.step_logits[s + 1][b, -1] - want[s + 1].numpy()).max() for s in range(STEPS)]
+            assert max(diffs) <= ATOL, f"{r.kernels_note}, row {b}: {diffs}"
+            # transformers' greedy choices are ours
+            assert result.generated[b, 0] == int(want[0][-1].argmax())
+    assert runners[-1].kernels_note.startswith("ort form")
 
 
 def test_vision_file_of_another_checkpoint_is_refused(exported, tmp_path):

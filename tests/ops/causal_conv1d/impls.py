@@ -66,9 +66,10 @@ _ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.
 
 
 @functools.lru_cache(maxsize=None)
-def _ort_session(dtype, C, K, silu):
-    """One gdn.CausalConv1d node (B, T symbolic) through ONNX Runtime's function body; the exported
-    node's contract is checked by tests/ops/causal_conv1d/test_onnx.py."""
+def _ort_session(dtype, C, K, silu, form="gdn"):
+    """One gdn.CausalConv1d node (B, T symbolic) through ONNX Runtime's function body, or ("ort")
+    rewritten to the ort form's VarlenCausalConvWithState block (gdn_export.onnx.ort_form); the
+    exported node's contract is checked by tests/ops/causal_conv1d/test_onnx.py."""
     from gdn_export.onnx.schemas import register_schemas
     from gdn_export.ops.causal_conv1d import (ACTIVATION_NONE, ACTIVATION_SILU, FIELD_ACTIVATION, INPUT_NAMES,
                                               OUTPUT_NAMES, PLUGIN_NAME)
@@ -86,10 +87,10 @@ def _ort_session(dtype, C, K, silu):
     graph = onnx.helper.make_graph([node], "conv", inputs, [vi(n, t, None) for n in OUTPUT_NAMES])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
                                                         onnx.helper.make_opsetid("gdn", 1)])
-    return ort_session(model)
+    return ort_session(model, form)
 
 
-def _ort(x, case):
+def _ort(x, case, form="gdn"):
     from tests.onnx._single_op import run
 
     dtype = x["x"].dtype
@@ -99,7 +100,7 @@ def _ort(x, case):
              "conv_state": x["conv_state"] if x["conv_state"] is not None else
              torch.zeros(case.B, case.C, case.K - 1, dtype=dtype),
              "seq_lens": x["seq_lens"] if x["seq_lens"] is not None else torch.full((case.B,), case.T, dtype=torch.int32)}
-    y, s = run(_ort_session(dtype, case.C, case.K, case.silu), feeds)
+    y, s = run(_ort_session(dtype, case.C, case.K, case.silu, form), feeds)
     return torch.from_numpy(np.asarray(y)), torch.from_numpy(np.asarray(s))
 
 
@@ -138,5 +139,6 @@ IMPLS = [
     Impl("cuda-inplace", "cuda", _cuda_inplace, lambda c, d: _K2(c, d) and _STATE(c, d), extra={"inplace": True}),
     Impl("op-cuda", "cuda", _op("cuda"), _OP),
     Impl("onnxruntime", "onnx", _ort, _ORT),
+    Impl("onnxruntime-ort-form", "onnx", functools.partial(_ort, form="ort"), _ORT),
     Impl("host-reference", "host", _host, _HOST, requires=host_reference.missing),
 ]

@@ -116,10 +116,12 @@ _ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.
 
 
 @functools.lru_cache(maxsize=None)
-def _ort_session(dtype, state_dtype, Dk, scale, l2norm):
-    """One gdn.GatedDeltaRule node (every dim symbolic but Dk) run by ONNX Runtime through the node's
-    function body (gdn_export.onnx.attach_reference_functions): what the exporter emits for the op,
-    whose node contract tests/ops/gated_delta_rule/test_onnx.py checks on real exports."""
+def _ort_session(dtype, state_dtype, Dk, scale, l2norm, form="gdn", heads=("Hk", "Hv", "Dv")):
+    """One gdn.GatedDeltaRule node (every dim symbolic but Dk and `heads`) run by ONNX Runtime
+    through the node's function body (gdn_export.onnx.attach_reference_functions), or ("ort", with
+    static heads (Hk, Hv, Dv)) rewritten to the ort form's GatedDeltaNet block
+    (gdn_export.onnx.ort_form): what the exporter emits for the op, whose node contract
+    tests/ops/gated_delta_rule/test_onnx.py checks on real exports."""
     from gdn_export.onnx.schemas import register_schemas
     from gdn_export.ops.gated_delta_rule import INPUT_NAMES, OUTPUT_NAMES, PLUGIN_NAME
     from tests.onnx._single_op import ort_session
@@ -127,8 +129,9 @@ def _ort_session(dtype, state_dtype, Dk, scale, l2norm):
     register_schemas()
     vi = onnx.helper.make_tensor_value_info
     t, f, s = _ELEM[dtype], onnx.TensorProto.FLOAT, _ELEM[state_dtype]
-    spec = {"q": (t, ["B", "T", "Hk", Dk]), "k": (t, ["B", "T", "Hk", Dk]), "v": (t, ["B", "T", "Hv", "Dv"]),
-            "g": (f, ["B", "T", "Hv"]), "beta": (t, ["B", "T", "Hv"]), "initial_state": (s, ["B", "Hv", Dk, "Dv"])}
+    Hk, Hv, Dv = heads
+    spec = {"q": (t, ["B", "T", Hk, Dk]), "k": (t, ["B", "T", Hk, Dk]), "v": (t, ["B", "T", Hv, Dv]),
+            "g": (f, ["B", "T", Hv]), "beta": (t, ["B", "T", Hv]), "initial_state": (s, ["B", Hv, Dk, Dv])}
     inputs = [vi(n, *spec[n]) for n in INPUT_NAMES]
     node = onnx.helper.make_node(PLUGIN_NAME, list(INPUT_NAMES), list(OUTPUT_NAMES), domain="gdn",
                                  plugin_version="1", plugin_namespace="gdn", scale=scale, use_qk_l2norm=int(l2norm))
@@ -136,10 +139,10 @@ def _ort_session(dtype, state_dtype, Dk, scale, l2norm):
     graph = onnx.helper.make_graph([node], "gdr", inputs, outputs)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
                                                         onnx.helper.make_opsetid("gdn", 1)])
-    return ort_session(model)
+    return ort_session(model, form)
 
 
-def _ort(x, case):
+def _ort(x, case, form="gdn"):
     from tests.onnx._single_op import run
 
     dtype = x["v"].dtype
@@ -148,7 +151,8 @@ def _ort(x, case):
     # the exported node always has a state input (zeros when the model passes none)
     feeds["initial_state"] = x["initial_state"] if x["initial_state"] is not None else \
         torch.zeros(case.N, case.Hv, case.Dk, case.Dv, dtype=case.state_dtype)
-    o, s = run(_ort_session(dtype, case.state_dtype, case.Dk, float(scale), case.l2norm), feeds)
+    heads = (case.Hk, case.Hv, case.Dv) if form == "ort" else ("Hk", "Hv", "Dv")
+    o, s = run(_ort_session(dtype, case.state_dtype, case.Dk, float(scale), case.l2norm, form, heads), feeds)
     return torch.from_numpy(np.asarray(o)), torch.from_numpy(np.asarray(s))
 
 
@@ -219,6 +223,7 @@ IMPLS = [
     Impl("op-cuda-inplace", "cuda", _op("cuda", inplace=True), _with(_GPU, _NO_VARLEN, _HAS_STATE, _SHORT, _OP),
          extra={"inplace": True}),
     Impl("onnxruntime", "onnx", _ort, _with(_small, _NO_VARLEN, _ORT_TYPES)),
+    Impl("onnxruntime-ort-form", "onnx", functools.partial(_ort, form="ort"), _with(_small, _NO_VARLEN, _ORT_TYPES)),
     Impl("host-reference", "host", _host, _with(_small, _NO_VARLEN, _FP32_STATE, _FP32),
          requires=host_reference.missing),
 ]
