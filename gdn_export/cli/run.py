@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gdn_export.cli.common import (Progress, add_dtype, add_overwrite, add_plugins, add_quiet, output_file,
                                    parse_input_ids)
+from gdn_export.cli import run_speculative
 from gdn_export.cli.runners import BACKENDS, add_ort_kernels, guess_backend, open_runner
 from gdn_export.errors import InputError
 
@@ -37,6 +38,7 @@ def add_parser(sub) -> None:
     add_plugins(p, "the trt backend")
     add_ort_kernels(p)
     add_overwrite(p, "the --save-logits file")
+    run_speculative.add_arguments(p)
     from gdn_export.vlm.cli import add_image_flags
 
     add_image_flags(p)
@@ -54,6 +56,8 @@ def run(args) -> int:
     from gdn_export.vlm.cli import run_with_images, wants_vlm
 
     if wants_vlm(args):  # images, or a vision-language model.onnx
+        if args.speculative is not None:
+            raise InputError("--speculative does not take images or a vision-language export")
         return run_with_images(args)
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -64,7 +68,10 @@ def run(args) -> int:
         output_file(args.save_logits, "--save-logits", args)
     backend = args.backend or guess_backend(args.model)
     _check_flags_apply(args, backend)
+    run_speculative.check_flags(args, backend)
     progress = Progress("run", args.quiet)
+    if args.speculative is not None:
+        return run_speculative.run(args, ids, progress)
     runner = open_runner(args.model, backend, dtype=args.dtype or "fp32", device=args.device or "cpu",
                          plugins=args.plugins, op_backend=args.op_backend, ort_kernels=args.ort_kernels,
                          layout=_torch_layout(ids, args.max_new_tokens) if backend == "torch" else None)
