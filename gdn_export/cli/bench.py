@@ -58,6 +58,10 @@ def add_parser(sub) -> None:
                    help="compare the logits with the fp32 model's on the same prompts (and "
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
                    "runner against the eager runner (default: off)")
+    p.add_argument("--speculative", type=int, default=None, metavar="K",
+                   help="also time greedy speculative decoding with the checkpoint's MTP head drafting K "
+                   "tokens a round (1..16) on the same runner: tokens/s against plain decode, tokens per "
+                   "verify step, the draft and verify costs against a plain step (default: off)")
     bench_quant.add_arguments(p)
     add_seed(p, "seed of the random prompts")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON (default: not written)")
@@ -97,6 +101,8 @@ def run(args) -> int:
         bench_quant.check(args)  # format, a 16-bit checkpoint, ModelOpt present: before any work
     else:
         bench_quant.check_unused(args)
+    if args.speculative is not None:
+        _check_speculative(args)
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)
@@ -107,7 +113,8 @@ def run(args) -> int:
     dtype = torch_dtype(args.dtype)
     args.compile = args.compile or args.compile_mode is not None
     steps = max(args.decode_steps, ACCURACY_STEPS, args.quant_steps if args.quant else 0)
-    layout = DeployLayout.make(cache_len=args.prompt_len + steps + 1)
+    slack = 2 * args.speculative if args.speculative else 0  # runtime.speculative.cache_slots_needed
+    layout = DeployLayout.make(cache_len=args.prompt_len + steps + 1 + slack)
     result: dict = {"checkpoint": str(args.checkpoint), "device": str(device),
                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "dtype": args.dtype, "op_backend": op_backend, "batch": args.batch,
@@ -127,6 +134,8 @@ def run(args) -> int:
     runner, model = measure(args, args.checkpoint, ids, setup, result)
     rows = [("gdn-export", result)]
 
+    if args.speculative:
+        result["speculative"] = _speculative(args, runner, model, prompts, result, progress)
     if args.accuracy:
         result["accuracy"] = _accuracy(args, runner, prompts, device, dtype, op_backend, progress)
     del runner, model
@@ -191,6 +200,44 @@ def measure(args, checkpoint, ids, setup: Setup, result: dict, label: str = "our
         result["peak_memory_phases"] = phases
         result["peak_memory_bytes"] = max(result["peak_memory_bytes"], phases["load"])
     return runner, model
+
+
+def _check_speculative(args) -> None:
+    """--speculative: K in range, not with --quant, a checkpoint with an MTP head (before any work)."""
+    from gdn_export.hf_config import read_config
+    from gdn_export.weights.mtp import check_has_mtp
+
+    if not 1 <= args.speculative <= 16:
+        raise InputError(f"--speculative must be in [1, 16], got {args.speculative}")
+    if args.quant:
+        raise InputError("--speculative times the checkpoint as it is; give a quantized checkpoint instead "
+                         "of --quant")
+    check_has_mtp(read_config(Path(args.checkpoint) / "config.json"), args.checkpoint)
+
+
+def _speculative(args, runner, model, prompts, result, progress) -> dict:
+    """Greedy speculative decoding on the timed runner (gdn_export.runtime.spec_bench), and whether
+    its tokens are plain greedy decoding's."""
+    import numpy as np
+    import torch
+
+    from gdn_export.runtime.spec_bench import bench_speculative
+    from gdn_export.weights.mtp import load_mtp
+
+    progress(f"speculative: loading the MTP head, K = {args.speculative}")
+    mtp = load_mtp(args.checkpoint, model)
+    out = bench_speculative(runner, mtp, prompts, args.speculative, args.decode_steps, args.warmup,
+                            args.repeats, args.prefill_chunk, progress)
+    ids = torch.from_numpy(prompts).to(runner.device)
+    logits, states = runner.prefill_device(ids, runner.empty_states(len(prompts)), args.prefill_chunk)
+    first = logits[:, -1].argmax(-1)[:, None]
+    picked, _, _ = runner.decode_greedy(first, np.full(len(prompts), prompts.shape[1], np.int64), states,
+                                        args.decode_steps)
+    plain = np.concatenate([first.cpu().numpy(), picked.cpu().numpy()], 1)
+    out["tokens_equal_plain"] = bool((out.pop("generated") == plain).all())
+    out["speedup"] = out["decode_tokens_per_s"] / result["decode_tokens_per_s"]
+    out["verify_over_plain_step"] = out["verify_ms"] / result["decode_ms_per_step"]
+    return out
 
 
 def _check_memory(args, layout, dtype, device) -> None:
@@ -302,6 +349,15 @@ def _table(result: dict, rows) -> str:
     hf = result.get("transformers", {})
     if "skipped" in hf:
         lines.append(f"transformers: skipped ({hf['skipped']})")
+    spec = result.get("speculative")
+    if spec:
+        lines.append(f"speculative, K = {spec['k']} (greedy, MTP head, CUDA graph "
+                     f"{'on' if spec['cuda_graph'] else 'off'}): {spec['decode_tokens_per_s']:.1f} tokens/s = "
+                     f"{spec['speedup']:.2f}x plain decode; {spec['tokens_per_step']:.2f} tokens per verify step "
+                     f"(drafts accepted {spec['acceptance_rate']:.1%}); round {spec['round_ms']:.3f} ms (draft "
+                     f"{spec['draft_ms']:.3f} + verify {spec['verify_ms']:.3f}) against a plain step "
+                     f"{result['decode_ms_per_step']:.3f} ms (verify / plain {spec['verify_over_plain_step']:.2f}); "
+                     f"tokens equal plain greedy: {spec['tokens_equal_plain']}")
     acc = result.get("accuracy")
     if acc:
         lines.append(f"accuracy vs the fp32 model ({acc['steps']} forced steps): ours {result['dtype']} rel RMS "

@@ -40,6 +40,7 @@ import torch
 from gdn_export.errors import InputError
 from gdn_export.layout import LOGITS_LAST
 from gdn_export.models.verify import check_layout, roll_back
+from gdn_export.modules.fused_linear import fuse_linears
 from gdn_export.modules.kv_cache import tokens_until_wrap
 from gdn_export.runtime.base import as_prompts, pad_rows
 
@@ -149,6 +150,8 @@ class SpeculativeDecoder:
         self.device = runner.device
         self.draft = draft
         self.mtp.to(self.device)
+        if getattr(runner, "cuda_graph", None) is not None:  # a GraphRunner: fused projections too
+            fuse_linears(self.mtp.mtp)
         # the head's logits and hidden state at each row's last real token (what a draft needs)
         self.mtp.layout = dataclasses.replace(model.layout, logits=LOGITS_LAST)
         self.mtp.check_inputs = model.check_inputs
@@ -212,16 +215,20 @@ class SpeculativeDecoder:
     def step(self, session: SpecSession) -> list[np.ndarray]:
         """One round (module docstring); returns each row's new tokens (empty once it is done)."""
         before = session.emitted.cpu().numpy().copy()
+        self.advance(session)
+        after = session.emitted.cpu().numpy()
+        limit = session.limit.cpu().numpy()
+        generated = session.generated.cpu().numpy()
+        return [generated[b, before[b]:min(after[b], limit[b])] for b in range(session.batch)]
+
+    def advance(self, session: SpecSession) -> None:
+        """One round, without reading anything back (the tokens stay in session.generated)."""
         with torch.no_grad(), self.runner._backend_context():
             if session.graph is not None:
                 session.graph.replay()
             else:
                 self._round(session)
         session.rounds += 1
-        after = session.emitted.cpu().numpy()
-        limit = session.limit.cpu().numpy()
-        generated = session.generated.cpu().numpy()
-        return [generated[b, before[b]:min(after[b], limit[b])] for b in range(session.batch)]
 
     def result(self, session: SpecSession, max_new_tokens: int) -> SpecResult:
         """The session's tokens as a SpecResult (each row cut to max_new_tokens)."""
@@ -371,15 +378,21 @@ class SpeculativeDecoder:
                 self._store(s.mtp_states, kv)
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
 
+    def _verify(self, s: SpecSession, drafts: torch.Tensor, act: torch.Tensor):
+        """The model over [pending, drafts] (K + 1 tokens) of the active rows (act [B] 0 / 1), every
+        GDN state kept: (hidden [B, K+1, hidden], the verify form's states, logits fp32 [B, K+1, V]).
+        The K/V caches are written in place; the GDN states are left as they were."""
+        ids = torch.cat((s.pending[:, None], drafts), 1)
+        hidden, *steps = self.model.hidden_states(ids, s.past, (self.k + 1) * act, *s.states, capture_steps=True)
+        return hidden, steps, self.model.lm_head(hidden).float()
+
     def _round(self, s: SpecSession) -> None:
         """Draft, verify, accept, roll back (module docstring), in place on the session."""
-        K, B = self.k, s.batch
+        K = self.k
         active = s.emitted < s.limit
         act = active.long()
         drafts, q = self._drafts(s, active)
-        ids = torch.cat((s.pending[:, None], drafts), 1)  # [B, K+1]
-        hidden, *steps = self.model.hidden_states(ids, s.past, (K + 1) * act, *s.states, capture_steps=True)
-        logits = self.model.lm_head(hidden).float()  # [B, K+1, V]
+        hidden, steps, logits = self._verify(s, drafts, act)
         accepted, token = self._accept(logits, drafts, q)
         kept = (accepted + 1) * act
         roll_back(self.model, steps, kept, out=s.states)

@@ -51,3 +51,31 @@ def test_exported_model_is_refused(cli, tmp_path):
     onnx.write_bytes(b"x")
     result = cli("run", onnx, "--input-ids", "1,2", "--speculative", 2)
     assert "--speculative runs a checkpoint folder on the torch backend" in result.error_line("run")
+
+
+def test_bench_speculative(cli, mtp_ckpt, tmp_path):
+    """bench --speculative K: the keys of gdn_export.runtime.spec_bench, the plain greedy tokens."""
+    import json
+
+    out = tmp_path / "bench.json"
+    r = cli("bench", mtp_ckpt, "--batch", 2, "--prompt-len", 7, "--decode-steps", 5, "--warmup", 0,
+            "--repeats", 1, "--dtype", "fp32", "--speculative", 2, "-q", "--json", out)
+    assert r.code == 0, r.err
+    spec = json.loads(out.read_text())["speculative"]
+    assert spec["tokens_equal_plain"] is True and spec["k"] == 2 and spec["cuda_graph"] is False
+    assert 1.0 <= spec["tokens_per_step"] <= 3.0 and spec["rounds"] >= 2
+    for key in ("decode_tokens_per_s", "round_ms", "draft_ms", "verify_ms", "speedup", "verify_over_plain_step"):
+        assert spec[key] > 0, key
+    assert "speculative, K = 2 (greedy, MTP head, CUDA graph off)" in r.out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--speculative", 17], "--speculative must be in [1, 16], got 17"),
+    (["--speculative", 2, "--quant", "fp8"], "--speculative times the checkpoint as it is"),
+])
+def test_bench_speculative_errors(cli, mtp_ckpt, extra, message):
+    assert message in cli("bench", mtp_ckpt, *extra).error_line("bench")
+
+
+def test_bench_speculative_needs_a_head(cli, tiny_ckpt):
+    assert "declares no multi-token-prediction head" in cli("bench", tiny_ckpt, "--speculative", 2).error_line("bench")
