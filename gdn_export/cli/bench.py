@@ -97,12 +97,12 @@ def run(args) -> int:
         output_file(args.json, "--json", args)
     checkpoint_dir(args.checkpoint)
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
+    if args.speculative is not None:
+        _check_speculative(args)
     if args.quant:
         bench_quant.check(args)  # format, a 16-bit checkpoint, ModelOpt present: before any work
     else:
         bench_quant.check_unused(args)
-    if args.speculative is not None:
-        _check_speculative(args)
     device = torch.device(args.device)
     op_backend = args.op_backend or ("triton" if device.type == "cuda" else "reference")
     check_device(args.device, op_backend)

@@ -251,6 +251,15 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
     from gdn_export.modules.kv_cache_fp8 import kv_scales
 
     ir_model.metadata_props.update(metadata.kv_cache_metadata(kv_scales(model)))  # FP8 K/V cache only
+    return write_checked(ir_model, path, say, onnx_ops)
+
+
+def write_checked(ir_model, path: Path, say: Callable[[str], None], onnx_ops: str = "gdn") -> Path:
+    """Write `ir_model` to `path` through a temporary folder beside it: weights in a `<name>.data`
+    sidecar past ~2 GB, the checks of `_verify`, the standard form if asked, then renamed into place
+    (a failure leaves nothing behind). Returns path."""
+    from gdn_export.onnx import standard_ops
+
     ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
     external = _initializer_bytes(ir_model) > EXTERNAL_DATA_THRESHOLD
     data_name = external_data_name(path)

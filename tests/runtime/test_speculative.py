@@ -199,3 +199,24 @@ def test_cache_too_small_is_refused_before_the_prefill(runners):
     with pytest.raises(InputError) as err:
         SpeculativeDecoder(runner, mtp, 4).generate(PROMPTS, 30)
     assert "needs 49 cache slots; the model has 48" in str(err.value)
+
+
+@pytest.mark.slow
+def test_quantized_checkpoint_keeps_its_head(tmp_path_factory, tmp_path):
+    """gdn-export quantize carries the head over in 16 bits (excluded from quantization); speculative
+    decoding on the fp8 model gives the fp8 model's own greedy tokens."""
+    pytest.importorskip("modelopt")
+    import json
+
+    from gdn_export.quantize.pipeline import quantize_checkpoint
+
+    source = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
+    out = quantize_checkpoint(source, tmp_path / "fp8", "fp8", samples=2, seq_len=16)
+    assert "mtp*" in json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    runner, mtp = _pair(out)
+    assert type(runner.model.model.layers[0].mlp.gate_proj).__name__ != "Linear"  # quantized
+    assert mtp.mtp.fc.weight.dtype == torch.float32
+    _, want_mtp = _pair(source)
+    torch.testing.assert_close(mtp.mtp.fc.weight, want_mtp.mtp.fc.weight, rtol=0, atol=0)
+    want = generate(runner, PROMPTS, N).generated
+    np.testing.assert_array_equal(SpeculativeDecoder(runner, mtp, 2).generate(PROMPTS, N).generated, want)
