@@ -96,15 +96,9 @@ def _time(decoder: SpeculativeDecoder, fn: Callable[[], None], iters: int) -> fl
         fn()  # warm-up (lazy initialisation, Triton compiles)
         run = fn
         if decoder.cuda_graph:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            run = graph.replay
+            from gdn_export.runtime.cuda_graph import capture_graph
+
+            run = capture_graph(fn, device, "a part of a speculative round", "cuda_graph=False", 1).replay
         sync(device)
         t0 = time.perf_counter()
         for _ in range(iters):

@@ -260,27 +260,14 @@ class SpeculativeDecoder:
         return session
 
     def _capture(self, session: SpecSession) -> None:
-        """Capture `_round` on the session's buffers (warm-up on a side stream first; `_reset`
-        clears what the warm-up wrote)."""
-        from gdn_export.errors import GdnExportError
+        """Capture `_round` on the session's buffers (warm-up first; `_reset` clears what the
+        warm-up wrote)."""
+        from gdn_export.runtime.cuda_graph import capture_graph
 
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), self.runner._backend_context():
             session.limit.fill_(1)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_ROUNDS):
-                    self._round(session)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph):
-                    self._round(session)
-            except RuntimeError as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise GdnExportError(f"capturing a speculative round as a CUDA graph failed: {first}; "
-                                     f"run without CUDA graphs") from exc
-        session.graph = graph
+            session.graph = capture_graph(lambda: self._round(session), self.device, "a speculative round",
+                                          "cuda_graph=False", WARMUP_ROUNDS)
 
     def _reset(self, session: SpecSession, prompts, limit: np.ndarray) -> None:
         session.prompts = list(prompts)

@@ -8,24 +8,12 @@ import logging
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from gdn_export.errors import CheckpointError
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 from gdn_export.weights.mtp import load_mtp
 from tests.onnx._tiny import TWO_LAYERS
-
-
-def _tensors(directory):
-    with safe_open(str(directory / "model.safetensors"), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
-
-
-def _rewrite(directory, edit):
-    tensors = _tensors(directory)
-    edit(tensors)
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+from tests.weights.test_families import _rewrite
 
 
 def _make(path, family="qwen3_5", **kw):

@@ -102,12 +102,17 @@ def recurrent_gated_delta_rule(
     q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     o = torch.empty_like(v)
     for t in range(v.shape[2]):
-        state = state * g[:, :, t, None, None].exp()
-        k_t = k[:, :, t]  # [B, H, Dk]
-        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k_t))
-        state = state + k_t[..., :, None] * u[..., None, :]
-        o[:, :, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+        state, o[:, :, t] = _token(state, q, k, v, g, beta, t)
     return o.transpose(1, 2).to(out_dtype), state.to(state_dtype)
+
+
+def _token(state, q, k, v, g, beta, t: int):
+    """Token t of prepared [B, H, T, D] inputs: (the state after it [B, H, Dk, Dv], o_t [B, H, Dv])."""
+    state = state * g[:, :, t, None, None].exp()
+    k_t = k[:, :, t]  # [B, H, Dk]
+    u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k_t))
+    state = state + k_t[..., :, None] * u[..., None, :]
+    return state, torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
 
 
 def recurrent_gated_delta_rule_steps(
@@ -135,11 +140,7 @@ def recurrent_gated_delta_rule_steps(
     o = torch.empty_like(v)
     states = []
     for t in range(v.shape[2]):
-        state = state * g[:, :, t, None, None].exp()
-        k_t = k[:, :, t]
-        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k_t))
-        state = state + k_t[..., :, None] * u[..., None, :]
-        o[:, :, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+        state, o[:, :, t] = _token(state, q, k, v, g, beta, t)
         stored = state.to(state_dtype)
         states.append(stored)
         state = stored.to(compute)

@@ -1,7 +1,8 @@
 """gdn::gated_delta_rule_steps (every token's state, for the verify step of speculative decoding):
 the reference, the Triton fused recurrent kernel's every-step output (under TRITON_INTERPRET=1 on
-a CPU-only machine) and the token-by-token form of backends without one, against T one-token calls
-of the reference op; padded (identity) tokens keep the state."""
+a CPU-only machine) and the token-by-token form of backends without one (the reference's, and the
+cuda backend's on a GPU), against T one-token calls of the reference op; padded (identity) tokens
+keep the state."""
 
 import pytest
 import torch
@@ -46,7 +47,10 @@ def test_reference_is_one_token_calls(state):
         assert_close_rms(states[:, -1], final, torch.float32, "final state")
 
 
-@pytest.mark.parametrize("impl", ["reference", "triton", "token-by-token"])
+IMPLS = ["reference", "triton", "token-by-token"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype,state,T", [(torch.float32, "fp32", 5), (torch.bfloat16, "bf16", 4),
                                            (torch.float32, "fp16", 1)], ids=["fp32", "bf16", "fp16-state-T1"])
 def test_every_backend_matches_one_token_calls(impl, dtype, state, T):
