@@ -157,27 +157,6 @@ class GraphRunner(TorchRunner):
         st.graph = capture_graph(step, self.device, f"the decode step (op backend {self.op_backend or 'default'})",
                                  "--no-cuda-graph")
 
-
-def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int = WARMUP_CALLS):
-    """fn() captured as a torch.cuda.CUDAGraph after `warmup` calls on a side stream (lazy
-    initialisation, Triton compiles); GdnExportError naming `what` and the flag that runs without
-    graphs (`instead`) when an op cannot be captured (a host sync or a host-side allocation)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise GdnExportError(f"capturing {what} as a CUDA graph failed: {first}; run without CUDA graphs "
-                             f"({instead})") from exc
-    return graph
-
     def _replay(self, st: _Static) -> tuple[torch.Tensor, torch.Tensor]:
         if st.graph is None:
             return self._decode_step(st)
@@ -258,3 +237,24 @@ def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int
             if keep_logits:
                 kept.append(logits.clone())
         return picked, st.states, kept
+
+
+def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int = WARMUP_CALLS):
+    """fn() captured as a torch.cuda.CUDAGraph after `warmup` calls on a side stream (lazy
+    initialisation, Triton compiles); GdnExportError naming `what` and the flag that runs without
+    graphs (`instead`) when an op cannot be captured (a host sync or a host-side allocation)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GdnExportError(f"capturing {what} as a CUDA graph failed: {first}; run without CUDA graphs "
+                             f"({instead})") from exc
+    return graph
