@@ -86,7 +86,7 @@ def prompt_texts(files: list[str]) -> list[str]:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         import stdlib_corpus
 
-        return stdlib_corpus.split()["heldout"]
+        return stdlib_corpus.read(stdlib_corpus.split_files()["heldout"])
     except ImportError:
         root = Path(sysconfig.get_paths()["stdlib"])
         return [p.read_text(encoding="utf-8", errors="replace") for p in sorted(root.glob("*.py"))[:80]]
