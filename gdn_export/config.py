@@ -99,6 +99,10 @@ class HybridConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
+    # multi-token prediction: decoder layers of the `mtp.*` head (0: none; gdn_export.models.mtp),
+    # and whether it has its own embedding instead of the model's
+    mtp_num_hidden_layers: int = 0
+    mtp_use_dedicated_embeddings: bool = False
     # the rest
     rms_norm_eps: float = 1e-6
     zero_centered_norm: bool = True  # RMSNorm scale (1 + w) (Qwen) or w (OLMo)
@@ -178,6 +182,8 @@ class HybridConfig:
                     _is_int(i) and 0 <= i < n for i in self.mlp_only_layers):
                 raise ConfigError(f"mlp_only_layers must be a list of layer indices in [0, {n}), "
                                   f"got {self.mlp_only_layers!r}")
+        if not _is_int(self.mtp_num_hidden_layers) or self.mtp_num_hidden_layers < 0:
+            raise ConfigError(f"mtp_num_hidden_layers must be an integer >= 0, got {self.mtp_num_hidden_layers!r}")
         dense = any(not self.is_moe_layer(i) for i in range(self.num_hidden_layers))
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "linear_num_key_heads",
@@ -246,7 +252,7 @@ class HybridConfig:
 
 # The true / false fields: JSON booleans only (a string "false" is truthy in Python).
 _FLAGS = ("attn_output_gate", "attention_bias", "use_rope", "allow_neg_eigval", "norm_topk_prob",
-          "zero_centered_norm", "tie_word_embeddings")
+          "zero_centered_norm", "tie_word_embeddings", "mtp_use_dedicated_embeddings")
 
 
 def _is_int(value: Any) -> bool:

@@ -287,6 +287,9 @@ def from_hf_dict(outer: dict[str, Any]) -> HybridConfig:
         fields["num_attention_heads"] = _get(d, "num_attention_heads", family)
     if family in ("qwen3_next", "qwen3_5_moe"):
         fields.update(_moe_fields(d, family))
+    if family != "olmo_hybrid":  # the families that publish an MTP head (absent: none)
+        fields.update(mtp_num_hidden_layers=d.get("mtp_num_hidden_layers") or 0,
+                      mtp_use_dedicated_embeddings=d.get("mtp_use_dedicated_embeddings") or False)
     try:
         return HybridConfig(**fields)
     except TypeError as exc:  # a field of the wrong JSON type reaching a comparison

@@ -56,6 +56,10 @@ def add_parser(sub) -> None:
                    help="compare the logits with the fp32 model's on the same prompts (and "
                    "transformers' with its fp32 model's when --compare-hf); fp32 tokens of the fast "
                    "runner against the eager runner (default: off)")
+    p.add_argument("--speculative", type=int, default=None, metavar="K",
+                   help="also time greedy speculative decoding with the checkpoint's MTP head drafting K "
+                   "tokens a round (1..16) on the same runner: tokens/s against plain decode, tokens per "
+                   "verify step, the draft and verify costs against a plain step (default: off)")
     bench_quant.add_arguments(p)
     add_seed(p, "the random prompts")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON (default: not written)")
@@ -78,6 +82,7 @@ def run(args) -> int:
     from gdn_export.layout import DeployLayout
     from gdn_export.ops.backends import current_name
     from gdn_export.runtime import bench_checkpoint as BC
+    from gdn_export.runtime.spec_bench import measure_speculative
     from gdn_export.weights.loader import check_checkpoint
 
     check_sizes(args)
@@ -87,6 +92,8 @@ def run(args) -> int:
         output_file(args.json, "--json", args)
     checkpoint_dir(args.checkpoint)
     check_checkpoint(args.checkpoint)  # files, names, shapes, dtypes: before the first progress line
+    if args.speculative is not None:
+        _check_speculative(args)
     if args.quant:
         bench_quant.check(args)  # format, a 16-bit checkpoint, ModelOpt present: before any work
     else:
@@ -101,7 +108,9 @@ def run(args) -> int:
     dtype_name = dtype_of(args)
     compile_ = args.compile or args.compile_mode is not None
     steps = max(args.decode_steps, BC.ACCURACY_STEPS, args.quant_steps if args.quant else 0)
-    setup = BC.Setup(device, torch_dtype(dtype_name), dtype_name, DeployLayout.make(cache_len=args.prompt_len + steps + 1),
+    slack = 2 * args.speculative if args.speculative else 0  # runtime.speculative.cache_slots_needed
+    setup = BC.Setup(device, torch_dtype(dtype_name), dtype_name,
+                     DeployLayout.make(cache_len=args.prompt_len + steps + 1 + slack),
                      op_backend, cuda_graph, batch=args.batch, prompt_len=args.prompt_len,
                      decode_steps=args.decode_steps, warmup=args.warmup, repeats=args.repeats,
                      prefill_chunk=args.prefill_chunk, compile=compile_, compile_mode=args.compile_mode or "default",
@@ -121,6 +130,9 @@ def run(args) -> int:
         return bench_quant.run(args, result, ids, setup)
     runner, model = BC.measure(args.checkpoint, ids, setup, result)
     rows = [("gdn-export", result)]
+    if args.speculative:
+        result["speculative"] = measure_speculative(args.checkpoint, runner, model, prompts, args.speculative, setup,
+                                                    result)
     if args.accuracy:
         result["accuracy"] = BC.accuracy(args.checkpoint, runner, prompts, setup)
     del runner, model
@@ -135,3 +147,16 @@ def run(args) -> int:
         write_json(result, Path(args.json), args.overwrite)
         setup.progress(f"wrote {args.json}")
     return 0
+
+
+def _check_speculative(args) -> None:
+    """--speculative: K in range, not with --quant, a checkpoint with an MTP head (before any work)."""
+    from gdn_export.hf_config import read_config
+    from gdn_export.weights.mtp import check_has_mtp
+
+    if not 1 <= args.speculative <= 16:
+        raise InputError(f"--speculative must be in [1, 16], got {args.speculative}")
+    if args.quant:
+        raise InputError("--speculative times the checkpoint as it is; give a quantized checkpoint instead "
+                         "of --quant")
+    check_has_mtp(read_config(Path(args.checkpoint) / "config.json"), args.checkpoint)

@@ -50,6 +50,15 @@ def table(result: dict, rows) -> str:
     hf = result.get("transformers", {})
     if "skipped" in hf:
         lines.append(f"transformers: skipped ({hf['skipped']})")
+    spec = result.get("speculative")
+    if spec:
+        lines.append(f"speculative, K = {spec['k']} (greedy, MTP head, CUDA graph "
+                     f"{'on' if spec['cuda_graph'] else 'off'}): {spec['decode_tokens_per_s']:.1f} tokens/s = "
+                     f"{spec['speedup']:.2f}x plain decode; {spec['tokens_per_step']:.2f} tokens per verify step "
+                     f"(drafts accepted {spec['acceptance_rate']:.1%}); round {spec['round_ms']:.3f} ms (draft "
+                     f"{spec['draft_ms']:.3f} + verify {spec['verify_ms']:.3f}) against a plain step "
+                     f"{result['decode_ms_per_step']:.3f} ms (verify / plain {spec['verify_over_plain_step']:.2f}); "
+                     f"tokens equal plain greedy: {spec['tokens_equal_plain']}")
     acc = result.get("accuracy")
     if acc:
         lines.append(f"accuracy vs the fp32 model ({acc['steps']} forced steps): ours {result['dtype']} rel RMS "

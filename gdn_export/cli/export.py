@@ -29,6 +29,10 @@ def add_parser(sub) -> None:
                    "VarlenCausalConvWithState / GatedRMSNorm (onnxruntime >= 1.32 only; "
                    "docs/onnx_forms.md says which form for which runtime)")
     add_layout_flags(p)
+    p.add_argument("--speculative", type=int, default=None, metavar="K",
+                   help="also write the graphs of speculative decoding with the checkpoint's MTP head "
+                   "beside the model: NAME.verify.onnx (K + 1 tokens a row, every GDN state kept) and "
+                   "NAME.mtp.onnx (the head) (gdn_export.onnx.speculative; default: off)")
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
     add_export_flags(p)
     add_quiet(p)
@@ -92,6 +96,7 @@ def run(args) -> int:
     output = output_file(args.output, "-o", args, suffix=".onnx", also=(_sidecar(args.output),))
     check_export_target(output, args.opset, layout)
     checkpoint_dir(args.checkpoint)
+    extra = _check_speculative(args, layout, output) if args.speculative is not None else ()
     _check_quantized_opset(Path(args.checkpoint), args.opset, layout)
     output_file(output, "-o", args, also=(_sidecar(output),),
                 need_bytes=_export_bytes(args.checkpoint, args.dtype))
@@ -108,7 +113,49 @@ def run(args) -> int:
     path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops,
                        overwrite=args.overwrite)
     print(f"wrote {path}")
+    if extra:
+        from gdn_export.onnx.speculative import export_mtp, export_verify
+        from gdn_export.weights.mtp import load_mtp
+
+        mtp = load_mtp(args.checkpoint, model)
+        verify = export_verify(model, extra[0], args.speculative, opset=args.opset, progress=progress,
+                               overwrite=args.overwrite)
+        print(f"wrote {verify}")
+        print(f"wrote {export_mtp(mtp, extra[1], opset=args.opset, progress=progress, overwrite=args.overwrite)}")
     return 0
+
+
+def _check_speculative(args, layout, output) -> tuple[Path, Path]:
+    """--speculative K: its two files may be written, and the checkpoint and layout take it."""
+    from gdn_export.hf_config import read_config
+    from gdn_export.models.verify import check_layout
+    from gdn_export.onnx.speculative import speculative_paths
+    from gdn_export.weights.mtp import check_has_mtp
+
+    if not 1 <= args.speculative <= 16:
+        raise InputError(f"--speculative must be in [1, 16], got {args.speculative}")
+    if args.onnx_ops != "gdn":
+        raise InputError("--speculative writes gdn nodes; drop --onnx-ops standard")
+    check_layout(layout)
+    config = read_config(Path(args.checkpoint) / "config.json")
+    check_has_mtp(config, args.checkpoint)
+    from gdn_export.vlm.weights import has_vision_tower
+
+    if not getattr(args, "text_only", False) and has_vision_tower(args.checkpoint):
+        raise InputError("--speculative writes the text model's graphs; add --text-only for a checkpoint "
+                         "with a vision tower")
+    if _check_quantized(Path(args.checkpoint)):
+        raise InputError("--speculative: the speculative graphs are written for 16-bit checkpoints")
+    paths = speculative_paths(output)
+    for path in paths:
+        output_file(path, "-o", args, suffix=".onnx")
+    return paths
+
+
+def _check_quantized(checkpoint: Path) -> bool:
+    from gdn_export.weights.quantized import read_quant_config
+
+    return read_quant_config(checkpoint / "config.json") is not None
 
 
 def _check_trace_memory(checkpoint: Path, layout, dtype: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gdn_export.cli.common import (Progress, add_device, add_dtype, add_op_backend, add_overwrite, add_plugins, add_quiet,
                                    device_of, dtype_of, op_backend_of, output_file,
                                    parse_input_ids, save_logits)
+from gdn_export.cli import run_speculative
 from gdn_export.cli.runners import BACKENDS, add_ort_kernels, guess_backend, open_runner
 from gdn_export.cli.vlm import add_image_flags, run_with_images, wants_vlm
 from gdn_export.errors import InputError
@@ -37,6 +38,7 @@ def add_parser(sub) -> None:
     add_plugins(p, "the trt backend")
     add_ort_kernels(p)
     add_overwrite(p, "the --save-logits file")
+    run_speculative.add_arguments(p)
     add_image_flags(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -47,6 +49,8 @@ def run(args) -> int:
     from gdn_export.runtime.memory import check_generation_memory
 
     if wants_vlm(args):  # images, or a vision-language model.onnx
+        if args.speculative is not None:
+            raise InputError("--speculative does not take images or a vision-language export")
         return run_with_images(args)
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -57,7 +61,10 @@ def run(args) -> int:
         output_file(args.save_logits, "--save-logits", args)
     backend = args.backend or guess_backend(args.model)
     _check_flags_apply(args, backend)
+    run_speculative.check_flags(args, backend)
     progress = Progress("run", args.quiet)
+    if args.speculative is not None:
+        return run_speculative.run(args, ids, progress)
     device = device_of(args)
     runner = open_runner(args.model, backend, dtype=dtype_of(args), device=device, plugins=args.plugins,
                          op_backend=op_backend_of(args, device) if backend == "torch" else None,

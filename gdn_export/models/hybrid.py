@@ -48,15 +48,18 @@ class DecoderLayer(nn.Module):
     attention blocks, config.attn_block_norm "post"): x + post_attention_layernorm(mixer(x)), then
     x + post_feedforward_layernorm(mlp(x))."""
 
-    def __init__(self, config: HybridConfig, layer_idx: int) -> None:
+    def __init__(self, config: HybridConfig, layer_idx: int, kind: str | None = None,
+                 moe: bool | None = None) -> None:
+        """kind (LINEAR / FULL) and moe default to config's for layer_idx (the MTP head's layer
+        gives its own: gdn_export.models.mtp)."""
         super().__init__()
-        self.kind = config.layer_kinds[layer_idx]
+        self.kind = config.layer_kinds[layer_idx] if kind is None else kind
         linear_cls, attention_cls = _MIXERS.get(config.family, (GatedDeltaNet, GatedAttention))
         if self.kind == LINEAR:
             self.linear_attn = linear_cls(config, layer_idx)
         else:
             self.self_attn = attention_cls(config, layer_idx)
-        if config.is_moe_layer(layer_idx):
+        if config.is_moe_layer(layer_idx) if moe is None else moe:
             self.mlp = SparseMoeBlock(config)
         else:
             self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
@@ -168,15 +171,40 @@ class HybridForCausalLM(nn.Module):
         step = make_step(past_lengths, seq_lens, T, self.model.rotary_emb, x.dtype, self.layout)
         return self.run_layers(x, step, seq_lens, states)
 
+    def hidden_states(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, seq_lens: torch.Tensor,
+                      *states: torch.Tensor, capture_steps: bool = False):
+        """forward without the lm_head: (hidden [B, T, hidden] after the final norm at every
+        position, in the model dtype, *new_states); what the lm_head and the MTP head
+        (gdn_export.models.mtp) read.
+
+        capture_steps: the verify form of speculative decoding (gdn_export.models.verify): each GDN
+        layer returns, instead of its conv and recurrent states, the conv window [B, C, K-1+T] and
+        the recurrent state after every token [B, T, Hv, Dk, Dv], from which `verify.roll_back`
+        picks each row's state after its accepted tokens; K/V caches are written as usual."""
+        B, T = input_ids.shape
+        if self.check_inputs and not torch.compiler.is_compiling():
+            check_states(self.state_specs(), states)
+            check_call(past_lengths, seq_lens, T, self.layout)
+        x = self.model.embed_tokens(input_ids)
+        step = make_step(past_lengths, seq_lens, T, self.model.rotary_emb, x.dtype, self.layout,
+                         capture_steps=capture_steps)
+        x, new_states = self.layers_forward(x, step, states)
+        return (self.model.norm(x), *new_states)
+
+    def layers_forward(self, x: torch.Tensor, step: StepInputs, states) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The decoder layers over x [B, T, hidden]: (x after the last layer, new states)."""
+        new_states: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            x, a, b = layer(x, step, states[2 * i], states[2 * i + 1])
+            new_states += [a, b]
+        return x, new_states
+
     def run_layers(self, x: torch.Tensor, step: StepInputs, seq_lens: torch.Tensor, states):
         """The decoder layers, final norm and lm_head over embeddings x [B, T, hidden] (what
         forward does after the embedding; gdn_export.models.vlm enters here with visual features).
         Returns (logits, *new_states) as forward."""
         B = x.shape[0]
-        new_states: list[torch.Tensor] = []
-        for i, layer in enumerate(self.model.layers):
-            x, a, b = layer(x, step, states[2 * i], states[2 * i + 1])
-            new_states += [a, b]
+        x, new_states = self.layers_forward(x, step, states)
         if self.layout.logits == LOGITS_LAST:
             # Only each row's last real token goes through the norm and the vocab projection.
             last = (seq_lens - 1).clamp(min=0)[:, None, None].expand(B, 1, x.shape[-1])

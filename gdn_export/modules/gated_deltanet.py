@@ -39,6 +39,7 @@ from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
 from gdn_export.ops import causal_conv1d, gated_delta_rule
 from gdn_export.ops.gated_delta_rule import gated_delta_rule_
+from gdn_export.ops.gated_delta_rule.steps import gated_delta_rule_steps
 
 
 class GatedDeltaNet(nn.Module):
@@ -49,6 +50,10 @@ class GatedDeltaNet(nn.Module):
     the state once per call where it stores it (see gdn_export.ops.gated_delta_rule).
 
     C = 2*Hk*Dk + Hv*Dv. `layout` is "fused" (Qwen3-Next) or "split" (Qwen3.5, Qwen3.5-MoE).
+
+    With step.capture_steps (the verify form of speculative decoding) the two states returned are
+    the conv window [B, C, K-1+T] (the old conv state, then the T new conv inputs) and the
+    recurrent state after every token [B, T, Hv, Dk, Dv] S (gdn_export.ops.gated_delta_rule.steps).
     """
 
     LAYOUTS = ("fused", "split")
@@ -137,6 +142,10 @@ class GatedDeltaNet(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         mixed, z, b, a = self.project(x)
+        if step.capture_steps:
+            # The verify form: the conv state after any prefix of the T tokens is a slice of this
+            # window [B, C, K-1+T] (gdn_export.models.verify.roll_back picks it).
+            conv_window = torch.cat((as_dtype(conv_state, mixed.dtype), mixed.transpose(1, 2)), dim=-1)
         mixed, new_conv_state = causal_conv1d(
             mixed, self.conv1d.weight[:, 0, :], None, as_dtype(conv_state, mixed.dtype), silu=True,
             seq_lens=as_dtype(step.seq_lens, torch.int32),
@@ -155,6 +164,10 @@ class GatedDeltaNet(nn.Module):
         real = step.token_mask[..., None]
         g = torch.where(real, g, 0.0)
         beta = torch.where(real, beta, 0.0)
+        if step.capture_steps:
+            o, recurrent_steps = gated_delta_rule_steps(q, k, v, g, beta, initial_state=recurrent_state,
+                                                        use_qk_l2norm=True)
+            return self.output(o, z), conv_window, recurrent_steps
         if self.update_states_in_place:
             o = gated_delta_rule_(q, k, v, g, beta, recurrent_state, use_qk_l2norm=True)
             new_recurrent_state = recurrent_state

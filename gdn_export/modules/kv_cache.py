@@ -51,6 +51,7 @@ class StepInputs:
     write_index  [B] int64 first cache slot each row writes (inplace layout; else None)
     attn_mask    [B, 1, T, L] bool slots each query may read (inplace layout; else None)
     keep_old     padded tokens write back the slot's old content (streaming)
+    capture_steps  GDN layers return every token's state (the verify form: HybridForCausalLM.hidden_states)
     """
 
     positions: torch.Tensor
@@ -61,6 +62,7 @@ class StepInputs:
     write_index: torch.Tensor | None
     attn_mask: torch.Tensor | None
     keep_old: bool
+    capture_steps: bool = False
 
 
 def slot_of(positions: torch.Tensor, layout: DeployLayout) -> torch.Tensor:
@@ -129,7 +131,7 @@ def tokens_until_wrap(past_lengths, layout: DeployLayout) -> int:
 
 
 def make_step(past_lengths: torch.Tensor, seq_lens: torch.Tensor, seq: int, rotary, dtype,
-              layout: DeployLayout) -> StepInputs:
+              layout: DeployLayout, capture_steps: bool = False) -> StepInputs:
     """StepInputs for a call of `seq` tokens per row (see StepInputs)."""
     device = past_lengths.device
     steps = torch.arange(seq, device=device)
@@ -141,4 +143,4 @@ def make_step(past_lengths: torch.Tensor, seq_lens: torch.Tensor, seq: int, rota
         write_index = slot_of(past_lengths, layout)
         attn_mask = visibility(past_lengths, seq, layout)
     return StepInputs(positions, seq_lens, token_mask, cos, sin, write_index, attn_mask,
-                      keep_old=layout.streaming)
+                      keep_old=layout.streaming, capture_steps=capture_steps)

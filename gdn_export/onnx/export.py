@@ -269,6 +269,15 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
     from gdn_export.modules.kv_cache_fp8 import kv_scales
 
     ir_model.metadata_props.update(metadata.kv_cache_metadata(kv_scales(model)))  # FP8 K/V cache only
+    return write_checked(ir_model, path, say, onnx_ops, overwrite=overwrite)
+
+
+def write_checked(ir_model, path: Path, say: Callable[[str], None], onnx_ops: str = "gdn", *,
+                  overwrite: bool = True) -> Path:
+    """Write `ir_model` to `path` through a temporary folder beside it: weights in a `<name>.data`
+    sidecar past ~2 GB, the checks of `_verify`, the form `onnx_ops` (`rewrite_form`), then moved into
+    place (a failure leaves nothing behind; overwrite False: a file that appeared at `path` meanwhile
+    is kept and the write ends in an OutputError, gdn_export.paths.publish_files). Returns path."""
     ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
     external = _initializer_bytes(ir_model) > EXTERNAL_DATA_THRESHOLD
     data_name = external_data_name(path)

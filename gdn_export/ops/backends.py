@@ -50,6 +50,9 @@ class Backend:
     # left to compiled code; None back where the checked entries above must run instead
     gated_delta_rule_fast: Callable | None = None
     gated_delta_rule_inplace_fast: Callable | None = None
+    # optional: the same arguments as gated_delta_rule less cu_seqlens -> (o, every token's state)
+    # (gdn_export.ops.gated_delta_rule.steps; without it, one call per token)
+    gated_delta_rule_steps: Callable | None = None
 
 
 # name -> module that defines `gated_delta_rule`, `causal_conv1d` and `moe`; imported on first use so
@@ -100,7 +103,8 @@ def get(name: str | None = None) -> Backend:
         _LOADED[name] = Backend(name, module.gated_delta_rule, module.causal_conv1d, module.moe,
                                 getattr(module, "gated_delta_rule_inplace", None),
                                 getattr(module, "gated_delta_rule_fast", None),
-                                getattr(module, "gated_delta_rule_inplace_fast", None))
+                                getattr(module, "gated_delta_rule_inplace_fast", None),
+                                getattr(module, "gated_delta_rule_steps", None))
     return _LOADED[name]
 
 

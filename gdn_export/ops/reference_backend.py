@@ -10,6 +10,7 @@ from gdn_export.ops.causal_conv1d.naive import causal_conv1d as _conv
 from gdn_export.ops.gated_delta_rule.naive import (
     chunked_gated_delta_rule,
     recurrent_gated_delta_rule,
+    recurrent_gated_delta_rule_steps,
 )
 from gdn_export.ops.moe.naive import moe as _moe
 
@@ -19,6 +20,10 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
     o, state = fn(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens)
     # custom ops may not return views of, or aliases to, their inputs
     return o.contiguous(), state.contiguous()
+
+
+def gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
+    return recurrent_gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
 
 
 def causal_conv1d(x, weight, bias, conv_state, silu, seq_lens=None):

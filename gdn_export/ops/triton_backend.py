@@ -7,7 +7,8 @@ CPU under TRITON_INTERPRET=1.
 from __future__ import annotations
 
 from gdn_export.ops.causal_conv1d.triton import causal_conv1d
-from gdn_export.ops.gated_delta_rule.triton import gated_delta_rule, gated_delta_rule_inplace
+from gdn_export.ops.gated_delta_rule.triton import (gated_delta_rule, gated_delta_rule_inplace,
+                                                    gated_delta_rule_steps)
 from gdn_export.ops.moe.triton import moe
 
-__all__ = ["causal_conv1d", "gated_delta_rule", "gated_delta_rule_inplace", "moe"]
+__all__ = ["causal_conv1d", "gated_delta_rule", "gated_delta_rule_inplace", "gated_delta_rule_steps", "moe"]

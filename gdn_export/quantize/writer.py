@@ -72,7 +72,20 @@ def _ignored(model: nn.Module, family, config) -> list[str]:
             names.append(family.checkpoint_name(f"{name}.weight", config)[: -len(".weight")])
     if config.num_experts and not _has_quantized_experts(model):
         names.append("*mlp.experts*")
+    if config.mtp_num_hidden_layers:
+        names.append("mtp*")  # the MTP head stays 16-bit (mtp_tensors)
     return sorted(names)
+
+
+def mtp_tensors(source: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """{key: tensor in dtype} of the source checkpoint's multi-token-prediction head (`mtp.*`),
+    carried over unquantized so that the quantized model keeps its draft head
+    (gdn_export.runtime.speculative); {} without one."""
+    from gdn_export.weights.mapping import MTP
+    from gdn_export.weights.reader import CheckpointReader
+
+    with CheckpointReader(source) as reader:
+        return {key: reader.get(key).to(dtype).contiguous() for key in reader.shapes if MTP.search(key)}
 
 
 def quantization_config(fmt: str, ignore: list[str], calibrator: str, group_size: int = 128) -> tuple[dict, dict]:
@@ -145,6 +158,7 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
         for key, part in family.checkpoint_tensors(name, t, config):
             tensors[key] = part.detach().contiguous().cpu()
     tensors.update(kv)
+    tensors.update(mtp_tensors(source, dtype))
 
     tmp = temp_dir_beside(out, f"-o {out}")  # 0777 & ~umask, as every other output folder
     try:

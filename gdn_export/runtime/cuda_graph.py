@@ -198,22 +198,11 @@ class GraphRunner(TorchRunner):
     def _capture(self, st: _Static) -> None:
         """Capture `_decode_step` of st's batch size as a CUDA graph (side-stream warm-up first).
         The warm-up and the capture run on the static buffers, which empty_states zeroes after."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                self._decode_step(st)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                st.logits, st.next_token = self._decode_step(st)
-        except RuntimeError as exc:  # an op that syncs or allocates on the host side of the graph
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise GdnExportError(f"capturing the decode step as a CUDA graph failed (op backend "
-                                 f"{self.op_backend or 'default'}): {first}; run without CUDA graphs "
-                                 f"(--no-cuda-graph)") from exc
-        st.graph = graph
+        def step():
+            st.logits, st.next_token = self._decode_step(st)
+
+        st.graph = capture_graph(step, self.device, f"the decode step (op backend {self.op_backend or 'default'})",
+                                 "--no-cuda-graph")
 
     def _replay(self, st: _Static) -> tuple[torch.Tensor, torch.Tensor]:
         if st.graph is None:
@@ -295,3 +284,24 @@ class GraphRunner(TorchRunner):
             if keep_logits:
                 kept.append(logits.clone())
         return picked, st.states, kept
+
+
+def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int = WARMUP_CALLS):
+    """fn() captured as a torch.cuda.CUDAGraph after `warmup` calls on a side stream (lazy
+    initialisation, Triton compiles); GdnExportError naming `what` and the flag that runs without
+    graphs (`instead`) when an op cannot be captured (a host sync or a host-side allocation)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GdnExportError(f"capturing {what} as a CUDA graph failed: {first}; run without CUDA graphs "
+                             f"({instead})") from exc
+    return graph

@@ -129,8 +129,8 @@ def report(plan: Plan, what: str) -> None:
     mtp = [key for key in plan.ignored if MTP.search(key)]
     other = [key for key in plan.ignored if not MTP.search(key)]
     if mtp:
-        log.info("%s: skipped %d multi-token-prediction tensors (%s); gdn-export exports the "
-                 "next-token model only", what, len(mtp), mtp[0])
+        log.info("%s: skipped %d multi-token-prediction tensors (%s); the next-token model does not "
+                 "use them (speculative decoding loads them as its draft head)", what, len(mtp), mtp[0])
     if other:
         log.info("%s: ignored %d tensors that gdn-export does not export (%s)",
                  what, len(other), other[0])

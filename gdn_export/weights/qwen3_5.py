@@ -5,7 +5,8 @@
 * qwen3_5 / qwen3_5_moe (the ...ForConditionalGeneration VLMs): the text model lives under
   model.language_model. (model.language_model.layers.{i}..., model.language_model.embed_tokens.weight,
   ...), lm_head.weight stays at the top. The vision tower (model.visual.*) is an expected extra and
-  ignored; multi-token-prediction tensors (mtp.*) are skipped with a note in the load report.
+  ignored; multi-token-prediction tensors (mtp.*) are skipped with a note in the load report (the
+  MTP head loads on its own: gdn_export.weights.mtp).
 * Qwen3.5-MoE's routed experts load per expert (as published and as save_pretrained writes) or
   stacked, as for Qwen3-Next (see gdn_export.weights.qwen3_next).
 """

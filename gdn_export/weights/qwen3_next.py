@@ -9,7 +9,8 @@ except for the routed experts, which the model holds stacked as transformers 5 d
 Both layouts load: per expert (model.layers.{i}.mlp.experts.{e}.gate_proj|up_proj|down_proj.weight,
 as published and as `save_pretrained` writes in transformers 5.x), stacked one layer at a time
 into a preallocated tensor (`mapping.stack_experts`), or already stacked under the names above.
-Multi-token-prediction tensors (mtp.*) are skipped with a note in the load report.
+Multi-token-prediction tensors (mtp.*) are skipped with a note in the load report (the MTP head
+loads on its own: gdn_export.weights.mtp).
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ from gdn_export.config import HybridConfig
 from gdn_export.paths import make_dir_mode_usual, publish_dir, publish_files, usual_modes, writes_in_place
 from gdn_export.errors import CheckpointError, InputError
 from gdn_export.models.hybrid import HybridForCausalLM
+from gdn_export.models.mtp import MTP_FAMILIES, MtpHead
+from gdn_export.weights import mtp as mtp_weights
 from gdn_export.weights import olmo_hybrid, qwen3_5, qwen3_next
 from gdn_export.weights.reader import INDEX_FILE, SINGLE_FILE
 
@@ -115,15 +117,27 @@ def tiny_config_dict(family: str = "qwen3_5", model_type: str | None = None, **o
 @torch.no_grad()
 def init_tiny_weights(model: HybridForCausalLM, seed: int = 0) -> None:
     """Seeded, well-conditioned random init of every parameter (see module docstring)."""
-    gen = torch.Generator().manual_seed(seed)
-    hidden = model.config.hidden_size
+    _init(model.named_parameters(), model.config, torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def init_tiny_mtp(head: MtpHead, config: HybridConfig, seed: int = 0) -> None:
+    """The same init for an MTP head (its own generator: the model's weights do not depend on it)."""
+    _init(head.named_parameters(), config, torch.Generator().manual_seed(seed + _MTP_SEED))
+
+
+_MTP_SEED = 1_000_003
+
+
+def _init(named_parameters, config: HybridConfig, gen: torch.Generator) -> None:
+    hidden = config.hidden_size
 
     def normal(p, mean, std):
         p.copy_(torch.randn(p.shape, generator=gen) * std + mean)
 
-    for name, p in model.named_parameters():
+    for name, p in named_parameters:
         leaf = name.rsplit(".", 2)[-2:]
-        if name == "lm_head.weight" or (model.config.tie_word_embeddings and name.endswith("embed_tokens.weight")):
+        if name == "lm_head.weight" or (config.tie_word_embeddings and name.endswith("embed_tokens.weight")):
             normal(p, 0.0, hidden**-0.5)
         elif name.endswith("A_log"):
             p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
@@ -134,7 +148,7 @@ def init_tiny_weights(model: HybridForCausalLM, seed: int = 0) -> None:
             normal(p, 1.0, 0.1)
         elif leaf[-1] == "weight" and "norm" in leaf[0]:
             # zero-centred: the scale is 1 + w; plain: the scale is w
-            normal(p, 0.0 if model.config.zero_centered_norm else 1.0, 0.1)
+            normal(p, 0.0 if config.zero_centered_norm else 1.0, 0.1)
         elif name.endswith("conv1d.weight"):
             normal(p, 0.0, 0.3)
         elif name.endswith("mlp.gate.weight"):
@@ -187,6 +201,7 @@ def make_tiny_checkpoint(
     *,
     shards: int = 1,
     model_type: str | None = None,
+    mtp_layers: int = 0,
     extra_tensors: dict[str, torch.Tensor] | None = None,
     overwrite: bool = False,
     **overrides: Any,
@@ -195,7 +210,9 @@ def make_tiny_checkpoint(
 
     family: "qwen3_5" (default model_type qwen3_5_text; "qwen3_5" writes the composite layout with
     model.language_model. names), "qwen3_5_moe" (likewise: qwen3_5_moe_text or qwen3_5_moe),
-    "qwen3_next" or "olmo_hybrid". shards > 1 writes exactly that many
+    "qwen3_next" or "olmo_hybrid". mtp_layers > 0 adds a multi-token-prediction head of that many
+    layers (`mtp.*` tensors, config field mtp_num_hidden_layers, as the released Qwen3.5 and
+    Qwen3-Next checkpoints; gdn_export.models.mtp). shards > 1 writes exactly that many
     model-0000i-of-0000N files with model.safetensors.index.json (at most one per tensor).
     extra_tensors are written as they are (e.g. vision/mtp tensors). overrides replace config
     fields (e.g. num_hidden_layers=6, tie_word_embeddings=True, dtype="bfloat16"). overwrite
@@ -204,7 +221,14 @@ def make_tiny_checkpoint(
     """
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise InputError(f"shards must be an integer >= 1, got {shards!r}")
+    if isinstance(mtp_layers, bool) or not isinstance(mtp_layers, int) or mtp_layers < 0:
+        raise InputError(f"mtp_layers must be an integer >= 0, got {mtp_layers!r}")
+    if mtp_layers and family not in MTP_FAMILIES:
+        raise InputError(f"{family} has no multi-token-prediction head (families with one: "
+                         f"{', '.join(MTP_FAMILIES)})")
     directory = check_target(Path(os.path.abspath(directory)), overwrite)  # "." has no name of its own
+    if mtp_layers:
+        overrides = {"mtp_num_hidden_layers": mtp_layers, "mtp_use_dedicated_embeddings": False, **overrides}
     cfg_dict = tiny_config_dict(family, model_type, **overrides)
     config = parse_config(cfg_dict)
     model = HybridForCausalLM(config)
@@ -217,6 +241,11 @@ def make_tiny_checkpoint(
         if config.tie_word_embeddings and name == "lm_head.weight":
             continue
         for key, part in naming.checkpoint_tensors(name, t, config):
+            tensors[key] = part.detach().clone().contiguous()
+    if config.mtp_num_hidden_layers:
+        head = MtpHead(config)
+        init_tiny_mtp(head, config, seed)
+        for key, part in mtp_weights.checkpoint_tensors(head.to(config.torch_dtype)):
             tensors[key] = part.detach().clone().contiguous()
     for name, t in (extra_tensors or {}).items():
         tensors[name] = t.detach().clone().contiguous()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gdn_export.weights import load_checkpoint
+from gdn_export.weights.mtp import load_mtp
 
 
 @pytest.mark.parametrize("family,model_type", [("qwen3_5", "qwen3_5_text"), ("qwen3_next", "qwen3_next"),
@@ -75,3 +76,16 @@ def test_exactly_the_shards_asked_for_or_one_line(cli, tmp_path):
     message = cli("make-tiny", tmp_path / "many", "--shards", 100).error_line("make-tiny")
     assert message.startswith("100 shards asked for, but this checkpoint has only 56 tensors")
     assert not (tmp_path / "many").exists()
+
+
+def test_mtp_head_flag(cli, tmp_path):
+    assert cli("make-tiny", tmp_path / "c", "--family", "qwen3_next", "--mtp-layers", 1).code == 0
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert cfg["mtp_num_hidden_layers"] == 1 and cfg["mtp_use_dedicated_embeddings"] is False
+    model = load_checkpoint(tmp_path / "c")
+    assert model.config.mtp_num_hidden_layers == 1
+    assert load_mtp(tmp_path / "c", model).mtp.layers[0].mlp.experts.gate_up_proj.shape == (4, 64, 64)
+    result = cli("make-tiny", tmp_path / "o", "--family", "olmo_hybrid", "--mtp-layers", 1)
+    assert result.code == 2 and "olmo_hybrid has no multi-token-prediction head" in result.error_line("make-tiny")
+    result = cli("make-tiny", tmp_path / "n", "--mtp-layers", -1)
+    assert result.code == 2 and "--mtp-layers must be >= 0, got -1" in result.error_line("make-tiny")

@@ -22,7 +22,7 @@ DEFAULTS = {
 }
 TAKES = {
     "demo": {"--seed"}, "make-tiny": {"--seed"}, "quantize": {"--device"}, "export": {"--dtype"},
-    "build": {"--plugins"}, "run": {"--dtype", "--device", "--op-backend", "--plugins"},
+    "build": {"--plugins"}, "run": {"--dtype", "--device", "--op-backend", "--plugins", "--seed"},
     "validate": {"--dtype", "--device", "--seed", "--plugins"},
     "bench": {"--device", "--op-backend", "--dtype", "--seed"},
     "serve": {"--device", "--op-backend", "--dtype", "--seed"},

@@ -102,12 +102,49 @@ def recurrent_gated_delta_rule(
     q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     o = torch.empty_like(v)
     for t in range(v.shape[2]):
-        state = state * g[:, :, t, None, None].exp()
-        k_t = k[:, :, t]  # [B, H, Dk]
-        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k_t))
-        state = state + k_t[..., :, None] * u[..., None, :]
-        o[:, :, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+        state, o[:, :, t] = _token(state, q, k, v, g, beta, t)
     return o.transpose(1, 2).to(out_dtype), state.to(state_dtype)
+
+
+def _token(state, q, k, v, g, beta, t: int):
+    """Token t of prepared [B, H, T, D] inputs: (the state after it [B, H, Dk, Dv], o_t [B, H, Dv])."""
+    state = state * g[:, :, t, None, None].exp()
+    k_t = k[:, :, t]  # [B, H, Dk]
+    u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k_t))
+    state = state + k_t[..., :, None] * u[..., None, :]
+    return state, torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+
+
+def recurrent_gated_delta_rule_steps(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token gated delta rule keeping the state after every token (the contract of
+    gdn_export.ops.gated_delta_rule.steps): arguments as `recurrent_gated_delta_rule` without
+    cu_seqlens. Each token's state is rounded to the storage dtype and the next token starts from
+    the rounded value, as T calls of one token would.
+
+    Returns o [B, T, Hv, Dv] in v's dtype and states [B, T, Hv, Dk, Dv] in the state's storage
+    dtype: states[:, t] after token t.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out_dtype, state_dtype = v.dtype, state_storage_dtype(initial_state)
+    q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+    compute = state.dtype
+    o = torch.empty_like(v)
+    states = []
+    for t in range(v.shape[2]):
+        state, o[:, :, t] = _token(state, q, k, v, g, beta, t)
+        stored = state.to(state_dtype)
+        states.append(stored)
+        state = stored.to(compute)
+    return o.transpose(1, 2).to(out_dtype), torch.stack(states, dim=1)
 
 
 def chunked_gated_delta_rule(

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from gdn_export.errors import GdnExportError
 from kernels.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
-from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
+from kernels.gated_delta_rule.triton.fused_recurrent import (fused_recurrent_gated_delta_rule,
+                                                             fused_recurrent_gated_delta_rule_steps)
 from kernels.gated_delta_rule.triton.gates import RECURRENT_MAX_T
 
 
@@ -47,3 +48,12 @@ def gated_delta_rule_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm):
         o, final = chunk_gated_delta_rule(q, k, v, g, beta, state, scale, use_qk_l2norm, None)
         state.copy_(final)
     return o.to(v.dtype)
+
+
+def gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
+    """o [B, T, Hv, Dv] and every token's state [B, T, Hv, Dk, Dv] from one launch of the fused
+    recurrent kernel (gdn_export.ops.gated_delta_rule.steps)."""
+    try:
+        return fused_recurrent_gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+    except ValueError as exc:
+        raise GdnExportError(f"triton backend: {exc}") from None

@@ -9,6 +9,11 @@ initial one: every program reads its own tile before it writes it, and tiles nev
 The state is stored in fp32, fp16 or bf16 (h0 / ht's dtype) and held in fp32: a 16-bit state is
 rounded once, where it is stored at the end (half the bytes of an fp32 decode step).
 
+With `all_states` [B, T, Hv, Dk, Dv] (the verify step of speculative decoding) the kernel also
+stores the state after every token, rounded to the storage dtype, and carries on from the rounded
+value: the numbers of T one-token calls, so a row that keeps its first t + 1 tokens holds exactly
+the state that decoding them one by one gives.
+
 Per step: h = exp(g) h; v' = beta (v - h^T k); h += k v'^T; o = scale h^T q, with h^T q taken
 from the decayed state before the update (one pass over the state for both reductions).
 """
@@ -26,13 +31,13 @@ from kernels.triton_utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2
 # T is left unspecialised: one compiled kernel serves every length.
 @triton.jit(do_not_specialize=["T"])
 def fused_recurrent_fwd_kernel(
-    q, k, v, g, beta, a, b, A_log, dt_bias, h0, o, ht,
+    q, k, v, g, beta, a, b, A_log, dt_bias, h0, o, ht, hs,
     cu_seqlens,
     scale, T, sq, sk, sv,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, STORE_STEPS: tl.constexpr,
 ):
     # sq, sk, sv: elements between consecutive tokens of q, k, v (utils.token_stride)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -83,16 +88,23 @@ def fused_recurrent_fwd_kernel(
         b_h += b_k[:, None] * b_v[None, :]
         b_o = (b_qh + b_v * tl.sum(b_k * b_q, 0)) * scale
         tl.store(o + (t * HV + i_h) * DV + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        if STORE_STEPS:
+            # this token's state in the storage dtype; the next token starts from what is stored
+            b_s = to_state_dtype(b_h, hs.dtype.element_ty)
+            p_s = hs + (t * HV + i_h).to(tl.int64) * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
+            tl.store(p_s, b_s, mask=m_k[:, None] & m_v[None, :])
+            b_h = b_s.to(tl.float32)
 
     # the one rounding of a 16-bit state per call (the op's rounding rule)
     tl.store(ht + p_h, to_state_dtype(b_h, ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
 
 
 def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=None, gates=None,
-                        out=None, final_state=None, block_v=None, num_warps=None):
+                        out=None, final_state=None, block_v=None, num_warps=None, all_states=None):
     """Launch the recurrent kernel on prepared inputs (one dtype; contiguous, or with a token stride:
     utils.token_stride); h0 [N, Hv, Dk, Dv] contiguous in the state dtype (or None); a new
-    final_state takes h0's dtype (fp32 for None)."""
+    final_state takes h0's dtype (fp32 for None); all_states [B, T, Hv, Dk, Dv] contiguous (no
+    cu_seqlens) also receives every token's state."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
     sq, sk, sv = token_strides(q, k, v)
@@ -108,11 +120,13 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
         # slower than 32 at B = 64..512, so 32 stays.
         block_v = 32
     BV = max(min(block_v, next_pow2(Dv)), 8)
-    if num_warps is None and T == 1 and cu_seqlens is None:
+    if num_warps is None and (T == 1 or all_states is not None) and cu_seqlens is None:
         # Decode: 128 fp32 state elements per thread, one warp at Dk = 128, BV = 32. Swept on the
         # H200 (B = 8 / 64 / 256, benchmarks/investigations/triton_decode_sweep.py): one warp beat two, the
         # earlier choice, everywhere: fp32 state 70 / 86 / 93% of copy bandwidth (two: 65 / 83 /
         # 87%), bf16 state 51 / 56 / 56% (two: 38 / 47 / 49%); other widths and warps were slower.
+        # Every token's state stored (all_states) takes the decode launch too: the same reductions,
+        # so a verify step's numbers are those of decode steps.
         num_warps = max(1, BK * BV // 4096)
     elif num_warps is None:
         # several tokens: more threads share each step's reductions (not swept for T > 1)
@@ -120,10 +134,10 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
     a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
     fused_recurrent_fwd_kernel[(cdiv(Dv, BV), N * Hv)](
         q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
-        h0, o, ht, cu_seqlens, scale, T, sq, sk, sv,
+        h0, o, ht, ht if all_states is None else all_states, cu_seqlens, scale, T, sq, sk, sv,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, USE_INITIAL_STATE=h0 is not None,
-        IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, STORE_STEPS=all_states is not None, num_warps=num_warps,
     )
     return o, ht
 
@@ -172,3 +186,30 @@ def fused_recurrent_gated_delta_rule(
         h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
     return fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu, gates=gates,
                                out=out, final_state=final_state, block_v=block_v, num_warps=num_warps)
+
+
+def fused_recurrent_gated_delta_rule_steps(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule with the state after every token, in one launch (the verify step of
+    speculative decoding; see the module docstring for the rounding).
+
+    Args: as fused_recurrent_gated_delta_rule, without cu_seqlens.
+    Returns:
+        o [B, T, Hv, Dv] in v's dtype (fp32 for float64 inputs), states [B, T, Hv, Dk, Dv] in the
+        state's storage dtype (initial_state's; fp32 for None): states[:, t] after token t.
+    """
+    q, k, v, g, beta, _, scale, _, _ = prepare_inputs(q, k, v, g, beta, None, scale, None)
+    B, T, _, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    h0 = None if initial_state is None else as_kernel_input(initial_state, state_dtype(initial_state))
+    states = torch.empty(B, T, Hv, Dk, Dv, dtype=torch.float32 if h0 is None else h0.dtype, device=v.device)
+    o, _ = fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, all_states=states)
+    return o, states

@@ -1,0 +1,68 @@
+"""`gdn-export export --speculative K`: the verify form and the MTP head as their own ONNX files, each
+checked in ONNX Runtime against PyTorch on ragged rows (the verify form at K + 1 tokens, the head at
+one token and at several), and the flags that cannot apply refused before the work."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+from gdn_export.layout import DeployLayout
+from gdn_export.onnx.speculative import (KEY_K, KEY_ROLE, VerifyForm, compare_in_ort, mtp_inputs,
+                                         verify_inputs, verify_output_names)
+from gdn_export.weights import load_checkpoint
+from gdn_export.weights.mtp import load_mtp
+from tests.mtp_checkpoints import mtp_checkpoint
+
+K, CACHE = 2, 24
+
+
+@pytest.mark.slow
+def test_verify_and_mtp_graphs_match_pytorch(cli, tmp_path_factory, tmp_path):
+    ckpt = mtp_checkpoint("qwen3_5_moe", tmp_path_factory.getbasetemp())
+    out = tmp_path / "m.onnx"
+    r = cli("export", ckpt, "-o", out, "--max-cache-len", CACHE, "--speculative", K, "-q")
+    assert r.code == 0, r.err
+    verify, head = tmp_path / "m.verify.onnx", tmp_path / "m.mtp.onnx"
+    assert f"wrote {verify}" in r.out and f"wrote {head}" in r.out and out.is_file()
+    model = load_checkpoint(ckpt)
+    model.layout = DeployLayout.make(cache_len=CACHE)
+    mtp = load_mtp(ckpt, model)
+    proto = onnx.load(str(verify), load_external_data=False)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert (meta[KEY_ROLE], meta[KEY_K]) == ("verify", str(K))
+    assert [v.name for v in proto.graph.output] == verify_output_names(model)
+    # K + 1 one-token gated-delta-rule nodes per GDN layer
+    assert sum(n.op_type == "GatedDeltaRule" for n in proto.graph.node) == K + 1
+    for batch, seed in ((1, 1), (3, 2)):
+        errors = compare_in_ort(verify, VerifyForm(model), verify_inputs(model, K, batch=batch, seed=seed))
+        assert max(errors.values()) < 1e-5, errors
+    for batch, seq, seed in ((1, 1, 3), (3, 4, 4)):
+        errors = compare_in_ort(head, mtp, mtp_inputs(mtp, seq=seq, batch=batch, seed=seed))
+        assert max(errors.values()) < 1e-5, errors
+        assert set(errors) == {"logits", "mtp_hidden", "present.2.key", "present.2.value"}
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--speculative", 0], "--speculative must be in [1, 16], got 0"),
+    (["--speculative", 2, "--onnx-ops", "standard"], "--speculative writes gdn nodes"),
+    (["--speculative", 2, "--kv-cache", "concat"], "needs the inplace kv cache layout"),
+    (["--speculative", 2, "--attention-window", 16], "without a streaming window"),
+])
+def test_flags_that_cannot_apply(cli, tmp_path_factory, tmp_path, extra, message):
+    ckpt = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
+    assert message in cli("export", ckpt, "-o", tmp_path / "m.onnx", *extra).error_line("export")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_without_a_head(cli, tiny_ckpt, tmp_path):
+    result = cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "--speculative", 2)
+    assert "declares no multi-token-prediction head" in result.error_line("export")
+
+
+def test_existing_verify_file_is_refused(cli, tmp_path_factory, tmp_path):
+    ckpt = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
+    (tmp_path / "m.verify.onnx").write_bytes(b"x")
+    result = cli("export", ckpt, "-o", tmp_path / "m.onnx", "--speculative", 2)
+    assert "m.verify.onnx" in result.error_line("export")

@@ -1,0 +1,80 @@
+"""`gdn-export run --speculative K`: the plain greedy tokens, sampling, and every flag that cannot apply
+refused in one line before the work."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.mtp_checkpoints import mtp_checkpoint
+
+
+@pytest.fixture(scope="module")
+def mtp_ckpt(tmp_path_factory):
+    return mtp_checkpoint("qwen3_next", tmp_path_factory.getbasetemp())
+
+
+def test_greedy_prints_the_plain_tokens(cli, mtp_ckpt):
+    ids = ["--input-ids", "5,7,9,11", "--input-ids", "3", "--max-new-tokens", 9]
+    plain = cli("run", mtp_ckpt, *ids)
+    spec = cli("run", mtp_ckpt, *ids, "--speculative", 3)
+    assert plain.code == 0 and spec.code == 0, spec.err
+    assert spec.out == plain.out and len(spec.out.splitlines()) == 2
+    assert "K = 3 drafts from the MTP head, greedy" in spec.err and "tokens per verify step" in spec.err
+
+
+def test_sampling_is_seeded(cli, mtp_ckpt):
+    argv = ["run", mtp_ckpt, "--input-ids", "5,7,9", "--max-new-tokens", 8, "--speculative", 2,
+            "--temperature", 0.9, "--seed", 4]
+    first, again = cli(*argv), cli(*argv)
+    assert first.code == 0 and first.out == again.out and "temperature 0.9" in first.err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--speculative", 0], "--speculative must be in [1, 16], got 0"),
+    (["--temperature", 0.5], "--temperature applies to --speculative"),
+    (["--speculative", 2, "--temperature", -1], "--temperature must be a finite number >= 0"),
+    (["--speculative", 2, "--save-logits", "x.npz"], "--save-logits is not kept with --speculative"),
+])
+def test_flags_that_cannot_apply(cli, mtp_ckpt, tmp_path, extra, message):
+    result = cli("run", mtp_ckpt, "--input-ids", "1,2", *[str(tmp_path / e) if e == "x.npz" else e for e in extra])
+    assert message in result.error_line("run")
+
+
+def test_checkpoint_without_a_head(cli, tiny_ckpt):
+    result = cli("run", tiny_ckpt, "--input-ids", "1,2", "--speculative", 2)
+    assert "declares no multi-token-prediction head" in result.error_line("run")
+
+
+def test_exported_model_is_refused(cli, tmp_path):
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"x")
+    result = cli("run", onnx, "--input-ids", "1,2", "--speculative", 2)
+    assert "--speculative runs a checkpoint folder on the torch backend" in result.error_line("run")
+
+
+def test_bench_speculative(cli, mtp_ckpt, tmp_path):
+    """bench --speculative K: the keys of gdn_export.runtime.spec_bench, the plain greedy tokens."""
+    import json
+
+    out = tmp_path / "bench.json"
+    r = cli("bench", mtp_ckpt, "--batch", 2, "--prompt-len", 7, "--decode-steps", 5, "--warmup", 0,
+            "--repeats", 1, "--dtype", "fp32", "--speculative", 2, "-q", "--json", out)
+    assert r.code == 0, r.err
+    spec = json.loads(out.read_text())["speculative"]
+    assert spec["tokens_equal_plain"] is True and spec["k"] == 2 and spec["cuda_graph"] is False
+    assert 1.0 <= spec["tokens_per_step"] <= 3.0 and spec["rounds"] >= 2
+    for key in ("decode_tokens_per_s", "round_ms", "draft_ms", "verify_ms", "speedup", "verify_over_plain_step"):
+        assert spec[key] > 0, key
+    assert "speculative, K = 2 (greedy, MTP head, CUDA graph off)" in r.out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--speculative", 17], "--speculative must be in [1, 16], got 17"),
+    (["--speculative", 2, "--quant", "fp8"], "--speculative times the checkpoint as it is"),
+])
+def test_bench_speculative_errors(cli, mtp_ckpt, extra, message):
+    assert message in cli("bench", mtp_ckpt, *extra).error_line("bench")
+
+
+def test_bench_speculative_needs_a_head(cli, tiny_ckpt):
+    assert "declares no multi-token-prediction head" in cli("bench", tiny_ckpt, "--speculative", 2).error_line("bench")
