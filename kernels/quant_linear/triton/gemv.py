@@ -110,6 +110,6 @@ def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=Non
     counter = common.counters(x2.device, cdiv(N, BN)) if split > 1 else ws
     gemv_kernel[(cdiv(N, BN), split)](
         x2, w, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part, counter, N, K,
-        w.shape[1], G, split, per, FMT=fmt, GS=group_size, EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8,
+        w.shape[1], G, split, per, FMT=fmt, GS=group_size, EXACT=True, SOFT=SOFT_FP8,
         PARTIAL=split > 1, HAS_BIAS=bias is not None, BN=BN, BK=BK, num_warps=CFG["warps"], num_stages=CFG["stages"])
     return y
