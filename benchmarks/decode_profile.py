@@ -29,6 +29,9 @@ GROUPS = [  # first match wins; patterns on lower-cased kernel names
     # first: SDPA's fmha_cutlass* kernels would be GEMMs, and "gdn recurrent"'s `decode` would take
     # the split-KV attn_decode_* kernels
     ("attention", r"attention|attn|flash|fmha|sdpa|softmax"),
+    # the quantized linear ops' Triton kernels (kernels/quant_linear/triton/)
+    ("quantized gemm (triton)", r"skinny_kernel|fp8_gemm_kernel|int4_gemm_kernel|gemv_kernel"),
+    ("x quantization / int4 dequant", r"quant_tensor_kernel|quant_group_kernel|int4_dequant_kernel"),
     ("gemm", r"gemm|cutlass|cublas|sm90_xmma|nvjet|matmul|gemv|splitk"),
     ("gdn recurrent", r"gated_delta|gdr|recurrent|fused_recurrent|decode"),
     ("conv", r"conv1d|causal_conv"),

@@ -9,7 +9,9 @@
 # OUT receives three files (the device tool brings back at most eight): table.md (printed last),
 # kernels.md (the full kernel table) and quant_gpu.tgz (every log and JSON file of the run).
 #
-# Environment: PARTS (default "tests kernels e2e"; "sweep" adds the skinny-GEMM launch sweep),
+# Environment: PARTS (default "tests kernels e2e"; "sweep" adds the skinny-GEMM launch sweep,
+# "profile" a torch.profiler pass over bf16 / fp8 / int4-awq prefills (4096 tokens) and decode steps,
+# benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU),
 # BUDGET (seconds for the whole script, default 520), LAYERS (default 24: the full 1.66B Qwen3.5
 # with its 248320 vocabulary; fewer layers cut the vocabulary by the same factor), RUNS (the
 # end-to-end runs in order, default below), CK (checkpoint folder, default /tmp/quant_gpu_ck).
@@ -35,6 +37,8 @@ LAYERS=${LAYERS:-24}
 VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
 RUNS=${RUNS:-fp8-b1 int4-awq-b1 fp8-b32 fp8lm-b1 int4-awq-b32 fp8-b1-compile}
 CK=${CK:-/tmp/quant_gpu_ck}
+KM=${KM:-1 8 32 64 4096}                               # the kernel table's rows M
+TESTS=${TESTS:-tests/ops/quant_linear tests/ops/moe_quant}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 left() { echo $(( BUDGET - $(el) )); }
@@ -60,7 +64,7 @@ fi
 if has tests; then
   echo "[$(el)s] tests" >&2
   timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
-    tests/ops/quant_linear tests/ops/moe_quant > "$OUT/tests.log" 2>&1
+    $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2
 fi
@@ -69,7 +73,7 @@ fi
 if has kernels; then
   echo "[$(el)s] kernels" >&2
   EXTRA=""; has sweep && EXTRA="--sweep-skinny"
-  timeout $(( $(left) > 240 ? 240 : $(left) )) python3 benchmarks/quant_linear_bench.py --json "$OUT/kernels.json" $EXTRA \
+  timeout $(( $(left) > 240 ? 240 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" $EXTRA \
     > "$OUT/kernels.md" 2> "$OUT/kernels.log"
   echo "[$(el)s] kernels exit $?" >&2
 fi
@@ -129,6 +133,25 @@ PY
   echo "[$(el)s] e2e exit $?" >&2
 fi
 
+# ------------------------------------------------------------------ profiles
+if has profile; then
+  [ -n "${MAKE_PID:-}" ] && wait "$MAKE_PID" && MAKE_PID=
+  echo "[$(el)s] profile" >&2
+  for fmt in fp8 int4-awq; do
+    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 30 )) python3 -m gdn_export quantize "$CK" -o "$CK-$fmt" --format $fmt \
+      --device cuda --calib-samples 2 --calib-seq-len 128 --overwrite > "$OUT/quantize-$fmt.log" 2>&1
+  done
+  for name in bf16 fp8 int4-awq; do
+    ck=$CK; [ $name != bf16 ] && ck=$CK-$name
+    [ -f "$ck/config.json" ] || continue
+    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --steps 20 \
+      --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
+    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --prefill \
+      --steps 2 --prompt-len 4096 --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
+  done
+  echo "[$(el)s] profile done" >&2
+fi
+
 # ------------------------------------------------------------------ the table
 python3 - "$OUT" "$LAYERS" "$VOCAB" > "$OUT/table.md" <<'PY'
 import glob, json, os, sys
@@ -161,6 +184,15 @@ if runs:
         print(f"| {os.path.basename(f)[:-5]} | {d['prefill_ms']:.2f} | {q['prefill_ms']:.2f} | {r['prefill_ms']:.3f} "
               f"| {d['decode_ms_per_step']:.3f} | {q['decode_ms_per_step']:.3f} | {r['decode_ms_per_step']:.3f} "
               f"| {r['peak_memory_bytes']:.3f} | {a['greedy_agreement']:.3f} |")
+profs = sorted(glob.glob(os.path.join(out, "prof-*", "decode_profile.json")))
+if profs:
+    print("\nProfiles (torch.profiler; ms per decode step, or per 4096-token prefill): wall / kernels busy; groups")
+    for f in profs:
+        d = json.load(open(f))
+        groups = ", ".join(f"{k} {v['ms_per_step']:.3f}" for k, v in
+                           sorted(d["groups"].items(), key=lambda kv: -kv[1]["ms_per_step"])[:6])
+        print(f"- {os.path.basename(os.path.dirname(f))}: {d['wall_ms_per_step']:.3f} / {d['kernel_busy_ms_per_step']:.3f} "
+              f"({d['kernels_per_step']:.0f} kernels); {groups}")
 PY
 echo "[$(el)s] done" >&2
 tar czf "$FINAL/quant_gpu.tgz" -C "$OUT" . 2>/dev/null

@@ -217,15 +217,16 @@ class GpuBench:
         print(table(rows, list(methods), copy, name))
         return 0
 
-    SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=ps, dot_fp8=d) for bn, bk, w, st, ps, d in [
-        (128, 128, 4, 4, 2, True), (64, 128, 4, 4, 4, True), (128, 256, 4, 3, 2, True), (128, 128, 4, 3, 3, True),
-        (128, 128, 8, 4, 2, True), (128, 128, 4, 4, 2, False), (64, 256, 4, 4, 3, True), (128, 128, 4, 6, 1, True)]]
+    SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d) for bn, bk, w, st, d in [
+        (128, 128, 4, 3, True), (128, 128, 4, 4, True), (128, 128, 4, 2, True), (64, 128, 4, 3, True),
+        (64, 128, 4, 4, True), (128, 256, 4, 2, True), (128, 128, 8, 3, True), (128, 128, 4, 3, False),
+        (64, 256, 4, 3, True)]]
 
     def sweep_skinny(self, copy):
         """Skinny-GEMM launch parameters (triton/skinny.py CFG) per format at M = 1 and 32."""
         torch, sk = self.torch, self.skinny
         out = []
-        print("| skinny config | shape | M | fp8 us | fp8 block us | int4 us | best GB/s (% copy) |")
+        print("| skinny config | shape | M | fp8 us | fp8 block us | int4 us | fp8 GB/s (% copy) |")
         print("|---|---|---|---|---|---|---|")
         for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "out_proj", "mlp_down")]:
             copies = self.copies_for(K, N)
@@ -254,6 +255,50 @@ class GpuBench:
                           f"{gb:.0f} ({gb / 1e3 / copy:.0%}) |", flush=True)
             del copies
             torch.cuda.empty_cache()
+        out += self.sweep_gemv_and_dequant(copy)
+        return out
+
+    def sweep_gemv_and_dequant(self, copy):
+        """The one-row CUDA-core GEMV (triton/gemv.py, fp8 per-channel) beside the skinny GEMM, and
+        int4_dequant's tile (the int4 prefill's first pass) on the fused 2048 -> 12288 shape."""
+        torch = self.torch
+        from kernels.quant_linear.triton import gemv as tg, int4 as ti
+
+        out = []
+        print("\n| one-row fp8 | shape | us | GB/s (% copy) |\n|---|---|---|---|")
+        for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "out_proj", "mlp_down")]:
+            copies = self.copies_for(K, N)
+            x = torch.randn(1, K, device=self.dev, dtype=torch.bfloat16)
+            s_in = (x.float().abs().amax() / 448).reshape(())
+            for cfg in (None, dict(BN=8, BK=512, warps=4, stages=2, per_sm=2), dict(BN=16, BK=256, warps=4, stages=3,
+                                                                                     per_sm=2)):
+                default = dict(tg.CFG)
+                tg.CFG.update(cfg or {})
+                try:
+                    t = self.time_method(lambda x, W, s: tg.gemv(tg.FP8_TENSOR, x, W["w8"], W["ws"], s), x, copies, s_in)
+                finally:
+                    tg.CFG.clear()
+                    tg.CFG.update(default)
+                g = moved_bytes("fp8", 1, K, N) / (t * 1e-6) / 1e9
+                out.append(dict(gemv=cfg or default, shape=sname, us=t))
+                print(f"| gemv {cfg or default} | {sname} | {t:.2f} | {g:.0f} ({g / 1e3 / copy:.0%}) |", flush=True)
+            del copies
+        K, N = 2048, 12288
+        copies = self.copies_for(K, N)
+        print("\n| int4_dequant tile | us (2048 -> 12288) | GB/s (% copy) |\n|---|---|---|")
+        for cfg in (dict(BN=16, BH=64, warps=4), dict(BN=32, BH=128, warps=4), dict(BN=64, BH=128, warps=8),
+                    dict(BN=8, BH=256, warps=4), dict(BN=16, BH=256, warps=8)):
+            default = dict(ti.DEQUANT)
+            ti.DEQUANT.update(cfg)
+            try:
+                t = self.time_method(lambda x, W, s: ti.int4_dequant(W["qw"], W["sc"], K, 128, torch.bfloat16), None,
+                                     copies, None)
+            finally:
+                ti.DEQUANT.update(default)
+            g = (K * N * 2.5) / (t * 1e-6) / 1e9
+            out.append(dict(dequant=cfg, us=t))
+            print(f"| {cfg} | {t:.1f} | {g:.0f} ({g / 1e3 / copy:.0%}) |", flush=True)
+        del copies
         return out
 
 

@@ -52,6 +52,20 @@ def e4m3_round(q):
 
 
 @triton.jit
+def div_exact(x, s, r):
+    """x / s correctly rounded (IEEE division, as torch's), given r = 1 / s correctly rounded (one
+    tl.math.div_rn per scale, outside the element loop): q = x * r is within one ulp, the remainder
+    x - q * s is exact in an FMA, and q + remainder * r rounds to the correctly rounded quotient
+    (Markstein's theorem). Where x * r leaves the fp32 range the first product is kept (far outside
+    e4m3's +-448, which the caller clamps). Per element: two multiplies, two FMAs and a select, where
+    tl.math.div_rn compiles to a reciprocal, a refinement and a slow-path call per element."""
+    q = x * r
+    rem = tl.fma(-q, s, x)
+    q1 = tl.fma(rem, r, q)
+    return tl.where(tl.abs(q) < 3.0e38, q1, q)
+
+
+@triton.jit
 def to_e4m3(q, SOFT: tl.constexpr):
     """fp32 q (already clamped to +-448) -> float8e4nv, round to nearest even."""
     if SOFT:

@@ -20,19 +20,20 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton.common import (
-    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, skinny_block_m,
-    split_k, to_e4m3)
+    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, grouped_tile,
+    skinny_block_m, split_k, to_e4m3)
 from kernels.quant_linear.triton import common
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
 GROUP = 128  # block size of the fine-grained format, both dims
 
 
 @triton.jit
 def _quantize(b_x, s, EXACT: tl.constexpr, SOFT: tl.constexpr):
-    """fp32 b_x / s (s broadcastable, fp32) clamped to +-448 and rounded to e4m3."""
+    """fp32 b_x / s (s broadcastable, fp32) clamped to +-448 and rounded to e4m3; EXACT: the quotient
+    correctly rounded (common.div_exact, one div_rn per scale), else x * (1 / s)."""
     if EXACT:
-        q = tl.math.div_rn(b_x, s)
+        q = div_exact(b_x, s, tl.math.div_rn(s * 0.0 + 1.0, s))
     else:
         q = b_x * (1.0 / s)
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
@@ -138,7 +139,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, counter, M, N, K, KB, str
             b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))[None, :]
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y + o_y, b_acc.to(y.dtype.element_ty), mask=mask)
+        tl.store(y + o_y, to_state_dtype(b_acc, y.dtype.element_ty), mask=mask)
 
 
 def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):

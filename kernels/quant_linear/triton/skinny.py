@@ -6,9 +6,11 @@ rows (output columns) and all M rows of x, so the weight tile [BN, BK] is the MM
 128 rows: Hopper's warpgroup MMA) and x's rows its N side (BM = 16..64, padded with masked zero
 rows): no tile of weight is wasted on padding, and the weight loads feed tl.dot, so Triton streams
 them through shared memory `num_stages` tiles ahead (cp.async), which keeps enough bytes in flight
-to approach the copy bandwidth. K is split over programs so that about `per_sm` programs run on
-each multiprocessor; the partials are summed in the same launch by the last program of each
-column tile (common.finish_split).
+to approach the copy bandwidth. K is split over programs so that every program of the launch is
+resident at once (the split factor is the number of column tiles that fit the GPU's multiprocessors
+times the programs one of them holds, read off the compiled kernel's registers and shared memory):
+a second, partial wave of programs would double a decode GEMM's time. The partials are summed in the
+same launch by the last program of each column tile (common.finish_split).
 
     FP8_TENSOR  weight e4m3 [N, K], ws [N] fp32, static per-tensor s_in: x quantized in the tile,
                 e4m3(clamp(x / s_in)); y = (x_q W^T) * s_in * ws (+ bias)
@@ -30,38 +32,38 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton import common
-from kernels.quant_linear.triton.common import SOFT_FP8, UPCAST, device_sms, exact_dot, finish_split, to_e4m3
+from kernels.quant_linear.triton.common import (
+    SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, to_e4m3)
 from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
 # Rows of x this kernel takes (gpu.py routes M <= MAX_M here).
 MAX_M = 64
 # Launch parameters per format: BN weight rows a program, BK of K a tile, warps, pipeline stages,
-# programs per multiprocessor that split K aims at, fp8 x fp8 MMAs (fp8 formats);
-# benchmarks/quant_linear_bench.py --sweep-skinny times alternatives.
+# at most per_sm programs a multiprocessor (None: as many as its registers and shared memory hold),
+# fp8 x fp8 MMAs (fp8 formats); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives.
 CFG = {
-    FP8_TENSOR: dict(BN=128, BK=128, warps=4, stages=4, per_sm=2, dot_fp8=True),
-    FP8_BLOCK: dict(BN=128, BK=128, warps=4, stages=4, per_sm=2, dot_fp8=True),
-    INT4: dict(BN=128, BK=128, warps=4, stages=4, per_sm=2, dot_fp8=False),
+    FP8_TENSOR: dict(BN=128, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=True),
+    FP8_BLOCK: dict(BN=128, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=True),
+    INT4: dict(BN=64, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=False),
 }
+# (compiled-kernel key) -> programs one multiprocessor holds at once
+_RESIDENT: dict = {}
 
 
 @triton.jit
-def _quantize(b_x, s, EXACT: tl.constexpr, SOFT: tl.constexpr):
-    """fp32 b_x / s clamped to +-448, rounded to e4m3. EXACT: the correctly rounded quotient (div_rn), as
-    the contract's x / s; x * (1 / s) differs from it in the last bit, which moves an element that
-    sits next to an e4m3 rounding tie to the other neighbour (16-bit x over a scale derived from
-    16-bit values lands there often: 4 of 264 elements in one test row)."""
-    if EXACT:
-        q = tl.math.div_rn(b_x, s)
-    else:
-        q = b_x * (1.0 / s)
+def _quantize(b_x, s, r, SOFT: tl.constexpr):
+    """fp32 b_x / s (r = 1 / s correctly rounded) clamped to +-448, rounded to e4m3. The quotient is the
+    correctly rounded one, as the contract's x / s: x * (1 / s) differs from it in the last bit, which
+    moves an element next to an e4m3 rounding tie to the other neighbour (16-bit x over a scale made
+    from 16-bit values lands there often: 4 of 264 elements in one test row)."""
+    q = div_exact(b_x, s, r)
     return to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0), SOFT)
 
 
 @triton.jit
 def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, stride_xm, SPLIT, TILES_PER_SPLIT,
-                  FMT: tl.constexpr, GS: tl.constexpr, EXACT: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr,
+                  FMT: tl.constexpr, GS: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr,
                   DOT_FP8: tl.constexpr, HAS_PRE: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """Program (column tile i_n, K split i_s): acc [BN, BM] = W[tile rows, K range] x[:, K range]^T."""
@@ -79,6 +81,7 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
         p_w = w + (i_n * BN).to(tl.int64) * K
     if FMT == 0:
         s = tl.load(s_in)
+        r = tl.math.div_rn(1.0, s)
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     t0 = i_s * TILES_PER_SPLIT
     t1 = tl.minimum(t0 + TILES_PER_SPLIT, tl.cdiv(K, BK))
@@ -107,9 +110,10 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             if FMT == 1:
                 b_g = tl.maximum(tl.max(tl.abs(b_xf), axis=1), 1e-10)
                 b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))  # [BM] group scales
-                b_a = _quantize(b_xf, b_g[:, None], EXACT, SOFT)
+                b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
+                b_a = _quantize(b_xf, b_g[:, None], b_r[:, None], SOFT)
             else:
-                b_a = _quantize(b_xf, s, EXACT, SOFT)
+                b_a = _quantize(b_xf, s, r, SOFT)
             if DOT_FP8 and not UP:
                 b_d = tl.dot(b_w, tl.trans(b_a))
             else:
@@ -127,7 +131,7 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))[:, None]
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
-        tl.store(y + o_y, b_acc.to(y.dtype.element_ty), mask=mask)
+        tl.store(y + o_y, to_state_dtype(b_acc, y.dtype.element_ty), mask=mask)
 
 
 def block_k(fmt: int, K: int, group_size: int, cfg: dict) -> int:
@@ -162,19 +166,50 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
     BN, BK = cfg["BN"], block_k(fmt, K, group_size, cfg)
     BM = max(16, next_pow2(M))
     tiles, k_tiles = cdiv(N, BN), cdiv(K, BK)
-    split = max(1, min(k_tiles, round(cfg["per_sm"] * device_sms(x2) / tiles)))
-    per = cdiv(k_tiles, split)
-    split = cdiv(k_tiles, per)
-    part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     G = ws.shape[1] if fmt != FP8_TENSOR else 1
-    skinny_kernel[(tiles, split)](
-        x2, w, ws, s_in if s_in is not None else ws, pre_scale if pre_scale is not None else ws,
-        bias if bias is not None else ws, y, part, common.counters(x2.device, tiles) if split > 1 else ws,
-        M, N, K, w.shape[1], G, x2.stride(0), split, per, FMT=fmt, GS=group_size, EXACT=True,
-        SOFT=SOFT_FP8, UP=UPCAST, DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32,
-        HAS_PRE=pre_scale is not None, PARTIAL=split > 1, HAS_BIAS=bias is not None, BN=BN, BM=BM, BK=BK,
-        num_warps=cfg["warps"], num_stages=cfg["stages"])
+    consts = dict(FMT=fmt, GS=group_size, SOFT=SOFT_FP8, UP=UPCAST,
+                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32, HAS_PRE=pre_scale is not None,
+                  HAS_BIAS=bias is not None, BN=BN, BM=BM, BK=BK, num_warps=cfg["warps"], num_stages=cfg["stages"])
+    args = [x2, w, ws, s_in if s_in is not None else ws, pre_scale if pre_scale is not None else ws,
+            bias if bias is not None else ws, y]
+
+    def launch(split: int, grid_only: bool = False):
+        per = cdiv(k_tiles, split)
+        split = cdiv(k_tiles, per)
+        part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
+        counter = common.counters(x2.device, tiles) if split > 1 else ws
+        full = (*args, part, counter, M, N, K, w.shape[1], G, x2.stride(0), split, per)
+        if grid_only:  # compile only: the kernel's resources for the occupancy
+            return skinny_kernel.warmup(*full, PARTIAL=True, grid=(tiles, split), **consts)
+        skinny_kernel[(tiles, split)](*full, PARTIAL=split > 1, **consts)
+
+    resident = _resident(x2, w, consts, lambda: launch(2, grid_only=True))
+    if cfg.get("per_sm"):
+        resident = min(resident, cfg["per_sm"])
+    launch(max(1, min(k_tiles, resident * device_sms(x2) // tiles)))
     return y
+
+
+def _resident(x2: torch.Tensor, w: torch.Tensor, consts: dict, compile_partial) -> int:
+    """Programs of this specialization one multiprocessor holds at once: its shared memory over the
+    kernel's, its register file over the kernel's registers (allocated 256 a warp), its thread slots
+    over the program's; read once per specialization from the compiled kernel (2 under the interpreter)."""
+    key = (x2.dtype, w.dtype, x2.device, *sorted(consts.items()))
+    got = _RESIDENT.get(key)
+    if got is None:
+        got = 2
+        if x2.is_cuda and not common.INTERPRET:
+            kernel = compile_partial()
+            kernel._init_handles()
+            props = torch.cuda.get_device_properties(x2.device)
+            smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+            regs = getattr(props, "regs_per_multiprocessor", 65536)
+            warps = consts["num_warps"]
+            by_smem = smem // (kernel.metadata.shared + 1024)  # 1 KB a block is the system's
+            by_regs = regs // (-(-kernel.n_regs * 32 // 256) * 256 * warps)
+            got = max(1, min(by_smem, by_regs, 2048 // (32 * warps), 32))
+        _RESIDENT[key] = got
+    return got
 
 
 __all__ = ["CFG", "FP8_BLOCK", "FP8_TENSOR", "INT4", "MAX_M", "block_k", "skinny"]
