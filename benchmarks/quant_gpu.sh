@@ -64,7 +64,7 @@ fi
 if has tests; then
   echo "[$(el)s] tests" >&2
   timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
-    $TESTS > "$OUT/tests.log" 2>&1
+    ${TEST_ARGS:-} $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2
 fi

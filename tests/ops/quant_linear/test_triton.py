@@ -187,9 +187,12 @@ SKINNY_CFGS = {"default": None, "BK256": dict(BK=256, stages=3), "BN64": dict(BN
                "bf16-mma": dict(dot_fp8=False)}
 
 
-@pytest.mark.parametrize("cfg", list(SKINNY_CFGS), ids=list(SKINNY_CFGS))
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("MKN", [(1, 520, 70), (64, 264, 130), (17, 1000, 257)], ids=lambda s: "M%d-K%d-N%d" % s)
+SKINNY_CASES = [(mkn, dtype, "default") for mkn in [(1, 520, 70), (64, 264, 130), (17, 1000, 257)] for dtype in DTYPES] \
+    + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg != "default"]
+
+
+@pytest.mark.parametrize("MKN,dtype,cfg", SKINNY_CASES,
+                         ids=["M%d-K%d-N%d-%s-%s" % (*c[0], str(c[1])[6:], c[2]) for c in SKINNY_CASES])
 def test_skinny_all_formats(MKN, dtype, cfg):
     """The decode GEMM of every format (M up to MAX_M = 64, split K, ragged K and N) with bias and, for
     int4, the AWQ pre_scale applied in the tile."""
