@@ -64,7 +64,14 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--prefill", action="store_true", help="profile prefills of the prompt instead")
     p.add_argument("--out", default="decode_profile")
+    p.add_argument("--tuned", help="quantized kernels' launch parameters (JSON of quant_linear_bench.py --tuned)")
     args = p.parse_args()
+    if args.tuned:
+        import json
+
+        from quant_linear_bench import apply_tuned
+
+        apply_tuned(json.load(open(args.tuned)))
 
     from torch.profiler import ProfilerActivity, profile
 

@@ -27,6 +27,7 @@
 #   fp8-b1          batch 1, 4096-token prompt          int4-awq-b1    the same, INT4-AWQ
 #   fp8-b32         batch 32, 256-token prompts         fp8lm-b1       fp8 with --quantize-lm-head
 #   int4-awq-b32    batch 32, INT4-AWQ                  fp8-b1-compile fp8 batch 1 with --compile
+# (a "-legacy" suffix, e.g. fp8-b1-legacy, runs the decode kernels before triton/skinny.py: the baseline)
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
 FINAL=${1:-${OUT:-/tmp/quant_gpu}}
@@ -38,7 +39,7 @@ VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
 RUNS=${RUNS:-fp8-b1 int4-awq-b1 fp8-b32 fp8lm-b1 int4-awq-b32 fp8-b1-compile}
 CK=${CK:-/tmp/quant_gpu_ck}
 KM=${KM:-1 8 32 64 4096}                               # the kernel table's rows M
-TESTS=${TESTS:-tests/ops/quant_linear tests/ops/moe_quant}
+TESTS=${TESTS:-tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 left() { echo $(( BUDGET - $(el) )); }
@@ -64,7 +65,7 @@ fi
 if has tests; then
   echo "[$(el)s] tests" >&2
   timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
-    ${TEST_ARGS:-} $TESTS > "$OUT/tests.log" 2>&1
+    ${TEST_K:+-k "$TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2
 fi
@@ -72,7 +73,7 @@ fi
 # ------------------------------------------------------------------ kernel table
 if has kernels; then
   echo "[$(el)s] kernels" >&2
-  EXTRA=""; has sweep && EXTRA="--sweep-skinny"
+  EXTRA=""; has sweep && EXTRA="--sweep-skinny --tuned $OUT/tuned.json"
   timeout $(( $(left) > 240 ? 240 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" $EXTRA \
     > "$OUT/kernels.md" 2> "$OUT/kernels.log"
   echo "[$(el)s] kernels exit $?" >&2
@@ -89,6 +90,12 @@ from gdn_export.cli.main import main
 
 ck, out, budget, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 t0 = time.time()
+import json, os
+if os.path.exists(f"{out}/tuned.json"):  # the sweep's launch parameters (quant_linear_bench.py --sweep-skinny)
+    sys.path.insert(0, "benchmarks")
+    from quant_linear_bench import apply_tuned
+    apply_tuned(json.load(open(f"{out}/tuned.json")))
+    print(f"tuned launch parameters: {open(f'{out}/tuned.json').read()}", flush=True)
 base = ["--device", "cuda", "--dtype", "bf16", "--op-backend", "triton", "--cuda-graph", "--decode-steps", "32",
         "--warmup", "1", "--repeats", "3", "--calib-samples", "2", "--calib-seq-len", "128", "--quant-steps", "64"]
 RUN = {"b1": ["--batch", "1", "--prompt-len", "4096"], "b32": ["--batch", "32", "--prompt-len", "256"]}
@@ -103,9 +110,12 @@ def alarm(*_):
 
 
 signal.signal(signal.SIGALRM, alarm)
+from kernels.quant_linear import gpu as quant_gpu
+
 for name in runs:
     parts = name.split("-")
-    fmt = "-".join(p for p in parts if not p.startswith("b") and p != "compile")
+    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "legacy"))
+    quant_gpu.LEGACY_DECODE = "legacy" in parts  # the decode kernels before triton/skinny.py
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))
@@ -137,17 +147,19 @@ fi
 if has profile; then
   [ -n "${MAKE_PID:-}" ] && wait "$MAKE_PID" && MAKE_PID=
   echo "[$(el)s] profile" >&2
-  for fmt in fp8 int4-awq; do
+  for fmt in ${PROFILES:-fp8 int4-awq}; do
+    [ "$fmt" = bf16 ] && continue
     [ "$(left)" -gt 60 ] && timeout $(( $(left) - 30 )) python3 -m gdn_export quantize "$CK" -o "$CK-$fmt" --format $fmt \
       --device cuda --calib-samples 2 --calib-seq-len 128 --overwrite > "$OUT/quantize-$fmt.log" 2>&1
   done
-  for name in bf16 fp8 int4-awq; do
+  for name in ${PROFILES:-bf16 fp8 int4-awq}; do
     ck=$CK; [ $name != bf16 ] && ck=$CK-$name
     [ -f "$ck/config.json" ] || continue
+    TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
     [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --steps 20 \
-      --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
+      $TUNED --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
     [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --prefill \
-      --steps 2 --prompt-len 4096 --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
+      --steps 2 --prompt-len 4096 $TUNED --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
   done
   echo "[$(el)s] profile done" >&2
 fi
@@ -160,6 +172,8 @@ gpu = open(os.path.join(out, "gpu.txt")).read().strip().replace("\n", "; ")
 print(f"{gpu}")
 if os.path.exists(os.path.join(out, "tests.txt")):
     print(open(os.path.join(out, "tests.txt")).read().strip())
+if os.path.exists(os.path.join(out, "tuned.json")):
+    print("tuned launch parameters:", json.dumps(json.load(open(os.path.join(out, "tuned.json")))))
 k = os.path.join(out, "kernels.json")
 if os.path.exists(k):
     d = json.load(open(k))

@@ -79,7 +79,11 @@ def main(argv=None):
     p.add_argument("--m", type=int, nargs="+", default=[1, 8, 32, 64, 4096], help="rows M (default 1 8 32 64 4096)")
     p.add_argument("--json", help="write all timings here")
     p.add_argument("--shapes", nargs="+", help="only these shapes (names of SHAPES)")
-    p.add_argument("--sweep-skinny", action="store_true", help="then time skinny-GEMM launch parameters")
+    p.add_argument("--sweep-skinny", action="store_true",
+                   help="first time skinny-GEMM launch parameters (and the GEMV and int4_dequant tiles), then run "
+                   "the table with the fastest of each format (written to --tuned)")
+    p.add_argument("--tuned", help="--sweep-skinny: write the chosen launch parameters here (JSON, read by "
+                   "apply_tuned / quant_gpu.sh's end-to-end runs)")
     p.add_argument("--min-bytes", type=float, default=512e6, help="bf16 weight bytes the copies hold (default 512e6)")
     p.add_argument("--roofline", action="store_true", help="print the floors only (no GPU)")
     p.add_argument("--copy-tbps", type=float, default=3.0, help="--roofline: copy bandwidth, TB/s (default 3.0: H100)")
@@ -184,6 +188,15 @@ class GpuBench:
                       f"{self.gpu._scaled_mm_ok(dt, False, self.dev, blockwise=bw)}", file=sys.stderr)
         copy = self.copy_bandwidth()
         print(f"copy bandwidth {copy:.2f} TB/s (2 GiB device-to-device, read + write)", file=sys.stderr)
+        sweep = []
+        if args.sweep_skinny:
+            sweep = self.sweep_skinny(copy)
+            tuned = pick_tuned(sweep)
+            apply_tuned(tuned)
+            print(f"tuned: {json.dumps(tuned)}", file=sys.stderr)
+            if args.tuned:
+                with open(args.tuned, "w") as f:
+                    json.dump(tuned, f, indent=1)
         methods = self.methods()
         rows = []
         shapes = [s for s in SHAPES if not args.shapes or s[0] in args.shapes]
@@ -209,7 +222,6 @@ class GpuBench:
                       flush=True)
             del copies
             torch.cuda.empty_cache()
-        sweep = self.sweep_skinny(copy) if args.sweep_skinny else []
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(device=name, torch=torch.__version__, triton=self.triton.__version__,
@@ -219,8 +231,7 @@ class GpuBench:
 
     SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d) for bn, bk, w, st, d in [
         (128, 128, 4, 3, True), (128, 128, 4, 4, True), (128, 128, 4, 2, True), (64, 128, 4, 3, True),
-        (64, 128, 4, 4, True), (128, 256, 4, 2, True), (128, 128, 8, 3, True), (128, 128, 4, 3, False),
-        (64, 256, 4, 3, True)]]
+        (64, 128, 4, 4, True), (128, 128, 8, 3, True), (64, 256, 4, 3, True)]]
 
     def sweep_skinny(self, copy):
         """Skinny-GEMM launch parameters (triton/skinny.py CFG) per format at M = 1 and 32."""
@@ -228,7 +239,7 @@ class GpuBench:
         out = []
         print("| skinny config | shape | M | fp8 us | fp8 block us | int4 us | fp8 GB/s (% copy) |")
         print("|---|---|---|---|---|---|---|")
-        for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "out_proj", "mlp_down")]:
+        for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "mlp_down")]:
             copies = self.copies_for(K, N)
             for M in (1, 32):
                 x = torch.randn(M, K, device=self.dev, dtype=torch.bfloat16)
@@ -266,7 +277,7 @@ class GpuBench:
 
         out = []
         print("\n| one-row fp8 | shape | us | GB/s (% copy) |\n|---|---|---|---|")
-        for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "out_proj", "mlp_down")]:
+        for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "mlp_down")]:
             copies = self.copies_for(K, N)
             x = torch.randn(1, K, device=self.dev, dtype=torch.bfloat16)
             s_in = (x.float().abs().amax() / 448).reshape(())
@@ -300,6 +311,37 @@ class GpuBench:
             print(f"| {cfg} | {t:.1f} | {g:.0f} ({g / 1e3 / copy:.0%}) |", flush=True)
         del copies
         return out
+
+
+def pick_tuned(sweep: list) -> dict:
+    """{"skinny": {format name: the config with the least summed time over the swept shapes and rows},
+    "dequant": int4_dequant's fastest tile}."""
+    out = {"skinny": {}, "dequant": None}
+    for fmt in ("fp8", "fp8_block", "int4"):
+        totals = {}
+        for r in sweep:
+            if "cfg" in r and fmt in r["us"] and r["us"][fmt] == r["us"][fmt]:  # not NaN
+                key = json.dumps(r["cfg"], sort_keys=True)
+                totals.setdefault(key, []).append(r["us"][fmt])
+        full = max((len(v) for v in totals.values()), default=0)
+        best = min((sum(v), k) for k, v in totals.items() if len(v) == full) if totals else None
+        if best:
+            out["skinny"][fmt] = json.loads(best[1])
+    deq = [r for r in sweep if "dequant" in r]
+    if deq:
+        out["dequant"] = min(deq, key=lambda r: r["us"])["dequant"]
+    return out
+
+
+def apply_tuned(tuned: dict) -> None:
+    """Set the launch parameters of pick_tuned's result on the kernels of this process."""
+    from kernels.quant_linear.triton import int4, skinny
+
+    names = {"fp8": skinny.FP8_TENSOR, "fp8_block": skinny.FP8_BLOCK, "int4": skinny.INT4}
+    for fmt, cfg in (tuned.get("skinny") or {}).items():
+        skinny.CFG[names[fmt]].update(cfg)
+    if tuned.get("dequant"):
+        int4.DEQUANT.update(tuned["dequant"])
 
 
 def table(rows, methods, copy, device) -> str:

@@ -42,6 +42,8 @@ def add_arguments(p) -> None:
     # None when not given: without --quant they are refused rather than ignored (QUANT_ONLY)
     p.add_argument("--quant-steps", type=int, default=None, metavar="N",
                    help=f"--quant: teacher-forced greedy steps of the accuracy comparison (default {STEPS})")
+    p.add_argument("--quantize-lm-head", action="store_true", default=None,
+                   help="--quant fp8: quantize the lm_head too (as `gdn-export quantize --quantize-lm-head`)")
     p.add_argument("--calib-data", default=None, metavar="FILE",
                    help="--quant: calibration text or token ids, as for quantize (default: the built-in "
                    "calibration data)")
@@ -51,7 +53,7 @@ def add_arguments(p) -> None:
                    help=f"--quant: tokens per calibration row (default {DEFAULT_SEQ_LEN})")
 
 
-QUANT_ONLY = ("quant_steps", "calib_data", "calib_samples", "calib_seq_len")
+QUANT_ONLY = ("quant_steps", "calib_data", "calib_samples", "calib_seq_len", "quantize_lm_head")
 
 
 def check_unused(args) -> None:
@@ -69,6 +71,10 @@ def check(args) -> None:
 
     if args.quant not in FORMATS:
         raise InputError(f"--quant {args.quant!r} is not one of {', '.join(FORMATS)}")
+    from gdn_export.quantize.pipeline import LM_HEAD_FORMATS
+
+    if args.quantize_lm_head and args.quant not in LM_HEAD_FORMATS:
+        raise InputError(f"--quantize-lm-head applies to --quant {' / '.join(LM_HEAD_FORMATS)}, not {args.quant}")
     for flag, on in (("--accuracy", args.accuracy), ("--compare-hf", args.compare_hf)):
         if on:
             raise InputError(f"{flag} does not combine with --quant (which reports the quantized model's "
@@ -116,7 +122,7 @@ def run(args, result: dict, ids, setup) -> int:
         progress(f"quantizing {args.checkpoint} to {args.quant} on {setup.device} (temporary folder {tmp})")
         qpath = quantize_checkpoint(args.checkpoint, tmp / "quantized", args.quant, calib_data=args.calib_data,
                                     samples=args.calib_samples, seq_len=args.calib_seq_len, progress=progress,
-                                    device=setup.device)
+                                    device=setup.device, lm_head=bool(args.quantize_lm_head))
         calibration = {"samples": args.calib_samples, "seq_len": args.calib_seq_len,
                        "data": args.calib_data or "default", "seconds": time.perf_counter() - t0}
         gc.collect()
@@ -127,7 +133,8 @@ def run(args, result: dict, ids, setup) -> int:
         del runner, model
         gc.collect()
 
-        quant: dict = {"format": args.quant, "calibration": calibration}
+        quant: dict = {"format": args.quant + ("+lm_head" if args.quantize_lm_head else ""),
+                       "calibration": calibration}
         runner, model = measure(args, qpath, ids, setup, quant, label=args.quant)
         progress(f"{args.quant}: {args.quant_steps} teacher-forced steps against the {args.dtype} model")
         quant["vs_16bit"] = runner_compare(runner, prompts, reference)
