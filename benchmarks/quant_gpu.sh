@@ -9,7 +9,8 @@
 # OUT receives three files (the device tool brings back at most eight): table.md (printed last),
 # kernels.md (the full kernel table) and quant_gpu.tgz (every log and JSON file of the run).
 #
-# Environment: PARTS (default "tests kernels e2e"; "sweep" adds the skinny-GEMM launch sweep,
+# Environment: PARTS, run in the order given (default "tests sweep kernels e2e"; "sweep" times the
+# skinny-GEMM launch parameters and int4_dequant's tile and the later parts use the fastest,
 # "profile" a torch.profiler pass over bf16 / fp8 / int4-awq prefills (4096 tokens) and decode steps,
 # benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU),
 # BUDGET (seconds for the whole script, default 520), LAYERS (default 24: the full 1.66B Qwen3.5
@@ -32,7 +33,7 @@
 set -u
 FINAL=${1:-${OUT:-/tmp/quant_gpu}}
 OUT=$(mktemp -d /tmp/quant_gpu_run.XXXX)
-PARTS=${PARTS:-tests kernels e2e}
+PARTS=${PARTS:-tests sweep kernels e2e}
 BUDGET=${BUDGET:-520}
 LAYERS=${LAYERS:-24}
 VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
@@ -46,7 +47,7 @@ left() { echo $(( BUDGET - $(el) )); }
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 mkdir -p "$FINAL"
 export PYTHONPATH=$PWD
-if has e2e && ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('modelopt') is None)"; then
+if { has e2e || has profile; } && ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('modelopt') is None)"; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$OUT/pip.log" 2>&1 && export PYTHONPATH=$PWD:/tmp/site || echo "ModelOpt not installable from .whl/ (see $OUT/pip.log)" >&2
 fi
@@ -55,33 +56,39 @@ fi
 cat "$OUT/gpu.txt" >&2
 
 # ------------------------------------------------------------------ the checkpoint (in the background)
-if has e2e && [ ! -f "$CK/model.safetensors" ]; then
+if { has e2e || has profile; } && [ ! -f "$CK/model.safetensors" ]; then
   ( python3 benchmarks/make_random_checkpoint.py "$CK" --size 1.6b --device cpu --layers "$LAYERS" --vocab "$VOCAB" \
     > "$OUT/make.log" 2>&1 || echo "make_random_checkpoint failed" >> "$OUT/make.log" ) &
   MAKE_PID=$!
 fi
 
 # ------------------------------------------------------------------ GPU tests
-if has tests; then
+part_tests() {
   echo "[$(el)s] tests" >&2
   timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
     ${TEST_K:+-k "$TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2
-fi
+}
 
-# ------------------------------------------------------------------ kernel table
-if has kernels; then
+# ------------------------------------------------------------------ launch sweep and kernel table
+part_sweep() {
+  echo "[$(el)s] sweep" >&2
+  timeout $(( $(left) > 150 ? 150 : $(left) )) python3 benchmarks/quant_linear_bench.py --sweep-skinny --sweep-only \
+    --tuned "$OUT/tuned.json" > "$OUT/sweep.md" 2> "$OUT/sweep.log"
+  echo "[$(el)s] sweep exit $?" >&2
+}
+part_kernels() {
   echo "[$(el)s] kernels" >&2
-  EXTRA=""; has sweep && EXTRA="--sweep-skinny --tuned $OUT/tuned.json"
-  timeout $(( $(left) > 240 ? 240 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" $EXTRA \
-    > "$OUT/kernels.md" 2> "$OUT/kernels.log"
+  TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
+  timeout $(( $(left) > 240 ? 240 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" \
+    $TUNED > "$OUT/kernels.md" 2> "$OUT/kernels.log"
   echo "[$(el)s] kernels exit $?" >&2
-fi
+}
 
 # ------------------------------------------------------------------ end to end
-if has e2e; then
-  [ -n "${MAKE_PID:-}" ] && wait "$MAKE_PID"
+part_e2e() {
+  [ -n "${MAKE_PID:-}" ] && wait "$MAKE_PID" && MAKE_PID=
   echo "[$(el)s] e2e: checkpoint $(tail -1 "$OUT/make.log" 2>/dev/null)" >&2
   timeout $(( $(left) > 10 ? $(left) : 10 )) python3 - "$CK" "$OUT" "$(( $(left) - 5 ))" $RUNS > "$OUT/e2e.log" 2>&1 <<'PY'
 import contextlib, signal, sys, time
@@ -141,10 +148,10 @@ for name in runs:
     print(f"[{time.time() - t0:.0f}s] {name}: {code} ({time.time() - start:.0f}s)", flush=True)
 PY
   echo "[$(el)s] e2e exit $?" >&2
-fi
+}
 
 # ------------------------------------------------------------------ profiles
-if has profile; then
+part_profile() {
   [ -n "${MAKE_PID:-}" ] && wait "$MAKE_PID" && MAKE_PID=
   echo "[$(el)s] profile" >&2
   for fmt in ${PROFILES:-fp8 int4-awq}; do
@@ -162,7 +169,12 @@ if has profile; then
       --steps 2 --prompt-len 4096 $TUNED --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
   done
   echo "[$(el)s] profile done" >&2
-fi
+}
+
+for part in $PARTS; do
+  [ "$(left)" -gt 20 ] || { echo "[$(el)s] $part skipped: out of budget" >&2; continue; }
+  "part_$part"
+done
 
 # ------------------------------------------------------------------ the table
 python3 - "$OUT" "$LAYERS" "$VOCAB" > "$OUT/table.md" <<'PY'

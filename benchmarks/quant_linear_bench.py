@@ -82,6 +82,7 @@ def main(argv=None):
     p.add_argument("--sweep-skinny", action="store_true",
                    help="first time skinny-GEMM launch parameters (and the GEMV and int4_dequant tiles), then run "
                    "the table with the fastest of each format (written to --tuned)")
+    p.add_argument("--sweep-only", action="store_true", help="--sweep-skinny without the table")
     p.add_argument("--tuned", help="--sweep-skinny: write the chosen launch parameters here (JSON, read by "
                    "apply_tuned / quant_gpu.sh's end-to-end runs)")
     p.add_argument("--min-bytes", type=float, default=512e6, help="bf16 weight bytes the copies hold (default 512e6)")
@@ -197,6 +198,11 @@ class GpuBench:
             if args.tuned:
                 with open(args.tuned, "w") as f:
                     json.dump(tuned, f, indent=1)
+            if args.sweep_only:
+                return 0
+        elif args.tuned:  # the launch parameters an earlier sweep chose
+            with open(args.tuned) as f:
+                apply_tuned(json.load(f))
         methods = self.methods()
         rows = []
         shapes = [s for s in SHAPES if not args.shapes or s[0] in args.shapes]
@@ -230,8 +236,8 @@ class GpuBench:
         return 0
 
     SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d) for bn, bk, w, st, d in [
-        (128, 128, 4, 3, True), (128, 128, 4, 4, True), (128, 128, 4, 2, True), (64, 128, 4, 3, True),
-        (64, 128, 4, 4, True), (128, 128, 8, 3, True), (64, 256, 4, 3, True)]]
+        (128, 128, 4, 3, True), (128, 128, 4, 4, True), (64, 128, 4, 3, True), (64, 128, 4, 4, True),
+        (128, 128, 8, 3, True)]]
 
     def sweep_skinny(self, copy):
         """Skinny-GEMM launch parameters (triton/skinny.py CFG) per format at M = 1 and 32."""
@@ -266,34 +272,15 @@ class GpuBench:
                           f"{gb:.0f} ({gb / 1e3 / copy:.0%}) |", flush=True)
             del copies
             torch.cuda.empty_cache()
-        out += self.sweep_gemv_and_dequant(copy)
+        out += self.sweep_dequant(copy)
         return out
 
-    def sweep_gemv_and_dequant(self, copy):
-        """The one-row CUDA-core GEMV (triton/gemv.py, fp8 per-channel) beside the skinny GEMM, and
-        int4_dequant's tile (the int4 prefill's first pass) on the fused 2048 -> 12288 shape."""
+    def sweep_dequant(self, copy):
+        """int4_dequant's tile (the int4 prefill's first pass) on the fused 2048 -> 12288 shape."""
         torch = self.torch
-        from kernels.quant_linear.triton import gemv as tg, int4 as ti
+        from kernels.quant_linear.triton import int4 as ti
 
         out = []
-        print("\n| one-row fp8 | shape | us | GB/s (% copy) |\n|---|---|---|---|")
-        for sname, K, N, _ in [s for s in SHAPES if s[0] in ("gdn_qkvz", "mlp_down")]:
-            copies = self.copies_for(K, N)
-            x = torch.randn(1, K, device=self.dev, dtype=torch.bfloat16)
-            s_in = (x.float().abs().amax() / 448).reshape(())
-            for cfg in (None, dict(BN=8, BK=512, warps=4, stages=2, per_sm=2), dict(BN=16, BK=256, warps=4, stages=3,
-                                                                                     per_sm=2)):
-                default = dict(tg.CFG)
-                tg.CFG.update(cfg or {})
-                try:
-                    t = self.time_method(lambda x, W, s: tg.gemv(tg.FP8_TENSOR, x, W["w8"], W["ws"], s), x, copies, s_in)
-                finally:
-                    tg.CFG.clear()
-                    tg.CFG.update(default)
-                g = moved_bytes("fp8", 1, K, N) / (t * 1e-6) / 1e9
-                out.append(dict(gemv=cfg or default, shape=sname, us=t))
-                print(f"| gemv {cfg or default} | {sname} | {t:.2f} | {g:.0f} ({g / 1e3 / copy:.0%}) |", flush=True)
-            del copies
         K, N = 2048, 12288
         copies = self.copies_for(K, N)
         print("\n| int4_dequant tile | us (2048 -> 12288) | GB/s (% copy) |\n|---|---|---|")
