@@ -5,18 +5,23 @@ tensors here).
 Every path is capturable in a CUDA graph: launch parameters, split factors and buffers depend on
 shapes and dtypes only, never on data, and nothing synchronises with the host.
 
-fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM reading fp8 weights, x quantized
-                  per tile, split K (triton_fp8.py). Otherwise, with 16-bit x and K, N multiples of
-                  16: x quantized by one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise
-                  scales [M, 1] x [1, N], fp32 accumulation); else the Triton GEMM.
-fp8_block_linear  M <= 32: Triton skinny GEMM, per-token group-128 quantization fused in the tiles.
-                  Larger M: one quantization pass, then torch._scaled_mm's blockwise form (1x128
-                  activation scales x 128x128 weight scales) where it runs (16-bit x, K and N
-                  multiples of 128), else the Triton block-scaled fp8 x fp8 GEMM.
-int4_linear       M <= 32 or fp32 x: Triton W4A16 (triton_int4.py), int4 tiles unpacked in registers,
-                  16-bit tensor-core dots, group scales per K tile, split K for M <= 32. Larger M
-                  with 16-bit x: W dequantized by one Triton pass, then the 16-bit GEMM. group_size
-                  not a multiple of 32: dequantized in fp32 and torch.matmul.
+fp8_linear        M <= 64 (decode): the skinny GEMM of triton/skinny.py (weight rows as the MMA's wide
+                  side, fp8 x fp8 MMAs, x quantized in the tile, split K in one launch). Otherwise,
+                  with 16-bit x and K, N multiples of 16: x quantized by one Triton pass, then
+                  torch._scaled_mm (cuBLASLt FP8, rowwise scales [M, 1] x [1, N], fp32
+                  accumulation); else the Triton GEMM of triton/fp8.py.
+fp8_block_linear  M <= 64: the skinny GEMM, per-token group-128 quantization in the tiles. Larger M:
+                  one quantization pass, then torch._scaled_mm's blockwise form (1x128 activation
+                  scales x 128x128 weight scales) where it runs (16-bit x, K and N multiples of 128),
+                  else the Triton block-scaled fp8 x fp8 GEMM.
+int4_linear       M <= 64 and group_size a multiple of 32: the skinny GEMM (int4 tiles widened to x's
+                  dtype in registers, AWQ's pre_scale applied to x's tile). Larger M with 16-bit x: W
+                  dequantized by one Triton pass, then the 16-bit GEMM; fp32 x: the Triton W4A16 GEMM
+                  of triton/int4.py; group_size not a multiple of 32: dequantized in fp32 and
+                  torch.matmul.
+LEGACY_DECODE     the decode routes before the skinny GEMM (Triton GEMMs of fp8.py / int4.py for
+                  M <= 32, _scaled_mm for N >= 6144, the CUDA-core GEMV of gemv.py for M = 1 when
+                  triton_common.GEMV): kept for side-by-side timing (benchmarks/quant_linear_bench.py).
 The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """
 
