@@ -75,7 +75,7 @@ part_tests() {
 part_sweep() {
   echo "[$(el)s] sweep" >&2
   timeout $(( $(left) > 150 ? 150 : $(left) )) python3 benchmarks/quant_linear_bench.py --sweep-skinny --sweep-only \
-    --tuned "$OUT/tuned.json" > "$OUT/sweep.md" 2> "$OUT/sweep.log"
+    ${SWEEP_CONFIGS:+--sweep-configs $SWEEP_CONFIGS} --tuned "$OUT/tuned.json" > "$OUT/sweep.md" 2> "$OUT/sweep.log"
   echo "[$(el)s] sweep exit $?" >&2
 }
 part_kernels() {

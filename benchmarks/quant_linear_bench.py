@@ -83,6 +83,7 @@ def main(argv=None):
                    help="first time skinny-GEMM launch parameters (and the GEMV and int4_dequant tiles), then run "
                    "the table with the fastest of each format (written to --tuned)")
     p.add_argument("--sweep-only", action="store_true", help="--sweep-skinny without the table")
+    p.add_argument("--sweep-configs", type=int, default=None, help="--sweep-skinny: the first N launch configurations")
     p.add_argument("--tuned", help="--sweep-skinny: write the chosen launch parameters here (JSON, read by "
                    "apply_tuned / quant_gpu.sh's end-to-end runs)")
     p.add_argument("--min-bytes", type=float, default=512e6, help="bf16 weight bytes the copies hold (default 512e6)")
@@ -236,7 +237,7 @@ class GpuBench:
         return 0
 
     SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d) for bn, bk, w, st, d in [
-        (128, 128, 4, 3, True), (128, 128, 4, 4, True), (64, 128, 4, 3, True), (64, 128, 4, 4, True),
+        (128, 128, 4, 3, True), (64, 128, 4, 3, True), (128, 128, 4, 4, True), (64, 128, 4, 4, True),
         (128, 128, 8, 3, True)]]
 
     def sweep_skinny(self, copy):
@@ -250,7 +251,7 @@ class GpuBench:
             for M in (1, 32):
                 x = torch.randn(M, K, device=self.dev, dtype=torch.bfloat16)
                 s_in = (x.float().abs().amax() / 448).reshape(())
-                for cfg in self.SWEEP:
+                for cfg in self.SWEEP[:self.args.sweep_configs]:
                     t = {}
                     for fmt, fn in (
                             ("fp8", lambda x, W, s: sk.skinny(sk.FP8_TENSOR, x, W["w8"], W["ws"], s, cfg=cfg)),
