@@ -6,8 +6,9 @@
 #
 #   benchmarks/quant_gpu.sh [OUT]        # repo root; OUT defaults to $OUT, else /tmp/quant_gpu
 #
-# OUT receives three files (the device tool brings back at most eight): table.md (printed last),
-# kernels.md (the full kernel table) and quant_gpu.tgz (every log and JSON file of the run).
+# OUT receives four files (the device tool brings back at most eight): table.md (printed last),
+# sweep.md and kernels.md (the launch sweep and the full kernel table) and quant_gpu.tgz (every log
+# and JSON file of the run).
 #
 # Environment: PARTS, run in the order given (default "tests sweep kernels e2e"; "sweep" times the
 # skinny-GEMM launch parameters and int4_dequant's tile and the later parts use the fastest,
@@ -223,6 +224,7 @@ PY
 echo "[$(el)s] done" >&2
 tar czf "$FINAL/quant_gpu.tgz" -C "$OUT" . 2>/dev/null
 cp "$OUT/table.md" "$FINAL/"
+[ -f "$OUT/sweep.md" ] && cp "$OUT/sweep.md" "$FINAL/" && cat "$OUT/sweep.md"
 [ -f "$OUT/kernels.md" ] && cp "$OUT/kernels.md" "$FINAL/" && cat "$OUT/kernels.md"
 echo
 cat "$OUT/table.md"
