@@ -13,7 +13,9 @@
 # Environment: PARTS, run in the order given (default "tests sweep kernels e2e"; "sweep" times the
 # skinny-GEMM launch parameters and int4_dequant's tile and the later parts use the fastest,
 # "profile" a torch.profiler pass over bf16 / fp8 / int4-awq prefills (4096 tokens) and decode steps,
-# benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU),
+# benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU; PROFILES
+# the models, default "bf16 fp8 int4-awq", PROFILE_MODES default "decode prefill"), SWEEP_CONFIGS
+# (the first N launch configurations of the sweep),
 # BUDGET (seconds for the whole script, default 520), LAYERS (default 24: the full 1.66B Qwen3.5
 # with its 248320 vocabulary; fewer layers cut the vocabulary by the same factor), RUNS (the
 # end-to-end runs in order, default below), CK (checkpoint folder, default /tmp/quant_gpu_ck).
@@ -56,9 +58,10 @@ fi
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt" >&2
 
-# ------------------------------------------------------------------ the checkpoint (in the background)
+# ------------------------------------------------------------------ the checkpoint (in the background:
+# on the GPU by default, ~15 s, beside the tests; MAKE_DEVICE=cpu keeps the GPU to the first part)
 if { has e2e || has profile; } && [ ! -f "$CK/model.safetensors" ]; then
-  ( python3 benchmarks/make_random_checkpoint.py "$CK" --size 1.6b --device cpu --layers "$LAYERS" --vocab "$VOCAB" \
+  ( python3 benchmarks/make_random_checkpoint.py "$CK" --size 1.6b --device "${MAKE_DEVICE:-cuda}" --layers "$LAYERS" --vocab "$VOCAB" \
     > "$OUT/make.log" 2>&1 || echo "make_random_checkpoint failed" >> "$OUT/make.log" ) &
   MAKE_PID=$!
 fi
@@ -157,16 +160,17 @@ part_profile() {
   echo "[$(el)s] profile" >&2
   for fmt in ${PROFILES:-fp8 int4-awq}; do
     [ "$fmt" = bf16 ] && continue
-    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 30 )) python3 -m gdn_export quantize "$CK" -o "$CK-$fmt" --format $fmt \
+    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 -m gdn_export quantize "$CK" -o "$CK-$fmt" --format $fmt \
       --device cuda --calib-samples 2 --calib-seq-len 128 --overwrite > "$OUT/quantize-$fmt.log" 2>&1
   done
   for name in ${PROFILES:-bf16 fp8 int4-awq}; do
     ck=$CK; [ $name != bf16 ] && ck=$CK-$name
     [ -f "$ck/config.json" ] || continue
     TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
-    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --steps 20 \
+    case " ${PROFILE_MODES:-decode prefill} " in *" decode "*) ;; *) false;; esac && [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --steps 20 \
       $TUNED --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
-    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --prefill \
+    case " ${PROFILE_MODES:-decode prefill} " in *" prefill "*) ;; *) false;; esac && [ "$(left)" -gt 30 ] && \
+      timeout $(( $(left) - 10 )) python3 benchmarks/decode_profile.py "$ck" --prefill \
       --steps 2 --prompt-len 4096 $TUNED --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
   done
   echo "[$(el)s] profile done" >&2
