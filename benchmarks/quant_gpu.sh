@@ -31,7 +31,7 @@
 #   fp8-b1          batch 1, 4096-token prompt          int4-awq-b1    the same, INT4-AWQ
 #   fp8-b32         batch 32, 256-token prompts         fp8lm-b1       fp8 with --quantize-lm-head
 #   int4-awq-b32    batch 32, INT4-AWQ                  fp8-b1-compile fp8 batch 1 with --compile
-# (a "-legacy" suffix, e.g. fp8-b1-legacy, runs the decode kernels before triton/skinny.py: the baseline)
+# (a "-skinny" suffix, e.g. fp8-b1-skinny, sends M <= 64 to the skinny GEMM of triton/skinny.py)
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
 FINAL=${1:-${OUT:-/tmp/quant_gpu}}
@@ -40,9 +40,10 @@ PARTS=${PARTS:-tests sweep kernels e2e}
 BUDGET=${BUDGET:-520}
 LAYERS=${LAYERS:-24}
 VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
-RUNS=${RUNS:-fp8-b1 int4-awq-b1 fp8-b32 fp8lm-b1 int4-awq-b32 fp8-b1-compile}
+RUNS=${RUNS:-fp8-b1 fp8-b1-skinny int4-awq-b1 int4-awq-b1-skinny fp8lm-b1 fp8-b32 fp8-b32-skinny int4-awq-b32 fp8-b1-compile}
 CK=${CK:-/tmp/quant_gpu_ck}
-KM=${KM:-1 8 32 64 4096}                               # the kernel table's rows M
+KM=${KM:-1 32 4096}                                    # the kernel table's rows M
+SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
 TESTS=${TESTS:-tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
@@ -69,7 +70,7 @@ fi
 # ------------------------------------------------------------------ GPU tests
 part_tests() {
   echo "[$(el)s] tests" >&2
-  timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+  timeout $(( $(left) > 130 ? 130 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
     ${TEST_K:+-k "$TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2
@@ -78,14 +79,14 @@ part_tests() {
 # ------------------------------------------------------------------ launch sweep and kernel table
 part_sweep() {
   echo "[$(el)s] sweep" >&2
-  timeout $(( $(left) > 150 ? 150 : $(left) )) python3 benchmarks/quant_linear_bench.py --sweep-skinny --sweep-only \
+  timeout $(( $(left) > 100 ? 100 : $(left) )) python3 benchmarks/quant_linear_bench.py --sweep-skinny --sweep-only \
     ${SWEEP_CONFIGS:+--sweep-configs $SWEEP_CONFIGS} --tuned "$OUT/tuned.json" > "$OUT/sweep.md" 2> "$OUT/sweep.log"
   echo "[$(el)s] sweep exit $?" >&2
 }
 part_kernels() {
   echo "[$(el)s] kernels" >&2
   TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
-  timeout $(( $(left) > 240 ? 240 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" \
+  timeout $(( $(left) > 130 ? 130 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" \
     $TUNED > "$OUT/kernels.md" 2> "$OUT/kernels.log"
   echo "[$(el)s] kernels exit $?" >&2
 }
@@ -125,8 +126,8 @@ from kernels.quant_linear import gpu as quant_gpu
 
 for name in runs:
     parts = name.split("-")
-    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "legacy"))
-    quant_gpu.LEGACY_DECODE = "legacy" in parts  # the decode kernels before triton/skinny.py
+    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny"))
+    quant_gpu.SKINNY_DECODE = "skinny" in parts  # M <= 64 through triton/skinny.py
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))
@@ -195,7 +196,7 @@ k = os.path.join(out, "kernels.json")
 if os.path.exists(k):
     d = json.load(open(k))
     print(f"\nKernels: per 1.66B decode step (fused shapes x counts), us, ratio to bf16; copy {d['copy_tbps']:.2f} TB/s")
-    meths = ["bf16", "fp8", "fp8_old", "fp8_scaled_mm", "fp8_block", "int4", "int4_old"]
+    meths = ["bf16", "fp8", "fp8_skinny", "fp8_scaled_mm", "fp8_block", "fp8_block_skinny", "int4", "int4_skinny"]
     print("| M | " + " | ".join(meths) + " |\n|---|" + "---|" * len(meths))
     for M in sorted({r["M"] for r in d["rows"]}):
         sel = [r for r in d["rows"] if r["M"] == M]

@@ -9,11 +9,11 @@ Shapes: the GEMMs a 1.66B Qwen3.5 decode step runs on the GPU path, sibling proj
 6144 -> 2048 (24), the tied lm_head 2048 -> 248320 (1; not at prefill sizes: prefill projects the
 last token only).
 
-Columns (kernels.quant_linear.gpu): bf16 `F.linear` (cuBLAS); fp8 / fp8 block / int4 as routed (M <=
-64: the skinny GEMM of triton/skinny.py; int4 with its AWQ pre_scale applied in the kernel); `old`:
-the routes before it (gpu.LEGACY_DECODE: the Triton GEMMs of fp8.py / int4.py, _scaled_mm for fp8
-with N >= 6144; int4's pre_scale as a separate multiply, as the module did); fp8 _scaled_mm: x
-quantized by one Triton pass, then torch._scaled_mm rowwise.
+Columns (kernels.quant_linear.gpu): bf16 `F.linear` (cuBLAS); fp8 / fp8 block / int4 as routed by
+default (the Triton GEMMs of fp8.py / int4.py for M <= 32, _scaled_mm for fp8 with N >= 6144 or M >
+32; int4 with its AWQ pre_scale, a separate multiply there); `skinny`: M <= 64 through the skinny
+GEMM of triton/skinny.py (gpu.SKINNY_DECODE; int4's pre_scale applied in the kernel); fp8
+_scaled_mm: x quantized by one Triton pass, then torch._scaled_mm rowwise.
 
 Each op is captured in a CUDA graph that calls it once for each of R weight copies (R copies hold
 >= --min-bytes of bf16 weights, so weights stream from HBM rather than L2, as in a model's decode
@@ -124,13 +124,13 @@ class GpuBench:
     def methods(self):
         torch, gpu, tf8 = self.torch, self.gpu, self.triton_fp8
 
-        def legacy(fn):
+        def skinny(fn):
             def run(x, W, s):
-                gpu.LEGACY_DECODE = True
+                gpu.SKINNY_DECODE = True
                 try:
                     return fn(x, W, s)
                 finally:
-                    gpu.LEGACY_DECODE = False
+                    gpu.SKINNY_DECODE = False
             return run
 
         def scaled_mm(x, W, s):
@@ -140,12 +140,12 @@ class GpuBench:
         return {
             "bf16": ("bf16", lambda x, W, s: torch.nn.functional.linear(x, W["bf16"])),
             "fp8": ("fp8", lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s)),
-            "fp8_old": ("fp8", legacy(lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s))),
+            "fp8_skinny": ("fp8", skinny(lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s))),
             "fp8_scaled_mm": ("fp8", scaled_mm),
             "fp8_block": ("fp8_block", lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"])),
-            "fp8_block_old": ("fp8_block", legacy(lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]))),
+            "fp8_block_skinny": ("fp8_block", skinny(lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]))),
             "int4": ("int4", lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"])),
-            "int4_old": ("int4", legacy(lambda x, W, s: gpu.int4_linear(x * W["pre"], W["qw"], W["sc"]))),
+            "int4_skinny": ("int4", skinny(lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"]))),
         }
 
     def time_method(self, fn, x, copies, s_in):
@@ -216,7 +216,7 @@ class GpuBench:
                 s_in = (x.float().abs().amax() / 448).reshape(())
                 res = {}
                 for meth, (fmt, fn) in methods.items():
-                    if meth.endswith("_old") and M > self.skinny.MAX_M:
+                    if meth.endswith("_skinny") and M > self.skinny.MAX_M:
                         continue  # same route as the new one
                     try:
                         res[meth] = self.time_method(fn, x, copies, s_in)

@@ -5,23 +5,26 @@ tensors here).
 Every path is capturable in a CUDA graph: launch parameters, split factors and buffers depend on
 shapes and dtypes only, never on data, and nothing synchronises with the host.
 
-fp8_linear        M <= 64 (decode): the skinny GEMM of triton/skinny.py (weight rows as the MMA's wide
-                  side, fp8 x fp8 MMAs, x quantized in the tile, split K in one launch). Otherwise,
-                  with 16-bit x and K, N multiples of 16: x quantized by one Triton pass, then
-                  torch._scaled_mm (cuBLASLt FP8, rowwise scales [M, 1] x [1, N], fp32
-                  accumulation); else the Triton GEMM of triton/fp8.py.
-fp8_block_linear  M <= 64: the skinny GEMM, per-token group-128 quantization in the tiles. Larger M:
-                  one quantization pass, then torch._scaled_mm's blockwise form (1x128 activation
+SKINNY_DECODE     (off) M <= 64 rows of every format go to the skinny GEMM of triton/skinny.py (weight
+                  rows as the MMA's wide side, fp8 x fp8 MMAs, x quantized in the tile, AWQ's
+                  pre_scale applied to x's tile, split K in one launch). Off until a run of
+                  benchmarks/quant_gpu.sh times it ahead of the routes below: its first version ran
+                  slower than they on the H200 (docs/perf/quantization.md); the two causes found
+                  since (a slow-path division call per element, a second wave of programs) are
+                  fixed and not yet timed.
+fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM of triton/fp8.py (x quantized per
+                  tile, split K). Otherwise, with 16-bit x and K, N multiples of 16: x quantized by
+                  one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise scales [M, 1] x
+                  [1, N], fp32 accumulation); else the Triton GEMM.
+fp8_block_linear  M <= 32: Triton skinny GEMM, per-token group-128 quantization in the tiles. Larger
+                  M: one quantization pass, then torch._scaled_mm's blockwise form (1x128 activation
                   scales x 128x128 weight scales) where it runs (16-bit x, K and N multiples of 128),
                   else the Triton block-scaled fp8 x fp8 GEMM.
-int4_linear       M <= 64 and group_size a multiple of 32: the skinny GEMM (int4 tiles widened to x's
-                  dtype in registers, AWQ's pre_scale applied to x's tile). Larger M with 16-bit x: W
-                  dequantized by one Triton pass, then the 16-bit GEMM; fp32 x: the Triton W4A16 GEMM
-                  of triton/int4.py; group_size not a multiple of 32: dequantized in fp32 and
-                  torch.matmul.
-LEGACY_DECODE     the decode routes before the skinny GEMM (Triton GEMMs of fp8.py / int4.py for
-                  M <= 32, _scaled_mm for N >= 6144, the CUDA-core GEMV of gemv.py for M = 1 when
-                  triton_common.GEMV): kept for side-by-side timing (benchmarks/quant_linear_bench.py).
+int4_linear       (x * pre_scale first where given) M <= 32 or fp32 x: Triton W4A16 of
+                  triton/int4.py, split K for M <= 32. Larger M with 16-bit x: W dequantized by one
+                  Triton pass, then the 16-bit GEMM. group_size not a multiple of 32: dequantized in
+                  fp32 and torch.matmul.
+GEMV              (triton_common.GEMV, off) one-row x to the CUDA-core GEMV of triton/gemv.py.
 The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """
 
@@ -43,9 +46,9 @@ _SCALED_MM_OK: dict = {}
 # (torch 2.11, docs/perf/quant_linear.md) cuBLAS was faster at M = 1 and 32 for N = 6144 / 8192 / 12288
 # with K = 2048 / 4096, slower for N <= 2048.
 SCALED_MM_DECODE_MIN_N = 6144
-# True: the decode routes before triton/skinny.py (the Triton GEMMs of fp8.py / int4.py and _scaled_mm
-# by SCALED_MM_DECODE_MIN_N); benchmarks/quant_linear_bench.py sets it to time both in one run.
-LEGACY_DECODE = False
+# M <= triton_skinny.MAX_M rows to the skinny GEMM of triton/skinny.py (module docstring: off until
+# timed ahead of the other routes; benchmarks/quant_linear_bench.py times both in one run).
+SKINNY_DECODE = False
 
 
 def _check_x(name: str, x: torch.Tensor, K: int) -> None:
@@ -127,7 +130,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     weight, ws = _contig(weight), _contig(weight_scale.float().reshape(N))
     s_in = input_scale.float().reshape(())
     b = _bias_as(bias, x.dtype)
-    if M <= triton_skinny.MAX_M and not LEGACY_DECODE:
+    if M <= triton_skinny.MAX_M and SKINNY_DECODE:
         y = triton_skinny.skinny(triton_skinny.FP8_TENSOR, x2, weight, ws, s_in, b)
     elif M == 1 and triton_common.GEMV:
         y = triton_gemv.gemv(triton_gemv.FP8_TENSOR, x2, weight, ws, s_in, b)
@@ -160,7 +163,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     x2 = _rows(x, K)
     M = x2.shape[0]
     weight, wsi, b = _contig(weight), _contig(weight_scale_inv.float()), _bias_as(bias, x.dtype)
-    if M <= triton_skinny.MAX_M and not LEGACY_DECODE:
+    if M <= triton_skinny.MAX_M and SKINNY_DECODE:
         y = triton_skinny.skinny(triton_skinny.FP8_BLOCK, x2, weight, wsi, None, b)
     elif M == 1 and triton_common.GEMV:
         y = triton_gemv.gemv(triton_gemv.FP8_BLOCK, x2, weight, wsi, None, b)
@@ -198,7 +201,7 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     x2 = _rows(x, K)
     b = _bias_as(bias, x.dtype)
     M = x2.shape[0]
-    if M <= triton_skinny.MAX_M and group_size % 32 == 0 and not LEGACY_DECODE:
+    if M <= triton_skinny.MAX_M and group_size % 32 == 0 and SKINNY_DECODE:
         y = triton_skinny.skinny(triton_skinny.INT4, x2, _contig(qweight), _contig(scales.to(x.dtype)), None, b,
                                  group_size, None if pre_scale is None else _contig(pre_scale.to(x.dtype)))
         return y.view(*x.shape[:-1], N)

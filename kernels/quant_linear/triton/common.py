@@ -30,10 +30,10 @@ E4M3_MAX = 448.0
 # Decode (skinny) path up to this many rows: weight-read bound, quantization of x fused per tile.
 SKINNY_M = 32
 # Skinny launch parameters: column tile, warps, pipeline stages, programs per multiprocessor that
-# split K aims at (benchmarks/quant_linear_bench.py --sweep times alternatives).
+# split K aims at (the sweep of docs/perf/quant_linear.md, H200 2026-12-03).
 SKINNY = dict(BN=64, warps=4, stages=4, per_sm=2)
-# gpu.py sends one-row x (M = 1) to the CUDA-core GEMV of triton_gemv.py when set; off until the GEMV
-# is timed against the skinny GEMM on the H200 (benchmarks/quant_linear_bench.py, column "gemv").
+# gpu.py sends one-row x (M = 1) to the CUDA-core GEMV of gemv.py when set; off: no launch of it was
+# under 0.8x bf16 on every shape (docs/perf/quant_linear.md, H200 2026-12-03).
 GEMV = False
 
 

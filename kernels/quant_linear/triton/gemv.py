@@ -7,8 +7,8 @@ by an atomic per column tile, sums them, scales and stores y, then resets its co
 kernel a call, no finishing launch). fp32 products of e4m3 or int4 values are exact, so only the fp32
 summation order differs from the reference.
 
-Used by gpu.py for M = 1 when triton_common.GEMV is set (off until timed against the skinny GEMM on
-the H200: benchmarks/quant_linear_bench.py has a column for it).
+Used by gpu.py for M = 1 when triton_common.GEMV is set (off: docs/perf/quant_linear.md's launch sweep
+found no configuration under 0.8x bf16 on every shape).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from kernels.quant_linear.triton.common import SOFT_FP8, device_sms, div_exact, 
 from kernels.triton_utils import cdiv
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
-# Launch: BN columns x BK of K a tile, split K towards per_sm programs a multiprocessor
-# (benchmarks/quant_linear_bench.py --sweep-gemv times alternatives).
+# Launch: BN columns x BK of K a tile, split K towards per_sm programs a multiprocessor (the sweep of
+# docs/perf/quant_linear.md, H200 2026-12-03).
 CFG = dict(BN=32, BK=128, warps=4, stages=2, per_sm=4)
 
 

@@ -98,25 +98,26 @@ def test_int4_linear_gpu(shape, dtype, kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 32], ids=lambda m: f"M{m}")
-def test_legacy_decode_routes_gpu(M, dtype, monkeypatch):
-    """The decode routes before the skinny GEMM (gpu.LEGACY_DECODE, timed beside it by the benchmark)
-    stay correct: the Triton skinny GEMMs of fp8.py / int4.py and _scaled_mm for N >= 6144."""
-    monkeypatch.setattr(gpu, "LEGACY_DECODE", True)
-    for K, N in ((2048, 6144), (4096, 520)):
+@pytest.mark.parametrize("M", [1, 8, 33, 64], ids=lambda m: f"M{m}")
+def test_skinny_route_gpu(M, dtype, monkeypatch):
+    """gpu.SKINNY_DECODE: M <= 64 of every format through triton/skinny.py on model shapes (a fused
+    2048 -> 12288 group, 6144 -> 2048) and a ragged one, with bias and int4's AWQ pre_scale."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", True)
+    for K, N in ((2048, 12288), (6144, 2048), (200, 63)):
         gen = _gen(M + N)
         x = activations(M, K, dtype, "model", gen)
+        b = torch.randn(N, generator=gen).to(dtype)
         w, ws = fp8_weights(N, K, gen)
         s_in = input_scale_for(x)
-        _check(gpu.fp8_linear(x.cuda(), w.cuda(), ws.cuda(), s_in.cuda()), ref_fp8_linear(x, w, ws, s_in), dtype,
-               (M, N), "legacy fp8")
+        _check(gpu.fp8_linear(x.cuda(), w.cuda(), ws.cuda(), s_in.cuda(), b.cuda()), ref_fp8_linear(x, w, ws, s_in, b),
+               dtype, (M, N), "skinny fp8")
         wb, wsi = block_weights(N, K, gen)
-        _check(gpu.fp8_block_linear(x.cuda(), wb.cuda(), wsi.cuda()), ref_fp8_block_linear(x, wb, wsi), dtype,
-               (M, N), "legacy fp8 block")
+        _check(gpu.fp8_block_linear(x.cuda(), wb.cuda(), wsi.cuda(), b.cuda()), ref_fp8_block_linear(x, wb, wsi, b),
+               dtype, (M, N), "skinny fp8 block")
         qw, sc = int4_weights(N, K, 128, dtype, gen)
         pre = pre_scales(K, dtype, gen)
-        _check(gpu.int4_linear(x.cuda(), qw.cuda(), sc.cuda(), None, 128, pre.cuda()),
-               ref_int4_linear(x, qw, sc, None, 128, pre), dtype, (M, N), "legacy int4")
+        _check(gpu.int4_linear(x.cuda(), qw.cuda(), sc.cuda(), b.cuda(), 128, pre.cuda()),
+               ref_int4_linear(x, qw, sc, b, 128, pre), dtype, (M, N), "skinny int4")
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 256, 48], ids=lambda g: f"g{g}")
@@ -166,7 +167,6 @@ def test_triton_prefill_gemms_gpu(shape, dtype):
 def test_gemv_route_gpu(KN, dtype, monkeypatch):
     """One-row x through the CUDA-core GEMV (triton_gemv.py) for the three formats, with bias."""
     monkeypatch.setattr(triton_common, "GEMV", True)
-    monkeypatch.setattr(gpu, "LEGACY_DECODE", True)  # the GEMV is a legacy route
     K, N = KN
     gen = _gen(K + N)
     x = activations(1, K, dtype, "model", gen)
@@ -183,12 +183,12 @@ def test_gemv_route_gpu(KN, dtype, monkeypatch):
            (1, N), "gemv int4")
 
 
-@pytest.mark.parametrize("gemv", [False, True], ids=["skinny", "gemv"])
+@pytest.mark.parametrize("route", ["default", "gemv", "skinny"])
 @pytest.mark.parametrize("M", [1, 32, 64, 200], ids=lambda m: f"M{m}")
-def test_cuda_graph_replay(M, gemv, monkeypatch):
+def test_cuda_graph_replay(M, route, monkeypatch):
     """All three ops captured in one CUDA graph, replayed on new inputs, equal the eager results."""
-    monkeypatch.setattr(triton_common, "GEMV", gemv)
-    monkeypatch.setattr(gpu, "LEGACY_DECODE", gemv)
+    monkeypatch.setattr(triton_common, "GEMV", route == "gemv")
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", route == "skinny")
     K, N, dtype = 2048, 520, torch.bfloat16
     gen = _gen(M)
     w8, ws = (t.cuda() for t in fp8_weights(N, K, gen))

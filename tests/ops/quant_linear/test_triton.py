@@ -163,7 +163,6 @@ def test_int4_dequant_kernel_exact(dtype):
 def test_gemv_route_all_formats(KN, dtype, bias, monkeypatch):
     """One-row x through the CUDA-core GEMV (triton_gemv.py; gpu.py takes it when triton_common.GEMV)."""
     monkeypatch.setattr(triton_common, "GEMV", True)
-    monkeypatch.setattr(gpu, "LEGACY_DECODE", True)  # the GEMV is a legacy route
     K, N = KN
     gen = torch.Generator().manual_seed(K + N)
     x = activations(1, K, dtype, "model", gen)
@@ -217,8 +216,9 @@ def test_skinny_all_formats(MKN, dtype, cfg):
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 256], ids=lambda g: f"g{g}")
-def test_skinny_int4_group_sizes(group_size):
-    """K tiles follow the int4 group (BK = min(128, group)); the op routes M <= 64 here."""
+def test_skinny_int4_group_sizes(group_size, monkeypatch):
+    """K tiles follow the int4 group (BK = min(128, group)), through the op's skinny route."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", True)
     M, K, N, dtype = 5, 700, 90, torch.bfloat16
     gen = torch.Generator().manual_seed(group_size)
     x = activations(M, K, dtype, "model", gen)
@@ -228,9 +228,12 @@ def test_skinny_int4_group_sizes(group_size):
     _check(y, ref_int4_linear(x, qw, sc, None, group_size, pre), dtype, (M, N), f"int4 g{group_size} awq")
 
 
+@pytest.mark.parametrize("skinny_route", [False, True], ids=["default", "skinny"])
 @pytest.mark.parametrize("M", [2, 65], ids=lambda m: f"M{m}")
-def test_int4_pre_scale_every_route(M):
-    """pre_scale through the op on the skinny route (M <= 64) and the prefill route (x scaled first)."""
+def test_int4_pre_scale_every_route(M, skinny_route, monkeypatch):
+    """pre_scale through the op: applied in the tile (skinny route, M <= 64), or x scaled first (the
+    Triton W4A16 GEMM, and the prefill route)."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", skinny_route)
     K, N, dtype = 264, 130, torch.bfloat16
     gen = torch.Generator().manual_seed(M)
     x = activations(M, K, dtype, "model", gen)
@@ -248,12 +251,15 @@ def test_skinny_refuses_bad_launches():
         skinny.skinny(skinny.INT4, x[:2], torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 4), None, None, 16)
 
 
+@pytest.mark.parametrize("skinny_route", [False, True], ids=["default", "skinny"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("M", [1, 40, 100], ids=lambda m: f"M{m}")
-def test_activation_quantization_is_the_exact_quotient(M, dtype):
+def test_activation_quantization_is_the_exact_quotient(M, dtype, skinny_route, monkeypatch):
     """x / input_scale rounded as IEEE division before e4m3 (x * (1 / s) moves near-tie elements, which
-    16-bit x over a scale made from 16-bit values hits often), through the skinny route (M <= 64) and the
-    prefill route: with an identity weight, y is e4m3(x / s) * s exactly."""
+    16-bit x over a scale made from 16-bit values hits often), through every route (the Triton skinny
+    GEMMs of fp8.py and skinny.py, the prefill GEMM): with an identity weight, y is e4m3(x / s) * s
+    exactly."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", skinny_route)
     K = 256
     gen = torch.Generator().manual_seed(M)
     x = activations(M, K, dtype, "model", gen)
