@@ -60,7 +60,7 @@ fi
 cat "$OUT/gpu.txt" >&2
 
 # ------------------------------------------------------------------ the checkpoint (in the background:
-# on the GPU by default, ~15 s, beside the tests; MAKE_DEVICE=cpu keeps the GPU to the first part)
+# on the GPU by default, beside the first part; MAKE_DEVICE=cpu leaves the GPU to it)
 if { has e2e || has profile; } && [ ! -f "$CK/model.safetensors" ]; then
   ( python3 benchmarks/make_random_checkpoint.py "$CK" --size 1.6b --device "${MAKE_DEVICE:-cuda}" --layers "$LAYERS" --vocab "$VOCAB" \
     > "$OUT/make.log" 2>&1 || echo "make_random_checkpoint failed" >> "$OUT/make.log" ) &
