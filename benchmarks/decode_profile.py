@@ -30,6 +30,9 @@ GROUPS = [  # first match wins; patterns on lower-cased kernel names
     # first: SDPA's fmha_cutlass* kernels would be GEMMs, and "gdn recurrent"'s `decode` would take
     # the split-KV attn_decode_* kernels
     ("attention", r"attention|attn|flash|fmha|sdpa|softmax"),
+    # the quantized linear ops' Triton kernels (kernels/quant_linear/triton/)
+    ("quantized gemm (triton)", r"skinny_kernel|fp8_gemm_kernel|int4_gemm_kernel|gemv_kernel"),
+    ("x quantization / int4 dequant", r"quant_tensor_kernel|quant_group_kernel|int4_dequant_kernel"),
     ("gemm", r"gemm|cutlass|cublas|sm90_xmma|nvjet|matmul|gemv|splitk"),
     ("gdn recurrent", r"gated_delta|gdr|recurrent|fused_recurrent|decode"),
     ("conv", r"conv1d|causal_conv"),
@@ -62,8 +65,15 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--prefill", action="store_true", help="profile prefills of the prompt instead")
     p.add_argument("--out", default=None)
+    p.add_argument("--tuned", help="quantized kernels' launch parameters (JSON of quant_linear_bench.py --tuned)")
     args = p.parse_args()
     args.out = out_dir(args.out, "decode_profile")
+    if args.tuned:
+        import json
+
+        from quant_linear_bench import apply_tuned
+
+        apply_tuned(json.load(open(args.tuned)))
 
     from torch.profiler import ProfilerActivity, profile
 

@@ -11,7 +11,7 @@ Weights are made on `device` in bf16 from a seeded generator (transformers' own 
 constants transformers initialises (norm weights, dt_bias) spread out so that they matter, then
 saved with save_pretrained (safetensors). Prints the parameter counts. --layers / --vocab override the
 size's layer count (a multiple of 4 keeps the 3 : 1 pattern) and vocabulary with every per-layer shape
-kept (quant_bench.sh: fewer layers with the vocabulary cut by the same factor keep the 16-bit
+kept (quant_gpu.sh LAYERS=N: fewer layers with the vocabulary cut by the same factor keep the 16-bit
 embedding / lm_head's share of the weight bytes).
 """
 

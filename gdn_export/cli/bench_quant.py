@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
     # None when not given: without --quant they are refused rather than ignored (QUANT_ONLY)
     p.add_argument("--quant-steps", type=int, default=None, metavar="N",
                    help=f"--quant: teacher-forced greedy steps of the accuracy comparison (default {STEPS})")
+    p.add_argument("--quantize-lm-head", action="store_true", default=None,
+                   help="--quant fp8: quantize the lm_head too (as `gdn-export quantize --quantize-lm-head`)")
     p.add_argument("--calib-data", default=None, metavar="FILE",
                    help="--quant: calibration text or token ids, as for quantize (default: the built-in "
                    "calibration data)")
@@ -36,7 +38,7 @@ def add_arguments(p) -> None:
                    help=f"--quant: tokens per calibration row (default {DEFAULT_SEQ_LEN})")
 
 
-QUANT_ONLY = ("quant_steps", "calib_data", "calib_samples", "calib_seq_len")
+QUANT_ONLY = ("quant_steps", "calib_data", "calib_samples", "calib_seq_len", "quantize_lm_head")
 
 
 def check_unused(args) -> None:
@@ -54,6 +56,10 @@ def check(args) -> None:
 
     if args.quant not in FORMATS:
         raise InputError(f"--quant {args.quant!r} is not one of {', '.join(FORMATS)}")
+    from gdn_export.quantize.pipeline import LM_HEAD_FORMATS
+
+    if args.quantize_lm_head and args.quant not in LM_HEAD_FORMATS:
+        raise InputError(f"--quantize-lm-head applies to --quant {' / '.join(LM_HEAD_FORMATS)}, not {args.quant}")
     for flag, on in (("--accuracy", args.accuracy), ("--compare-hf", args.compare_hf)):
         if on:
             raise InputError(f"{flag} does not combine with --quant (which reports the quantized model's "
@@ -76,7 +82,8 @@ def run(args, result: dict, ids, setup) -> int:
     --json. Returns 0."""
     result["quant"] = bench_quantized(args.checkpoint, args.quant, ids, setup, result, steps=args.quant_steps,
                                       calib_data=args.calib_data, calib_samples=args.calib_samples,
-                                      calib_seq_len=args.calib_seq_len)
+                                      calib_seq_len=args.calib_seq_len,
+                                      lm_head=bool(args.quantize_lm_head))
     print(quant_table(result))
     if args.json:
         write_json(result, Path(args.json), args.overwrite)

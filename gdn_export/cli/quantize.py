@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                    help="fp8: also calibrate per-layer K and V scales (amax / 448, per tensor) in the same pass "
                    "and store the attention K/V cache in FP8 E4M3 (docs/quantization.md, 'FP8 K/V cache'); default: "
                    "the cache stays in the model dtype")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="fp8: quantize the vocabulary projection (lm_head) too, FP8 per output channel with a "
+                   "static input scale, in ModelOpt's layout; a tied embedding keeps its 16-bit table for the "
+                   "lookup and config.json unties them (default: lm_head stays 16-bit, as ModelOpt's presets)")
     add_device(p, "the calibration", "the gdn ops through the reference backend")
     add_overwrite(p, "the output folder")
     add_quiet(p)
@@ -52,6 +56,10 @@ def run(args) -> int:
 
     if args.kv_cache is not None and args.kv_cache not in KV_CACHE_FORMATS:
         raise InputError(f"--kv-cache {args.kv_cache!r} is not one of {', '.join(KV_CACHE_FORMATS)}")
+    from gdn_export.quantize.pipeline import LM_HEAD_FORMATS
+
+    if args.quantize_lm_head and args.format not in LM_HEAD_FORMATS:
+        raise InputError(f"--quantize-lm-head applies to --format {' / '.join(LM_HEAD_FORMATS)}, not {args.format}")
     checkpoint = Path(args.checkpoint)
     checkpoint_dir(checkpoint)
     device = device_of(args)
@@ -70,6 +78,6 @@ def run(args) -> int:
     path = quantize_checkpoint(checkpoint, args.output, args.format, calib_data=args.calib_data,
                                samples=args.calib_samples, seq_len=args.calib_seq_len,
                                overwrite=args.overwrite, progress=progress, device=device,
-                               kv_cache=args.kv_cache)
+                               kv_cache=args.kv_cache, lm_head=args.quantize_lm_head)
     print(f"wrote {describe_folder(path)}")
     return 0

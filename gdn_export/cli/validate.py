@@ -161,7 +161,8 @@ def _check_quantized(checkpoint: str, flag: str) -> None:
 
 def _check_baseline(checkpoint: str, baseline: str) -> None:
     """--baseline names the 16-bit source of a quantized checkpoint: the checkpoint must be quantized
-    and the baseline the same model (every config field but the dtype)."""
+    and the baseline the same model (every config field but the dtype, and tie_word_embeddings, which a
+    quantized lm_head unties: `quantize --quantize-lm-head`)."""
     from pathlib import Path
 
     from gdn_export.hf_config import read_config
@@ -169,7 +170,7 @@ def _check_baseline(checkpoint: str, baseline: str) -> None:
     _check_quantized(checkpoint, "--baseline")
     mine = read_config(Path(checkpoint) / "config.json").to_dict()
     theirs = read_config(Path(baseline) / "config.json").to_dict()
-    differ = [k for k in mine if k != "dtype" and mine[k] != theirs.get(k)]
+    differ = [k for k in mine if k not in ("dtype", "tie_word_embeddings") and mine[k] != theirs.get(k)]
     if differ:
         raise InputError(f"--baseline {baseline} is not the model {checkpoint} was quantized from: {differ[0]} is "
                          f"{theirs.get(differ[0])!r} there, {mine[differ[0]]!r} here")

@@ -115,9 +115,8 @@ class Int4Linear(QuantLinear):
                              if pre_quant_scale else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.pre_quant_scale is not None:
-            x = x * self.pre_quant_scale.to(x.dtype)
-        return int4_linear(x, self.weight, self.weight_scale.to(x.dtype), self.bias, self.group_size)
+        pre = None if self.pre_quant_scale is None else self.pre_quant_scale.to(x.dtype)
+        return int4_linear(x, self.weight, self.weight_scale.to(x.dtype), self.bias, self.group_size, pre)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", group_size={self.group_size}"

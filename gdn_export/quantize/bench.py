@@ -32,9 +32,10 @@ RATIO_KEYS = ("decode_ms_per_step", "prefill_ms", "peak_memory_bytes", "weights_
 
 
 def bench_quantized(checkpoint, fmt: str, ids, setup, result: dict, *, steps: int = STEPS, calib_data=None,
-                    calib_samples: int, calib_seq_len: int) -> dict:
-    """Quantize `checkpoint` to `fmt`, time both models on prompts ids [B, T] (setup: a
-    gdn_export.runtime.bench_checkpoint.Setup) and compare them (module docstring)."""
+                    calib_samples: int, calib_seq_len: int, lm_head: bool = False) -> dict:
+    """Quantize `checkpoint` to `fmt` (lm_head: the vocabulary projection too, fp8), time both models on
+    prompts ids [B, T] (setup: a gdn_export.runtime.bench_checkpoint.Setup) and compare them (module
+    docstring)."""
     from gdn_export.quantize.accuracy import runner_compare, runner_greedy
     from gdn_export.quantize.pipeline import quantize_checkpoint
     from gdn_export.runtime.bench_checkpoint import measure
@@ -46,7 +47,7 @@ def bench_quantized(checkpoint, fmt: str, ids, setup, result: dict, *, steps: in
         progress(f"quantizing {checkpoint} to {fmt} on {setup.device} (temporary folder {tmp})")
         qpath = quantize_checkpoint(checkpoint, tmp / "quantized", fmt, calib_data=calib_data,
                                     samples=calib_samples, seq_len=calib_seq_len, progress=progress,
-                                    device=setup.device)
+                                    device=setup.device, lm_head=lm_head)
         calibration = {"samples": calib_samples, "seq_len": calib_seq_len,
                        "data": calib_data or "default", "seconds": time.perf_counter() - t0}
         gc.collect()
@@ -57,7 +58,7 @@ def bench_quantized(checkpoint, fmt: str, ids, setup, result: dict, *, steps: in
         del runner, model
         gc.collect()
 
-        quant: dict = {"format": fmt, "calibration": calibration}
+        quant: dict = {"format": fmt + ("+lm_head" if lm_head else ""), "calibration": calibration}
         runner, model = measure(qpath, ids, setup, quant, label=fmt)
         progress(f"{fmt}: {steps} teacher-forced steps against the {setup.dtype_name} model")
         quant["vs_16bit"] = runner_compare(runner, prompts, reference)

@@ -13,7 +13,9 @@ runs the forward loop (the gdn custom ops run through their reference backend) a
 
 ModelOpt's default exclusions already leave lm_head, the routers (mlp.gate), shared_expert_gate,
 in_proj_a / in_proj_b and the convs in 16 bits; we add Qwen3-Next's fused in_proj_ba and
-OLMo-Hybrid's a_proj / b_proj. Routed experts are stacked parameters run by the gdn::moe op, whose
+OLMo-Hybrid's a_proj / b_proj. `lm_head=True` (fp8 only; `quantize --quantize-lm-head`) quantizes
+the vocabulary projection as the other Linears (FP8 per output channel, static input scale); a tied
+embedding keeps its 16-bit table for the lookup. Routed experts are stacked parameters run by the gdn::moe op, whose
 calls ModelOpt's fused-experts wrapper never sees: gdn_export.quantize.experts calibrates them
 during the same forward loop (the pipeline wraps this call in its `recording`).
 
@@ -61,7 +63,7 @@ def modelopt_version() -> str:
     return _modelopt()[1]
 
 
-def _config(mtq, fmt: str) -> dict:
+def _config(mtq, fmt: str, lm_head: bool = False) -> dict:
     base = copy.deepcopy(mtq.FP8_DEFAULT_CFG if fmt == "fp8" else mtq.INT4_AWQ_CFG)
     cfg = base["quant_cfg"]
     if fmt == "fp8":
@@ -69,6 +71,9 @@ def _config(mtq, fmt: str) -> dict:
             if entry.get("quantizer_name") == "*weight_quantizer":
                 entry["cfg"] = {**entry["cfg"], "axis": 0}  # per output channel
     cfg.extend({"quantizer_name": name, "enable": False} for name in EXTRA_EXCLUDED)
+    if lm_head:  # later entries win: the lm_head's quantizers as every other Linear's
+        cfg.extend({**entry, "quantizer_name": "*lm_head*" + entry["quantizer_name"][1:]} for entry in list(cfg)
+                   if entry.get("quantizer_name") in ("*weight_quantizer", "*input_quantizer"))
     return base
 
 
@@ -95,7 +100,8 @@ def _enabled(q) -> bool:
     return q is not None and getattr(q, "is_enabled", False)
 
 
-def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None, batch: int = 8) -> dict:
+def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None, batch: int = 8,
+              lm_head: bool = False) -> dict:
     """Calibrate `model` (an fp32 HybridForCausalLM; ModelOpt modifies it in place) and return
     {Linear name: {buffer name: tensor}} in the gdn_export.modules.quant_linear layouts (fp32 /
     fp8 / uint8; Int4 scales fp32, cast to the model dtype by `apply`)."""
@@ -106,7 +112,7 @@ def calibrate(model: nn.Module, fmt: str, rows: list[np.ndarray], progress=None,
     with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
         warnings.simplefilter("ignore")
         use_torch_fake_quant()  # no nvcc build of ModelOpt's CUDA extensions on a GPU
-        mtq.quantize(model, _config(mtq, fmt), _forward_loop(rows, batch, say))
+        mtq.quantize(model, _config(mtq, fmt, lm_head), _forward_loop(rows, batch, say))
     share_sibling_quantities(model)  # one input scale / pre_quant_scale per sibling group
     out: dict[str, dict[str, torch.Tensor]] = {}
     for name, m in model.named_modules():

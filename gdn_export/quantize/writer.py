@@ -19,6 +19,10 @@
                          (mlp.experts.{e}.gate_proj|up_proj|down_proj.weight, .weight_scale and,
                          for FP8, .input_scale: gdn_export.quantize.experts.checkpoint_tensors)
     every other file of the source folder (tokenizer, generation config) copied as it is
+    with a quantized lm_head (`quantize --quantize-lm-head`): lm_head.weight / weight_scale /
+                         input_scale as any FP8 Linear, the 16-bit embedding table kept for the
+                         lookup, and tie_word_embeddings false in config.json (the head is a tensor
+                         of its own now; loaders that tie would drop it)
 
 Written in a temporary folder beside OUT and renamed into place: OUT appears complete or not at all.
 """
@@ -139,6 +143,11 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
         qc["kv_cache_scheme"] = {"dynamic": False, "num_bits": 8, "type": "float"}
         qc["kv_cache_quant_algo"] = hf_qc["quantization"]["kv_cache_quant_algo"] = "FP8"
     raw["quantization_config"] = qc
+    head_quantized = isinstance(getattr(model, "lm_head", None), QuantLinear)
+    if head_quantized:
+        for section in (raw, raw.get("text_config")):
+            if isinstance(section, dict) and section.get("tie_word_embeddings"):
+                section["tie_word_embeddings"] = False
 
     tensors: dict[str, torch.Tensor] = {}
     int4 = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, Int4Linear)}
@@ -148,7 +157,7 @@ def write_quantized(model: nn.Module, family, config, source: str | Path, out: s
                       for b, _ in m.named_buffers(recurse=False)}
     tensors.update(expert_checkpoint_tensors(model, family, config))  # per expert, ModelOpt's keys
     for name, t in model.state_dict().items():
-        if (config.tie_word_embeddings and name == "lm_head.weight") or name in expert_buffers:
+        if (config.tie_word_embeddings and name == "lm_head.weight" and not head_quantized) or name in expert_buffers:
             continue
         if name in int4:
             m = int4[name]

@@ -5,18 +5,26 @@ tensors here).
 Every path is capturable in a CUDA graph: launch parameters, split factors and buffers depend on
 shapes and dtypes only, never on data, and nothing synchronises with the host.
 
-fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM reading fp8 weights, x quantized
-                  per tile, split K (triton_fp8.py). Otherwise, with 16-bit x and K, N multiples of
-                  16: x quantized by one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise
-                  scales [M, 1] x [1, N], fp32 accumulation); else the Triton GEMM.
-fp8_block_linear  M <= 32: Triton skinny GEMM, per-token group-128 quantization fused in the tiles.
-                  Larger M: one quantization pass, then torch._scaled_mm's blockwise form (1x128
-                  activation scales x 128x128 weight scales) where it runs (16-bit x, K and N
-                  multiples of 128), else the Triton block-scaled fp8 x fp8 GEMM.
-int4_linear       M <= 32 or fp32 x: Triton W4A16 (triton_int4.py), int4 tiles unpacked in registers,
-                  16-bit tensor-core dots, group scales per K tile, split K for M <= 32. Larger M
-                  with 16-bit x: W dequantized by one Triton pass, then the 16-bit GEMM. group_size
-                  not a multiple of 32: dequantized in fp32 and torch.matmul.
+SKINNY_DECODE     (off) M <= 64 rows of every format go to the skinny GEMM of triton/skinny.py (weight
+                  rows as the MMA's wide side, fp8 x fp8 MMAs, x quantized in the tile, AWQ's
+                  pre_scale applied to x's tile, split K in one launch). Off until a run of
+                  benchmarks/quant_gpu.sh times it ahead of the routes below: its first version ran
+                  slower than they on the H200 (docs/perf/quantization.md); the two causes found
+                  since (a slow-path division call per element, a second wave of programs) are
+                  fixed and not yet timed.
+fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM of triton/fp8.py (x quantized per
+                  tile, split K). Otherwise, with 16-bit x and K, N multiples of 16: x quantized by
+                  one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise scales [M, 1] x
+                  [1, N], fp32 accumulation); else the Triton GEMM.
+fp8_block_linear  M <= 32: Triton skinny GEMM, per-token group-128 quantization in the tiles. Larger
+                  M: one quantization pass, then torch._scaled_mm's blockwise form (1x128 activation
+                  scales x 128x128 weight scales) where it runs (16-bit x, K and N multiples of 128),
+                  else the Triton block-scaled fp8 x fp8 GEMM.
+int4_linear       (x * pre_scale first where given) M <= 32 or fp32 x: Triton W4A16 of
+                  triton/int4.py, split K for M <= 32. Larger M with 16-bit x: W dequantized by one
+                  Triton pass, then the 16-bit GEMM. group_size not a multiple of 32: dequantized in
+                  fp32 and torch.matmul.
+GEMV              (triton_common.GEMV, off) one-row x to the CUDA-core GEMV of triton/gemv.py.
 The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """
 
@@ -24,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.quant_linear.triton import common as triton_common, gemv as triton_gemv
+from kernels.quant_linear.triton import common as triton_common, gemv as triton_gemv, skinny as triton_skinny
 from kernels.quant_linear.triton.common import SKINNY_M
 from kernels.quant_linear.triton.fp8 import GROUP, fp8_gemm, quantize_groups, quantize_tensor
 from kernels.quant_linear.triton.int4 import int4_dequant, int4_gemm, tile_k
@@ -38,6 +46,9 @@ _SCALED_MM_OK: dict = {}
 # (torch 2.11, docs/perf/quant_linear.md) cuBLAS was faster at M = 1 and 32 for N = 6144 / 8192 / 12288
 # with K = 2048 / 4096, slower for N <= 2048.
 SCALED_MM_DECODE_MIN_N = 6144
+# M <= triton_skinny.MAX_M rows to the skinny GEMM of triton/skinny.py (module docstring: off until
+# timed ahead of the other routes; benchmarks/quant_linear_bench.py times both in one run).
+SKINNY_DECODE = False
 
 
 def _check_x(name: str, x: torch.Tensor, K: int) -> None:
@@ -119,7 +130,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     weight, ws = _contig(weight), _contig(weight_scale.float().reshape(N))
     s_in = input_scale.float().reshape(())
     b = _bias_as(bias, x.dtype)
-    if M == 1 and triton_common.GEMV:
+    if M <= triton_skinny.MAX_M and SKINNY_DECODE:
+        y = triton_skinny.skinny(triton_skinny.FP8_TENSOR, x2, weight, ws, s_in, b)
+    elif M == 1 and triton_common.GEMV:
         y = triton_gemv.gemv(triton_gemv.FP8_TENSOR, x2, weight, ws, s_in, b)
     elif ((M > SKINNY_M or N >= SCALED_MM_DECODE_MIN_N) and x.dtype != torch.float32 and K % 16 == 0
             and N % 16 == 0 and x2.is_cuda and _scaled_mm_ok(x.dtype, b is not None, x2.device)):
@@ -150,7 +163,9 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     x2 = _rows(x, K)
     M = x2.shape[0]
     weight, wsi, b = _contig(weight), _contig(weight_scale_inv.float()), _bias_as(bias, x.dtype)
-    if M == 1 and triton_common.GEMV:
+    if M <= triton_skinny.MAX_M and SKINNY_DECODE:
+        y = triton_skinny.skinny(triton_skinny.FP8_BLOCK, x2, weight, wsi, None, b)
+    elif M == 1 and triton_common.GEMV:
         y = triton_gemv.gemv(triton_gemv.FP8_BLOCK, x2, weight, wsi, None, b)
     elif (M > SKINNY_M and x.dtype != torch.float32 and K % GROUP == 0 and N % GROUP == 0 and x2.is_cuda
             and _scaled_mm_ok(x.dtype, b is not None, x2.device, blockwise=True)):
@@ -162,12 +177,13 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                group_size: int = 128) -> torch.Tensor:
+                group_size: int = 128, pre_scale: torch.Tensor | None = None) -> torch.Tensor:
     """W4A16: int4 weights in groups of group_size along K, 16-bit (or fp32) activations.
 
     Args:
         x [..., K] fp32 / fp16 / bf16; qweight [N, ceil(K/2)] uint8 (low nibble even k, high odd k,
-        two's complement); scales [N, ceil(K/group_size)] in x's dtype; bias [N] or None.
+        two's complement); scales [N, ceil(K/group_size)] in x's dtype; bias [N] or None;
+        pre_scale [K] (AWQ) or None: x is first multiplied by it, rounded to x's dtype.
     Returns:
         y [..., N] in x's dtype: x @ (int4 * scales[:, k // group_size])^T + bias, fp32 accumulation.
     """
@@ -180,13 +196,22 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     if group_size < 1 or tuple(scales.shape) != (N, cdiv(K, group_size)):
         raise ValueError(f"int4_linear: scales {tuple(scales.shape)} must be [{N}, {cdiv(K, max(group_size, 1))}] "
                          f"for group_size {group_size}")
+    if pre_scale is not None and tuple(pre_scale.shape) != (K,):
+        raise ValueError(f"int4_linear: pre_scale {tuple(pre_scale.shape)} must be [{K}]")
     x2 = _rows(x, K)
     b = _bias_as(bias, x.dtype)
-    if x2.shape[0] == 1 and triton_common.GEMV and group_size % 128 == 0:
+    M = x2.shape[0]
+    if M <= triton_skinny.MAX_M and group_size % 32 == 0 and SKINNY_DECODE:
+        y = triton_skinny.skinny(triton_skinny.INT4, x2, _contig(qweight), _contig(scales.to(x.dtype)), None, b,
+                                 group_size, None if pre_scale is None else _contig(pre_scale.to(x.dtype)))
+        return y.view(*x.shape[:-1], N)
+    if pre_scale is not None:
+        x2 = x2 * pre_scale.to(x.dtype)
+    if M == 1 and triton_common.GEMV and group_size % 128 == 0:
         y = triton_gemv.gemv(triton_gemv.INT4, x2, _contig(qweight), _contig(scales.to(x.dtype)), None, b, group_size)
     elif tile_k(group_size) is None:
         y = _int4_dequant_matmul(x2, qweight, scales, b, group_size)
-    elif x2.shape[0] > SKINNY_M and x.dtype != torch.float32:
+    elif M > SKINNY_M and x.dtype != torch.float32:
         # prefill: W dequantized to x's dtype by one Triton pass, then the 16-bit GEMM (cuBLAS); the
         # Triton W4A16 GEMM ran 3.8-4.7x bf16's time at M = 4096 on the H200 (docs/perf/quant_linear.md)
         w = int4_dequant(_contig(qweight), _contig(scales), K, group_size, x.dtype)

@@ -18,14 +18,15 @@ TIMING_KEYS = ("prefill_ms", "decode_ms_per_step", "decode_tokens_per_s", "prefi
 # Last-position logits distance to the 16-bit model on the tiny random model (it amplifies
 # rounding; tests/quantize/test_calibrate.py measured fp8 0.2-0.45, int4-awq 0.5-1.04 on larger
 # tiny models): the bounds catch a blow-up or a comparison of a model with itself.
-BOUND = {"fp8": 0.6, "int4-awq": 1.5}
+BOUND = {"fp8": 0.6, "int4-awq": 1.5, "fp8+lm_head": 0.6}
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "int4-awq"])
+@pytest.mark.parametrize("fmt", ["fp8", "int4-awq", "fp8+lm_head"])
 def test_bench_quant_side_by_side(cli, tiny_ckpt, tmp_path, monkeypatch, fmt):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temporary quantized folder
     out = tmp_path / "bench.json"
-    r = cli("bench", tiny_ckpt, *SMALL, "--dtype", "fp32", "--quant", fmt, "--json", out)
+    flags = ("--quant", "fp8", "--quantize-lm-head") if fmt == "fp8+lm_head" else ("--quant", fmt)
+    r = cli("bench", tiny_ckpt, *SMALL, "--dtype", "fp32", *flags, "--json", out)
     assert r.code == 0, r.err
     data = json.loads(out.read_text())
     q = data["quant"]
@@ -55,7 +56,9 @@ def test_bench_quant_side_by_side(cli, tiny_ckpt, tmp_path, monkeypatch, fmt):
     (("--quant", "fp8", "--compare-hf"), "--compare-hf does not combine with --quant"),
     (("--quant", "fp8", "--quant-steps", 0), "--quant-steps must be >= 1, got 0"),
     (("--quant", "int4-awq", "--calib-samples", 0), "--calib-samples must be >= 1, got 0"),
-], ids=["format", "accuracy", "compare-hf", "steps", "calib-samples"])
+    (("--quant", "int4-awq", "--quantize-lm-head"), "--quantize-lm-head applies to --quant fp8, not int4-awq"),
+    (("--quantize-lm-head",), "--quantize-lm-head applies with --quant only"),
+], ids=["format", "accuracy", "compare-hf", "steps", "calib-samples", "lm-head-int4", "lm-head-alone"])
 def test_bench_quant_user_errors(cli, tiny_ckpt, argv, message):
     r = cli("bench", tiny_ckpt, *argv)
     assert r.error_line("bench").startswith(message)

@@ -12,6 +12,7 @@ import stat
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from gdn_export.paths import human_size
 from gdn_export.quantize.report import DISTANCE_BOUNDS
@@ -95,6 +96,40 @@ def _ort_form_gives_the_same(onnx_path):
     assert report.passed, [r for r in report.rows if not r.passed][:3]
 
 
+def test_quantize_lm_head(cli, ids_file, tmp_path):
+    """--quantize-lm-head on a tied checkpoint: the head FP8 in ModelOpt's layout (weight fp8 [V, H],
+    weight_scale [V], input_scale []), the embedding table kept 16-bit, config.json untied; the loader
+    reads the head back as an Fp8Linear, and the checkpoint exports and validates."""
+    from safetensors import safe_open
+
+    from gdn_export.modules.quant_linear import Fp8Linear
+    from gdn_export.weights import load_checkpoint
+
+    tied = make_tiny_checkpoint(tmp_path / "tied", "qwen3_5", seed=3, hidden_size=192, intermediate_size=320,
+                                tie_word_embeddings=True, **TWO_LAYERS)
+    out = tmp_path / "q"
+    r = cli("quantize", tied, "-o", out, "--format", "fp8", "--quantize-lm-head", "--calib-data", ids_file,
+            "--calib-samples", 2, "--calib-seq-len", 32)
+    assert r.code == 0, r.err
+    raw = json.loads((out / "config.json").read_text())
+    assert not raw.get("tie_word_embeddings", False) and "lm_head" not in raw["quantization_config"]["ignore"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_slice("lm_head.weight").get_dtype() == "F8_E4M3"
+        assert f.get_tensor("lm_head.weight_scale").shape == (256,) and f.get_tensor("lm_head.input_scale").dim() == 0
+        embed = next(k for k in keys if k.endswith("embed_tokens.weight"))
+        embed_dtype = f.get_slice(embed).get_dtype()
+    with safe_open(str(tied / "model.safetensors"), "pt") as f:
+        assert embed_dtype == f.get_slice(embed).get_dtype()  # the source's 16/32-bit table, untouched
+    model = load_checkpoint(out, dtype=torch.bfloat16)
+    assert isinstance(model.lm_head, Fp8Linear) and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float8_e4m3fn
+    onnx_path = tmp_path / "q.onnx"
+    assert cli("export", out, "-o", onnx_path, "-q").code == 0
+    r = cli("validate", out, "--onnx", onnx_path, "--baseline", tied, "-q")
+    assert r.code == 0 and "PASS" in r.out, r.out
+
+
 def test_published_fp8_exports_and_validates(cli, ckpt, tmp_path):
     from tests.weights.fp8_checkpoints import to_published_fp8
 
@@ -127,6 +162,8 @@ BAD = [
                  id="kv-cache-int8"),
     pytest.param(lambda t, c: ["--format", "fp8", "--calib-samples", "0"], "--calib-samples must be >= 1",
                  id="zero-samples"),
+    pytest.param(lambda t, c: ["--format", "int4-awq", "--quantize-lm-head"],
+                 "--quantize-lm-head applies to --format fp8, not int4-awq", id="lm-head-int4"),
 ]
 
 

@@ -12,10 +12,13 @@ and the ONNX translation.
         Activations quantized at run time per token in groups of 128 along K:
         s[m, g] = max(amax|x[m, group g]|, 1e-10) / 448;  x_q = e4m3(x / s).
 
-    int4_linear(x, qweight, scales, bias=None, group_size=128)           gdn::int4_linear
+    int4_linear(x, qweight, scales, bias=None, group_size=128, pre_scale=None)   gdn::int4_linear
         W4A16 (AWQ / RTN). qweight uint8 [N, ceil(K/2)]: element (n, k) at byte k // 2, low nibble for
         even k, signed two's complement in [-8, 7] (ONNX INT4 packing); scales [N, ceil(K/group_size)]
         in x's dtype (fp32 for fp32 x); W[n, k] = int4(n, k) * scales[n, k // group_size].
+        pre_scale [K] in x's dtype (AWQ's per-input-channel scale) or None: x is replaced by
+        x * pre_scale rounded to x's dtype (the product a separate 16-bit multiply gives), so a
+        kernel can apply it while it reads x.
 
 x [..., K] fp32 / fp16 / bf16; y [..., N] in x's dtype; bias [N] or None; accumulation in fp32.
 
@@ -96,7 +99,7 @@ def check_fp8_block(x, weight, weight_scale_inv, bias=None) -> None:
     _check_x(x, K, bias, N)
 
 
-def check_int4(x, qweight, scales, bias=None, group_size: int = 128) -> None:
+def check_int4(x, qweight, scales, bias=None, group_size: int = 128, pre_scale=None) -> None:
     """ValueError naming the argument that breaks int4_linear's contract."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
         raise ValueError(f"group_size must be an even int >= 2, got {group_size!r}")
@@ -110,6 +113,8 @@ def check_int4(x, qweight, scales, bias=None, group_size: int = 128) -> None:
     scale_dtype = x.dtype
     if tuple(scales.shape) != want or scales.dtype != scale_dtype:
         raise ValueError(f"scales must be {scale_dtype} {want}, got {scales.dtype} {tuple(scales.shape)}")
+    if pre_scale is not None and (tuple(pre_scale.shape) != (K,) or pre_scale.dtype != x.dtype):
+        raise ValueError(f"pre_scale must be {x.dtype} [K={K}], got {pre_scale.dtype} {tuple(pre_scale.shape)}")
     _check_x(x, K, bias, N)
 
 
@@ -138,12 +143,13 @@ def _(x, weight, weight_scale_inv, bias):
 
 @torch.library.custom_op("gdn::int4_linear", mutates_args=())
 def _int4_linear_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                    bias: Optional[torch.Tensor], group_size: int) -> torch.Tensor:
-    return _impl(x.device, "int4_linear")(x, qweight, scales, bias, group_size)
+                    bias: Optional[torch.Tensor], group_size: int,
+                    pre_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _impl(x.device, "int4_linear")(x, qweight, scales, bias, group_size, pre_scale)
 
 
 @_int4_linear_op.register_fake
-def _(x, qweight, scales, bias, group_size):
+def _(x, qweight, scales, bias, group_size, pre_scale=None):
     return x.new_empty((*x.shape[:-1], qweight.shape[0]))
 
 
@@ -164,12 +170,14 @@ def fp8_block_linear(x, weight, weight_scale_inv, bias=None) -> torch.Tensor:
     return torch.ops.gdn.fp8_block_linear(x, weight, weight_scale_inv, bias)
 
 
-def int4_linear(x, qweight, scales, bias=None, group_size: int = 128) -> torch.Tensor:
+def int4_linear(x, qweight, scales, bias=None, group_size: int = 128, pre_scale=None) -> torch.Tensor:
     """x [..., K] -> y [..., N] in x's dtype (see module docstring)."""
-    if backends.can_call_directly(x, qweight, scales, bias):
-        check_int4(x, qweight, scales, bias, group_size)
-        return _impl(x.device, "int4_linear")(x, qweight, scales, bias, group_size)
-    return torch.ops.gdn.int4_linear(x, qweight, scales, bias, int(group_size))
+    if backends.can_call_directly(x, qweight, scales, bias, pre_scale):
+        check_int4(x, qweight, scales, bias, group_size, pre_scale)
+        return _impl(x.device, "int4_linear")(x, qweight, scales, bias, group_size, pre_scale)
+    if pre_scale is None:  # the op's original arity: graphs and exports without AWQ keep their form
+        return torch.ops.gdn.int4_linear(x, qweight, scales, bias, int(group_size))
+    return torch.ops.gdn.int4_linear(x, qweight, scales, bias, int(group_size), pre_scale)
 
 
 __all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "check_fp8", "check_fp8_block", "check_int4"]

@@ -85,7 +85,10 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_s
     return q * scales.float().repeat_interleave(group_size, 1)[:, :K]
 
 
-def int4_linear(x, qweight, scales, bias=None, group_size: int = 128):
-    """x [..., K]; qweight uint8 [N, ceil(K/2)]; scales [N, ceil(K/group_size)] -> y [..., N]."""
+def int4_linear(x, qweight, scales, bias=None, group_size: int = 128, pre_scale=None):
+    """x [..., K]; qweight uint8 [N, ceil(K/2)]; scales [N, ceil(K/group_size)]; pre_scale [K] or None
+    (x * pre_scale rounded to x's dtype first) -> y [..., N]."""
+    if pre_scale is not None:
+        x = x * pre_scale.to(x.dtype)
     W = dequantize_int4(qweight, scales, x.shape[-1], group_size)
     return _out(x.float() @ W.T, x, bias)

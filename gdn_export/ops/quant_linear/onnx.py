@@ -15,7 +15,7 @@ output_dtype and block_size).
                            group) -> MatMul with the 16-bit x (W4A16). The translation unpacks the
                            uint8 buffer with standard ops (the exporter hands translations values,
                            not data); `fold_int4_weights`, run by export_onnx, turns each such chain
-                           into one INT4 initializer.
+                           into one INT4 initializer. AWQ's pre_scale: a Mul on x first.
 
 Scales are cast to x's dtype (Q/DQ take the scale in the float type of their float side). Where K is
 not a multiple of the block (128 / group_size), the DequantizeLinear block is gcd(K, block) with each
@@ -109,11 +109,13 @@ def _unpack_int4(op, qweight, K: int):
     return op.Cast(signed, to=INT4)
 
 
-def int4_linear_translation(x, qweight, scales, bias=None, group_size: int = 128):
+def int4_linear_translation(x, qweight, scales, bias=None, group_size: int = 128, pre_scale=None):
     op = _op()
     K = x.shape[-1]
     if not isinstance(K, int):
         K = qweight.shape[1] * 2
+    if pre_scale is not None:
+        x = op.Mul(x, op.CastLike(pre_scale, x))
     w_t = op.Transpose(_unpack_int4(op, qweight, K), perm=[1, 0])  # INT4 [K, N]
     s_t = op.Transpose(op.CastLike(scales, x), perm=[1, 0])  # [ceil(K/G), N]
     G = int(group_size)

@@ -30,10 +30,10 @@ E4M3_MAX = 448.0
 # Decode (skinny) path up to this many rows: weight-read bound, quantization of x fused per tile.
 SKINNY_M = 32
 # Skinny launch parameters: column tile, warps, pipeline stages, programs per multiprocessor that
-# split K aims at (benchmarks/quant_linear_bench.py --sweep times alternatives).
+# split K aims at (the sweep of docs/perf/quant_linear.md, H200 2026-12-03).
 SKINNY = dict(BN=64, warps=4, stages=4, per_sm=2)
-# gpu.py sends one-row x (M = 1) to the CUDA-core GEMV of triton_gemv.py when set; off until the GEMV
-# is timed against the skinny GEMM on the H200 (benchmarks/quant_linear_bench.py, column "gemv").
+# gpu.py sends one-row x (M = 1) to the CUDA-core GEMV of gemv.py when set; off: no launch of it was
+# under 0.8x bf16 on every shape (docs/perf/quant_linear.md, H200 2026-12-03).
 GEMV = False
 
 
@@ -49,6 +49,20 @@ def e4m3_round(q):
     sub = ((a * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
     r = tl.where(a < 0.015625, sub, normal)
     return tl.where(q < 0, -r, r)
+
+
+@triton.jit
+def div_exact(x, s, r):
+    """x / s correctly rounded (IEEE division, as torch's), given r = 1 / s correctly rounded (one
+    tl.math.div_rn per scale, outside the element loop): q = x * r is within one ulp, the remainder
+    x - q * s is exact in an FMA, and q + remainder * r rounds to the correctly rounded quotient
+    (Markstein's theorem). Where x * r leaves the fp32 range the first product is kept (far outside
+    e4m3's +-448, which the caller clamps). Per element: two multiplies, two FMAs and a select, where
+    tl.math.div_rn compiles to a reciprocal, a refinement and a slow-path call per element."""
+    q = x * r
+    rem = tl.fma(-q, s, x)
+    q1 = tl.fma(rem, r, q)
+    return tl.where(tl.abs(q) < 3.0e38, q1, q)
 
 
 @triton.jit

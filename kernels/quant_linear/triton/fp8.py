@@ -8,8 +8,9 @@
   quantize x inside each tile and may split K (partials summed in the same launch by the last program of each tile),
   prefill launches of the block form read the pre-quantized x.
 
-Division: fp32 x divides exactly (div_rn, the contract's x / s bit for bit); 16-bit x multiplies by
-the reciprocal (a different rounding in about 1 of 10^6 elements, far inside the 1e-2 bound).
+Division: x / s correctly rounded (div_rn), the contract's quotient bit for bit; x * (1 / s) would
+move elements next to an e4m3 rounding tie to the other neighbour (frequent for 16-bit x over a scale
+made from 16-bit values; see skinny.py).
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton.common import (
-    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, skinny_block_m,
-    split_k, to_e4m3)
+    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, grouped_tile,
+    skinny_block_m, split_k, to_e4m3)
 from kernels.quant_linear.triton import common
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
 GROUP = 128  # block size of the fine-grained format, both dims
 
 
 @triton.jit
 def _quantize(b_x, s, EXACT: tl.constexpr, SOFT: tl.constexpr):
-    """fp32 b_x / s (s broadcastable, fp32) clamped to +-448 and rounded to e4m3."""
+    """fp32 b_x / s (s broadcastable, fp32) clamped to +-448 and rounded to e4m3; EXACT: the quotient
+    correctly rounded (common.div_exact, one div_rn per scale), else x * (1 / s)."""
     if EXACT:
-        q = tl.math.div_rn(b_x, s)
+        q = div_exact(b_x, s, tl.math.div_rn(s * 0.0 + 1.0, s))
     else:
         q = b_x * (1.0 / s)
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
@@ -137,7 +139,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, counter, M, N, K, KB, str
             b_acc = b_acc * (s * tl.load(ws + o_n, mask=m_n, other=0.0))[None, :]
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y + o_y, b_acc.to(y.dtype.element_ty), mask=mask)
+        tl.store(y + o_y, to_state_dtype(b_acc, y.dtype.element_ty), mask=mask)
 
 
 def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):
@@ -148,7 +150,7 @@ def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):
     BK = min(1024, next_pow2(K))
     if M:
         quant_tensor_kernel[(M, cdiv(K, BK))](x2, xq, rs, input_scale, M, K, x2.stride(0),
-                                              EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8, BK=BK,
+                                              EXACT=True, SOFT=SOFT_FP8, BK=BK,
                                               num_warps=4)
     return xq, rs
 
@@ -163,7 +165,7 @@ def quantize_groups(x2: torch.Tensor):
     G = min(16, next_pow2(KB))
     if M:
         quant_group_kernel[(M, cdiv(KB, G))](x2, xq, xs, M, K, KB, x2.stride(0),
-                                             EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8, G=G,
+                                             EXACT=True, SOFT=SOFT_FP8, G=G,
                                              num_warps=4)
     return xq, xs.t()
 
@@ -202,7 +204,7 @@ def fp8_gemm(x2, weight, ws, s_in=None, bias=None, out_dtype=None, blockwise=Fal
     part = common.empty(split, M, N, dtype=torch.float32, device=x2.device) if split > 1 else y
     fp8_gemm_kernel[(tiles, split)](
         x_in, xs, weight, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part,
-        common.counters(x2.device, tiles) if split > 1 else ws, M, N, K, KB, x_in.stride(0), split, per, BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=exact,
+        common.counters(x2.device, tiles) if split > 1 else ws, M, N, K, KB, x_in.stride(0), split, per, BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=True,
         SOFT=SOFT_FP8, UP=UPCAST, PARTIAL=split > 1, HAS_BIAS=bias is not None, BM=BM, BN=BN, BK=BK, GROUP_M=8,
         num_warps=warps, num_stages=stages)
     return y

@@ -7,8 +7,8 @@ by an atomic per column tile, sums them, scales and stores y, then resets its co
 kernel a call, no finishing launch). fp32 products of e4m3 or int4 values are exact, so only the fp32
 summation order differs from the reference.
 
-Used by gpu.py for M = 1 when triton_common.GEMV is set (off until timed against the skinny GEMM on
-the H200: benchmarks/quant_linear_bench.py has a column for it).
+Used by gpu.py for M = 1 when triton_common.GEMV is set (off: docs/perf/quant_linear.md's launch sweep
+found no configuration under 0.8x bf16 on every shape).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton import common
-from kernels.quant_linear.triton.common import SOFT_FP8, device_sms, finish_split, to_e4m3
+from kernels.quant_linear.triton.common import SOFT_FP8, device_sms, div_exact, finish_split, to_e4m3
 from kernels.triton_utils import cdiv
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
-# Launch: BN columns x BK of K a tile, split K towards per_sm programs a multiprocessor
-# (benchmarks/quant_linear_bench.py --sweep-gemv times alternatives).
+# Launch: BN columns x BK of K a tile, split K towards per_sm programs a multiprocessor (the sweep of
+# docs/perf/quant_linear.md, H200 2026-12-03).
 CFG = dict(BN=32, BK=128, warps=4, stages=2, per_sm=4)
 
 
@@ -63,7 +63,7 @@ def gemv_kernel(x, w, ws, s_in, bias, y, part, counter, N, K, KH, G, SPLIT, TILE
             else:
                 sg = s
             if EXACT:
-                q = tl.math.div_rn(b_x, tl.zeros_like(b_x) + sg)
+                q = div_exact(b_x, sg, tl.math.div_rn(sg * 0.0 + 1.0, sg))
             else:
                 q = b_x * (1.0 / sg)
             q = to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0), SOFT).to(tl.float32)
@@ -110,6 +110,6 @@ def gemv(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=Non
     counter = common.counters(x2.device, cdiv(N, BN)) if split > 1 else ws
     gemv_kernel[(cdiv(N, BN), split)](
         x2, w, ws, s_in if s_in is not None else ws, bias if bias is not None else ws, y, part, counter, N, K,
-        w.shape[1], G, split, per, FMT=fmt, GS=group_size, EXACT=x2.dtype == torch.float32, SOFT=SOFT_FP8,
+        w.shape[1], G, split, per, FMT=fmt, GS=group_size, EXACT=True, SOFT=SOFT_FP8,
         PARTIAL=split > 1, HAS_BIAS=bias is not None, BN=BN, BK=BK, num_warps=CFG["warps"], num_stages=CFG["stages"])
     return y

@@ -63,7 +63,7 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, counter, M, N, K, KH, G, stride_x
     if last:
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y + o_y, b_acc.to(y.dtype.element_ty), mask=mask)
+        tl.store(y + o_y, to_state_dtype(b_acc, y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -84,14 +84,19 @@ def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, BN: tl.constex
     tl.store(w + o_n.to(tl.int64)[:, None] * K + o_k[None, :], to_state_dtype(b_v * b_s, w.dtype.element_ty), mask=m_k)
 
 
+# int4_dequant's tile: BN rows x BH bytes (2 BH values) a program (benchmarks/quant_linear_bench.py
+# --sweep-skinny times alternatives)
+DEQUANT = dict(BN=16, BH=64, warps=4)
+
+
 def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size: int, dtype: torch.dtype):
     """W [N, K] in dtype from qweight [N, ceil(K/2)] uint8 and scales [N, ceil(K/group_size)] (contiguous)."""
     N, KH = qweight.shape
     w = common.empty(N, K, dtype=dtype, device=qweight.device)
-    BN, BH = 16, 64
+    BN, BH = DEQUANT["BN"], DEQUANT["BH"]
     if N and K:
         int4_dequant_kernel[(cdiv(N, BN), cdiv(KH, BH))](qweight, scales, w, N, K, KH, scales.shape[1],
-                                                        GS=group_size, BN=BN, BH=BH, num_warps=4)
+                                                        GS=group_size, BN=BN, BH=BH, num_warps=DEQUANT["warps"])
     return w
 
 

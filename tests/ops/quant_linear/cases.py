@@ -52,8 +52,12 @@ def unpack_int4(qweight: torch.Tensor, K: int) -> torch.Tensor:
     return torch.where(q >= 8, q - 16, q)
 
 
-def ref_int4_linear(x, qweight, scales, bias=None, group_size=128):
+def ref_int4_linear(x, qweight, scales, bias=None, group_size=128, pre_scale=None):
+    """pre_scale [K] or None: x * pre_scale rounded to x's dtype first (the contract's AWQ step; the
+    product of two 16-bit values is exact in fp64 and rounds once)."""
     K = x.shape[-1]
+    if pre_scale is not None:
+        x = (x.double() * pre_scale.double()).to(x.dtype)
     w = unpack_int4(qweight, K).double() * scales.double().repeat_interleave(group_size, 1)[:, :K]
     y = x.double() @ w.t()
     if bias is not None:
@@ -124,6 +128,11 @@ def nan_empty(*shape, dtype, device):
     else:
         t.fill_(-1)
     return t
+
+
+def pre_scales(K, dtype, gen):
+    """An AWQ pre_quant_scale [K] in dtype: positive, spread over 0.25..4."""
+    return torch.exp2(torch.rand(K, generator=gen) * 4 - 2).to(dtype)
 
 
 # ---------------------------------------------------------------- the contract suite's cases

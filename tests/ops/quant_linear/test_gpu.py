@@ -10,8 +10,8 @@ import torch
 
 from tests.conftest import DTYPES, GPU_ONLY
 from tests.ops.quant_linear.cases import (
-    TOL, activations, block_weights, fp8_weights, input_scale_for, int4_weights, nan_empty, ref_fp8_block_linear,
-    ref_fp8_linear, ref_int4_linear, rel_rms)
+    TOL, activations, block_weights, fp8_weights, input_scale_for, int4_weights, nan_empty, pre_scales,
+    ref_fp8_block_linear, ref_fp8_linear, ref_int4_linear, rel_rms)
 
 pytestmark = GPU_ONLY
 
@@ -27,9 +27,11 @@ SHAPES = {
     "M65-K136-N1": (65, 136, 1),
     "M65-K264-N130": (65, 264, 130),
     "M1-K2048-N512": (1, 2048, 512),
-    "M8-K2048-N6144": (8, 2048, 6144),  # decode row count with N >= 6144: fp8_linear on _scaled_mm
+    "M8-K2048-N12288": (8, 2048, 12288),  # a fused q|k|v|z or gate|up group
     "M32-K4096-N2048": (32, 4096, 2048),
     "M33-K2048-N6144": (33, 2048, 6144),
+    "M64-K6144-N2048": (64, 6144, 2048),  # the last row count of the skinny GEMM
+    "M65-K2048-N9216": (65, 2048, 9216),  # the first of the prefill routes
     "M300-K6144-N2048": (300, 6144, 2048),
     "M257-K2048-N520": (257, 2048, 520),
 }
@@ -88,9 +90,34 @@ def test_int4_linear_gpu(shape, dtype, kind):
     x = activations(M, K, dtype, kind, gen)
     qw, sc = int4_weights(N, K, 128, dtype, gen)
     b = torch.randn(N, generator=gen).to(dtype) if kind == "model" else None
-    ref = ref_int4_linear(x, qw, sc, b)
-    y = gpu.int4_linear(*(t.cuda() if t is not None else None for t in (x, qw, sc, b)))
+    pre = pre_scales(K, dtype, gen) if kind == "model" else None  # AWQ's pre_scale with the model-like x
+    ref = ref_int4_linear(x, qw, sc, b, 128, pre)
+    y = gpu.int4_linear(*(t.cuda() if t is not None else None for t in (x, qw, sc, b)), 128,
+                        None if pre is None else pre.cuda())
     _check(y, ref, dtype, (M, N), "int4_linear")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 8, 33, 64], ids=lambda m: f"M{m}")
+def test_skinny_route_gpu(M, dtype, monkeypatch):
+    """gpu.SKINNY_DECODE: M <= 64 of every format through triton/skinny.py on model shapes (a fused
+    2048 -> 12288 group, 6144 -> 2048) and a ragged one, with bias and int4's AWQ pre_scale."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", True)
+    for K, N in ((2048, 12288), (6144, 2048), (200, 63)):
+        gen = _gen(M + N)
+        x = activations(M, K, dtype, "model", gen)
+        b = torch.randn(N, generator=gen).to(dtype)
+        w, ws = fp8_weights(N, K, gen)
+        s_in = input_scale_for(x)
+        _check(gpu.fp8_linear(x.cuda(), w.cuda(), ws.cuda(), s_in.cuda(), b.cuda()), ref_fp8_linear(x, w, ws, s_in, b),
+               dtype, (M, N), "skinny fp8")
+        wb, wsi = block_weights(N, K, gen)
+        _check(gpu.fp8_block_linear(x.cuda(), wb.cuda(), wsi.cuda(), b.cuda()), ref_fp8_block_linear(x, wb, wsi, b),
+               dtype, (M, N), "skinny fp8 block")
+        qw, sc = int4_weights(N, K, 128, dtype, gen)
+        pre = pre_scales(K, dtype, gen)
+        _check(gpu.int4_linear(x.cuda(), qw.cuda(), sc.cuda(), b.cuda(), 128, pre.cuda()),
+               ref_int4_linear(x, qw, sc, b, 128, pre), dtype, (M, N), "skinny int4")
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 256, 48], ids=lambda g: f"g{g}")
@@ -156,23 +183,25 @@ def test_gemv_route_gpu(KN, dtype, monkeypatch):
            (1, N), "gemv int4")
 
 
-@pytest.mark.parametrize("gemv", [False, True], ids=["skinny", "gemv"])
-@pytest.mark.parametrize("M", [1, 32, 200], ids=lambda m: f"M{m}")
-def test_cuda_graph_replay(M, gemv, monkeypatch):
+@pytest.mark.parametrize("route", ["default", "gemv", "skinny"])
+@pytest.mark.parametrize("M", [1, 32, 64, 200], ids=lambda m: f"M{m}")
+def test_cuda_graph_replay(M, route, monkeypatch):
     """All three ops captured in one CUDA graph, replayed on new inputs, equal the eager results."""
-    monkeypatch.setattr(triton_common, "GEMV", gemv)
+    monkeypatch.setattr(triton_common, "GEMV", route == "gemv")
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", route == "skinny")
     K, N, dtype = 2048, 520, torch.bfloat16
     gen = _gen(M)
     w8, ws = (t.cuda() for t in fp8_weights(N, K, gen))
     wb, wsi = (t.cuda() for t in block_weights(N, K, gen))
     qw, sc = (t.cuda() for t in int4_weights(N, K, 128, dtype, gen))
+    pre = pre_scales(K, dtype, gen).cuda()
     bias = torch.randn(N, generator=gen).to(dtype).cuda()
     s_in = torch.tensor(0.02, device="cuda")
     x = activations(M, K, dtype, "model", gen).cuda()
 
     def run():
         return (gpu.fp8_linear(x, w8, ws, s_in, bias), gpu.fp8_block_linear(x, wb, wsi, bias),
-                gpu.int4_linear(x, qw, sc, bias))
+                gpu.int4_linear(x, qw, sc, bias, 128, pre))
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -83,16 +83,22 @@ def test_fp8_block_linear(M, K, N, dtype, model_like):
 @pytest.mark.parametrize("M,K,N", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group_size", [32, 128], ids=["g32", "g128"])
-def test_int4_linear(M, K, N, dtype, group_size):
+@pytest.mark.parametrize("awq", [False, True], ids=["rtn", "awq"])
+def test_int4_linear(M, K, N, dtype, group_size, awq):
     gen = torch.Generator().manual_seed(M + K + N)
     x = make_x(M, K, dtype, gen, False)
+    pre = torch.exp2(torch.rand(K, generator=gen) * 4 - 2).to(dtype) if awq else None
     q = np.random.default_rng(M + K).integers(-8, 8, size=(N, K))
     # ONNX INT4 packing written independently: low nibble even k, high nibble odd k
     qp = np.pad(q, ((0, 0), (0, K % 2))) & 0xF
     packed = torch.from_numpy((qp[:, 0::2] | (qp[:, 1::2] << 4)).astype(np.uint8))
     G = -(-K // group_size)
     scales = (torch.rand(N, G, generator=gen) * 0.01 + 1e-3).to(dtype)
-    y = int4_linear(x, packed, scales, None, group_size)
+    y = int4_linear(x, packed, scales, None, group_size, pre)
+    if awq:  # the contract: x * pre_scale rounded to x's dtype, then the W4A16 product; the dispatcher too
+        torch.testing.assert_close(torch.ops.gdn.int4_linear(x, packed, scales, None, group_size, pre), y,
+                                   rtol=0, atol=0)
+        x = (x.double() * pre.double()).to(dtype)
     W = q * np.repeat(scales.double().numpy(), group_size, axis=1)[:, :K]
     want = x.double().numpy() @ W.T
     assert rel_rms(y, want) < TOL[dtype]
@@ -114,16 +120,21 @@ def test_leading_dims_and_dispatcher_path():
 
 @pytest.mark.parametrize("case,match", [
     ("scales_shape", "scales must be"), ("qweight_dtype", "qweight must be uint8"),
-    ("odd_group", "group_size must be"),
+    ("odd_group", "group_size must be"), ("pre_scale_shape", "pre_scale must be"),
+    ("pre_scale_dtype", "pre_scale must be"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_int4_contract_errors(case, match):
     x = torch.randn(2, 64)
-    qweight, scales, g = torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), 64
-    if case == "scales_shape":
+    qweight, scales, g, pre = torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), 64, None
+    if case == "pre_scale_shape":
+        pre = torch.ones(63)
+    elif case == "pre_scale_dtype":
+        pre = torch.ones(64, dtype=torch.bfloat16)
+    elif case == "scales_shape":
         scales = torch.ones(8, 2)
     elif case == "qweight_dtype":
         qweight = qweight.to(torch.int8)
     else:
         g = 3
     with pytest.raises(ValueError, match=match):
-        check_int4(x, qweight, scales, None, g)
+        check_int4(x, qweight, scales, None, g, pre)

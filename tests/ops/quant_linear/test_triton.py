@@ -175,3 +175,96 @@ def test_gemv_route_all_formats(KN, dtype, bias, monkeypatch):
            "gemv block")
     qw, sc = int4_weights(N, K, 128, dtype, gen)
     _check(on_device(gpu.int4_linear)(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (1, N), "gemv int4")
+
+
+# ---------------------------------------------------------------- the skinny (decode) GEMM
+from kernels.quant_linear.triton import skinny  # noqa: E402
+from tests.ops.quant_linear.cases import pre_scales  # noqa: E402
+
+# launch configurations the benchmark's sweep times (a K tile of 256, 64-row tiles, bf16 MMAs)
+SKINNY_CFGS = {"default": None, "BK256": dict(BK=256, stages=3), "BN64": dict(BN=64, per_sm=4),
+               "bf16-mma": dict(dot_fp8=False)}
+
+
+SKINNY_CASES = [(mkn, dtype, "default") for mkn in [(1, 520, 70), (64, 264, 130), (17, 1000, 257)]
+                for dtype in (torch.float32, torch.float16, torch.bfloat16)] \
+    + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg != "default"]
+
+
+@pytest.mark.parametrize("MKN,dtype,cfg", SKINNY_CASES,
+                         ids=["M%d-K%d-N%d-%s-%s" % (*c[0], str(c[1])[6:], c[2]) for c in SKINNY_CASES])
+def test_skinny_all_formats(MKN, dtype, cfg):
+    """The decode GEMM of every format (M up to MAX_M = 64, split K, ragged K and N) with bias and, for
+    int4, the AWQ pre_scale applied in the tile."""
+    M, K, N = MKN
+    cfg = SKINNY_CFGS[cfg]
+    gen = torch.Generator().manual_seed(M + K + N)
+    x = activations(M, K, dtype, "model", gen)
+    b = torch.randn(N, generator=gen).to(dtype)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    run = on_device(skinny.skinny)
+    _check(run(skinny.FP8_TENSOR, x, w, ws, s_in, b, cfg=cfg), ref_fp8_linear(x, w, ws, s_in, b), dtype, (M, N),
+           "skinny fp8")
+    wb, wsi = block_weights(N, K, gen)
+    _check(run(skinny.FP8_BLOCK, x, wb, wsi, None, b, cfg=cfg), ref_fp8_block_linear(x, wb, wsi, b), dtype, (M, N),
+           "skinny fp8 block")
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    pre = pre_scales(K, dtype, gen)
+    _check(run(skinny.INT4, x, qw, sc, None, b, 128, pre, cfg=cfg), ref_int4_linear(x, qw, sc, b, 128, pre), dtype,
+           (M, N), "skinny int4 awq")
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 256], ids=lambda g: f"g{g}")
+def test_skinny_int4_group_sizes(group_size, monkeypatch):
+    """K tiles follow the int4 group (BK = min(128, group)), through the op's skinny route."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", True)
+    M, K, N, dtype = 5, 700, 90, torch.bfloat16
+    gen = torch.Generator().manual_seed(group_size)
+    x = activations(M, K, dtype, "model", gen)
+    qw, sc = int4_weights(N, K, group_size, dtype, gen)
+    pre = pre_scales(K, dtype, gen)
+    y = on_device(gpu.int4_linear)(x, qw, sc, None, group_size, pre)
+    _check(y, ref_int4_linear(x, qw, sc, None, group_size, pre), dtype, (M, N), f"int4 g{group_size} awq")
+
+
+@pytest.mark.parametrize("skinny_route", [False, True], ids=["default", "skinny"])
+@pytest.mark.parametrize("M", [2, 65], ids=lambda m: f"M{m}")
+def test_int4_pre_scale_every_route(M, skinny_route, monkeypatch):
+    """pre_scale through the op: applied in the tile (skinny route, M <= 64), or x scaled first (the
+    Triton W4A16 GEMM, and the prefill route)."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", skinny_route)
+    K, N, dtype = 264, 130, torch.bfloat16
+    gen = torch.Generator().manual_seed(M)
+    x = activations(M, K, dtype, "model", gen)
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    pre = pre_scales(K, dtype, gen)
+    _check(on_device(gpu.int4_linear)(x, qw, sc, None, 128, pre), ref_int4_linear(x, qw, sc, None, 128, pre), dtype,
+           (M, N), "int4 awq")
+
+
+def test_skinny_refuses_bad_launches():
+    x = torch.zeros(65, 64)
+    with pytest.raises(ValueError, match="more than 64"):
+        skinny.skinny(skinny.FP8_TENSOR, x, torch.zeros(8, 64).to(torch.float8_e4m3fn), torch.ones(8), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        skinny.skinny(skinny.INT4, x[:2], torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 4), None, None, 16)
+
+
+@pytest.mark.parametrize("skinny_route", [False, True], ids=["default", "skinny"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("M", [1, 40, 100], ids=lambda m: f"M{m}")
+def test_activation_quantization_is_the_exact_quotient(M, dtype, skinny_route, monkeypatch):
+    """x / input_scale rounded as IEEE division before e4m3 (x * (1 / s) moves near-tie elements, which
+    16-bit x over a scale made from 16-bit values hits often), through every route (the Triton skinny
+    GEMMs of fp8.py and skinny.py, the prefill GEMM): with an identity weight, y is e4m3(x / s) * s
+    exactly."""
+    monkeypatch.setattr(gpu, "SKINNY_DECODE", skinny_route)
+    K = 256
+    gen = torch.Generator().manual_seed(M)
+    x = activations(M, K, dtype, "model", gen)
+    s = input_scale_for(x)
+    w = torch.eye(K).to(torch.float8_e4m3fn)
+    y = on_device(gpu.fp8_linear)(x, w, torch.ones(K), s)
+    want = ((x.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).to(dtype)
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
