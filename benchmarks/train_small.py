@@ -116,6 +116,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag, v in (("--steps", args.steps), ("--batch", args.batch), ("--threads", args.threads)):
         if v is not None and v < 1:
             p.error(f"{flag} must be >= 1, got {v}")
+    try:
+        args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        p.error(f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         p.error(f"{out} exists (give --overwrite to replace it)")
@@ -124,9 +130,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     out.parent.mkdir(parents=True, exist_ok=True)
     if not os.access(out.parent, os.W_OK):
         p.error(f"{out.parent} is not writable")
-    args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: CUDA is not available")
     return args
 
 
