@@ -144,6 +144,7 @@ def data(args, tokenizer) -> dict:
             rows.append(ids[start:start + L])
     if not rows:
         raise SystemExit(f"quant_accuracy: no run of training files holds {L} tokens")
+    args.windows, args.prompts = len(windows), len(pick)  # what the table reports: as many as there were
     return {"windows": windows, "prompts": windows[pick, :args.prompt_len], "calib": np.stack(rows)}
 
 
