@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stdlib_corpus as corpus  # noqa: E402
+from train_small import torch_device  # noqa: E402
 
 FORMATS = ("fp8", "int4-awq", "kv-fp8", "fp8+kv-fp8", "fp8-lm-head")
 TARGETS = {"fp8": 2.0, "kv-fp8": 1.0, "int4-awq": 8.0}  # issue 39: at most this many % of perplexity
@@ -107,12 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.prompt_len >= seq:
         p.error(f"--prompt-len {args.prompt_len} must be shorter than the windows ({seq} tokens)")
-    try:
-        args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)")
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: torch sees no CUDA GPU here")
+    args.device = torch_device(p, args.device)
     args.op_backend = args.op_backend or ("triton" if args.device.type == "cuda" else "reference")
     if args.op_backend != "reference" and args.device.type != "cuda":
         p.error(f"--op-backend {args.op_backend} needs --device cuda")

@@ -116,12 +116,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag, v in (("--steps", args.steps), ("--batch", args.batch), ("--threads", args.threads)):
         if v is not None and v < 1:
             p.error(f"{flag} must be >= 1, got {v}")
-    try:
-        args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)")
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: CUDA is not available")
+    args.device = torch_device(p, args.device)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         p.error(f"{out} exists (give --overwrite to replace it)")
@@ -131,6 +126,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not os.access(out.parent, os.W_OK):
         p.error(f"{out.parent} is not writable")
     return args
+
+
+def torch_device(parser: argparse.ArgumentParser, name: str | None) -> torch.device:
+    """--device as a torch.device (default: cuda when available); a usage error for a name torch
+    does not know or a GPU it does not see."""
+    try:
+        dev = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        parser.error(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, ...)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name}: torch sees no CUDA GPU here")
+    return dev
 
 
 def lr_factor(done: float) -> float:

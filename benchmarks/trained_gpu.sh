@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 39's accuracy table on a trained checkpoint, in one GPU call of <= 9 minutes: train_small.py
-# --preset gpu --mtp (MINUTES of training, default 4.5), then quant_accuracy.py on it; the table is
+# --preset gpu --mtp (MINUTES of training, default 4), then quant_accuracy.py on it; the table is
 # printed last.
 #
 #   benchmarks/trained_gpu.sh [OUT]        # repo root; OUT defaults to $OUT, else /tmp/trained_gpu
@@ -20,7 +20,7 @@
 #   INSTALL_WHEELS=0 DEVICE=cpu PRESET=tiny STEPS=3 THREADS=1 benchmarks/trained_gpu.sh /tmp/trained_check
 set -u -o pipefail
 OUT=${1:-${OUT:-/tmp/trained_gpu}}
-MINUTES=${MINUTES:-4.5}
+MINUTES=${MINUTES:-4}
 PRESET=${PRESET:-gpu}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:+--steps $STEPS}
