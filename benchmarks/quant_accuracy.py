@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import io
 import json
 import math
 import sys
@@ -232,7 +233,7 @@ def quantize(args, calib_file: Path, out: Path, fmt: str, *extra: str) -> Path:
     argv = ["quantize", str(args.checkpoint), "-o", str(out), "--format", fmt, "--calib-data", str(calib_file),
             "--calib-samples", str(rows), "--calib-seq-len", str(args.calib_seq_len), "--device", str(args.device),
             "-q", *extra]
-    with use_backend(args.op_backend), contextlib.redirect_stdout(sys.stderr):  # its "wrote ..." line
+    with use_backend(args.op_backend), contextlib.redirect_stdout(io.StringIO()):  # its "wrote <temporary folder>"
         code = cli(argv)
     if code != 0:
         raise SystemExit(f"quant_accuracy: gdn-export {' '.join(argv)} exited {code}")
