@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import inspect
 import io
 import json
 import math
@@ -124,9 +125,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ------------------------------------------------------------------ data
 def data(args, tokenizer) -> dict:
     """{"windows" [n, T], "prompts" [N, P], "calib" [n, L]}: int64 arrays (module docstring)."""
-    files = corpus.split_files()
-    heldout = corpus.encode(tokenizer, corpus.read(files["heldout"]))
-    windows = corpus.heldout_windows(heldout, args.record["seq_len"], args.windows)
+    files, T = corpus.split_files(), args.record["seq_len"]
+    windows = corpus.heldout_windows(corpus.heldout_stream(tokenizer, T * args.windows), T, args.windows)
     pick = np.linspace(0, len(windows) - 1, min(args.prompts, len(windows))).astype(int)
     train, L = files["train"], args.calib_seq_len
     rows = []
@@ -162,9 +162,11 @@ class Ours:
         return out[0].float(), list(out[1:])
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] int64 -> fp32 logits [B, T, V], from empty states."""
         return self._call(ids, 0, self.model.empty_states(ids.shape[0], ids.device))[0]
 
     def greedy(self, prompts: torch.Tensor, steps: int) -> torch.Tensor:
+        """prompts [B, P] int64 -> [B, steps]: the argmax token of each step, fed back."""
         logits, states = self._call(prompts, 0, self.model.empty_states(prompts.shape[0], prompts.device))
         picks = []
         for i in range(steps):
@@ -176,24 +178,35 @@ class Ours:
 
 
 class Hf:
-    """transformers' Qwen3_5ForCausalLM (or a fake-quantized copy)."""
+    """transformers' Qwen3_5ForCausalLM (or a fake-quantized copy), the same two calls."""
 
     def __init__(self, model) -> None:
         self.model = model
+        # transformers 5.24 names the cache argument and output `cache` (older releases past_key_values)
+        self.cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] int64 -> fp32 logits [B, T, V]."""
         return self.model(input_ids=ids).logits.float()
 
     def greedy(self, prompts: torch.Tensor, steps: int) -> torch.Tensor:
-        out = self.model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=steps,
-                                  min_new_tokens=steps, do_sample=False, pad_token_id=0)
-        return out[:, prompts.shape[1]:]
+        """prompts [B, P] int64 -> [B, steps]: the argmax token of each step, fed back through the
+        model's cache (no token suppressed: EOS is a token like the others, as in Ours.greedy)."""
+        out = self.model(input_ids=prompts, use_cache=True)
+        picks = []
+        for i in range(steps):
+            pick = out.logits[:, -1].argmax(-1, keepdim=True)
+            picks.append(pick)
+            if i + 1 < steps:
+                out = self.model(input_ids=pick, use_cache=True, **{self.cache: getattr(out, self.cache)})
+        return torch.cat(picks, 1)
 
 
 @torch.no_grad()
 def measure(lm, d: dict, args, base: dict | None = None) -> dict:
-    """{"ppl", "argmax" [n, T-1], "continuation" [N, S]} and, against a base measurement,
-    {"next_token", "continuation_agreement"} (module docstring)."""
+    """{"ppl", "argmax" [n, T-1], "continuation" [N, S]} over d's windows [n, T] and prompts [N, P]
+    and, against a base measurement, `agreement`'s {"next_token", "continuation_agreement",
+    "ppl_change"} (module docstring)."""
     dev = args.device
     nll, count, argmax = 0.0, 0, []
     for i in range(0, len(d["windows"]), args.batch):
@@ -210,7 +223,7 @@ def measure(lm, d: dict, args, base: dict | None = None) -> dict:
 
 
 def agreement(a: dict, b: dict) -> dict:
-    """next-token and continuation agreement of measurement a against b."""
+    """{"next_token", "continuation_agreement", "ppl_change" (%)} of measurement a against b."""
     same = (a["continuation"] == b["continuation"]).int()
     prefix = same.cumprod(1).sum(1).float() / same.shape[1]  # tokens up to the first difference
     return {"next_token": float((a["argmax"] == b["argmax"]).float().mean()),

@@ -144,6 +144,19 @@ def encode(tok, texts: list[str]) -> np.ndarray:
     return out
 
 
+def heldout_stream(tok, need: int, root: Path | None = None) -> np.ndarray:
+    """int64: the held-out stream's first files, encoded until it holds `need` tokens (or all of
+    them): the same prefix as encoding every held-out file, for what `heldout_windows` takes."""
+    parts, have = [], 0
+    for rel in split_files(root)["heldout"]:
+        if have >= need:
+            break
+        ids = encode(tok, read([rel], root))
+        parts.append(ids)
+        have += ids.size
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
 def heldout_windows(stream: np.ndarray, seq_len: int, n: int) -> np.ndarray:
     """int64 [min(n, len // seq_len), seq_len]: the first consecutive rows of the held-out stream."""
     rows = min(n, stream.size // seq_len)

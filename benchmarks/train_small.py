@@ -66,7 +66,7 @@ PRESETS = {
                             num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
                             linear_key_head_dim=16, linear_value_head_dim=16),
                  vocab=300, seq_len=32, batch=4, lr=3e-3, minutes=1.0, eval_windows=4, eval_batch=4,
-                 tokenizer_bytes=300_000, train_bytes=300_000),
+                 train_bytes=300_000),
 }
 COMMON = dict(linear_conv_kernel_dim=4, full_attention_interval=4, rms_norm_eps=1e-6, tie_word_embeddings=True,
               max_position_embeddings=32768, initializer_range=0.02,
@@ -202,15 +202,14 @@ def train(args, say=print) -> dict:
     pre = PRESETS[args.preset]
     t_start = time.time()
     torch.manual_seed(args.seed)
-    texts = corpus.split(max_bytes=pre.get("train_bytes"))
-    tok_texts = texts["train"]
-    if "tokenizer_bytes" in pre:
-        tok_texts = corpus.split(max_bytes=pre["tokenizer_bytes"])["train"]
-    tok = corpus.train_tokenizer(tok_texts, pre["vocab"])
-    train_ids = corpus.encode(tok, texts["train"])
-    heldout = corpus.heldout_windows(corpus.encode(tok, texts["heldout"]), pre["seq_len"], pre["eval_windows"])
-    say(f"[{time.time() - t_start:.0f}s] corpus: {len(texts['train'])} training files, {train_ids.size} tokens; "
-        f"{len(texts['heldout'])} held-out files, {heldout.size} evaluation tokens; vocab {tok.get_vocab_size()}")
+    files = corpus.split_files()
+    train = corpus.read(files["train"], max_bytes=pre.get("train_bytes"))
+    tok = corpus.train_tokenizer(train, pre["vocab"])
+    train_ids = corpus.encode(tok, train)
+    T, n = pre["seq_len"], pre["eval_windows"]
+    heldout = corpus.heldout_windows(corpus.heldout_stream(tok, T * n), T, n)
+    say(f"[{time.time() - t_start:.0f}s] corpus: {len(train)} training files, {train_ids.size} tokens; "
+        f"{len(files['heldout'])} held-out files, {heldout.size} evaluation tokens; vocab {tok.get_vocab_size()}")
 
     config = model_config(args.preset, tok.get_vocab_size())
     dev = args.device
@@ -223,7 +222,7 @@ def train(args, say=print) -> dict:
     opt = optimizer(params, pre["lr"])
     gen = torch.Generator().manual_seed(args.seed)
     stream = torch.from_numpy(train_ids)
-    T, B = pre["seq_len"], args.batch
+    B = args.batch
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
                 else torch.autocast("cpu", enabled=False))
     budget = args.minutes * 60

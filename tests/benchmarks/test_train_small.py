@@ -45,8 +45,9 @@ def test_transformers_loads_it_and_measures_the_recorded_perplexity(trained_tiny
     model = transformers.AutoModelForCausalLM.from_pretrained(trained_tiny, dtype=torch.bfloat16).eval()
     tok = transformers.AutoTokenizer.from_pretrained(trained_tiny)
     record = json.loads((trained_tiny / "train_small.json").read_text())
-    heldout = corpus.encode(tok, corpus.read(corpus.split_files()["heldout"]))
-    windows = corpus.heldout_windows(heldout, record["seq_len"], record["heldout"]["windows"])
+    T, n = record["seq_len"], record["heldout"]["windows"]
+    windows = corpus.heldout_windows(corpus.encode(tok, corpus.read(corpus.split_files()["heldout"])), T, n)
+    assert np.array_equal(windows, corpus.heldout_windows(corpus.heldout_stream(tok, T * n), T, n))
     got = train_small.evaluate(model, None, windows, 4, torch.device("cpu"))
     assert got["tokens"] == record["heldout"]["tokens"]
     assert math.isclose(got["ppl"], record["heldout"]["ppl"], rel_tol=1e-6), (got, record["heldout"])
