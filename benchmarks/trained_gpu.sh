@@ -5,13 +5,15 @@
 #
 #   benchmarks/trained_gpu.sh [OUT]        # repo root; OUT defaults to $OUT, else /tmp/trained_gpu
 #
-# Needs wheels in .whl/ (an ignored folder carried with the tree; 34 MB), installed into /tmp/site:
+# Needs wheels in .whl/ (an ignored folder carried with the tree; 35 MB), installed into /tmp/site:
 # NVIDIA ModelOpt and what it imports that the device image lacks, and transformers 5.24.0 (the
-# version these scripts are tested with; the image's is older). Made here, once, with
+# version these scripts are tested with; the image's is older) with the regex it checks for.
+# Made here, once, with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl nvidia-modelopt==0.47.0 omegaconf==2.4.0 pulp==3.3.2 pydantic==2.14.4 pydantic-core==2.50.5 \
-#     annotated-types==0.8.0 typing-inspection==0.4.5 transformers==5.24.0
+#     annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 regex==2026.12.2 \
+#     transformers==5.24.0
 # Writes OUT/gpu.txt, train.log, train_small.json, quant.log, quant_accuracy.md / .json; the
 # checkpoint stays in CK (default /tmp/trained_gpu_ck) on the device machine only.
 # BUDGET (default 540 s) bounds the whole script: quant_accuracy.py starts no format past
@@ -28,7 +30,7 @@ THREADS=${THREADS:+--threads $THREADS}
 BUDGET=${BUDGET:-540}
 CK=${CK:-/tmp/trained_gpu_ck}
 WHEELS="nvidia_modelopt-0.47.0 omegaconf-2.4.0 pulp-3.3.2 pydantic-2.14.4 pydantic_core-2.50.5 annotated_types-0.8.0
-        typing_inspection-0.4.5 transformers-5.24.0"
+        typing_inspection-0.4.5 typing_extensions-4.16.0 regex-2026.12.2 transformers-5.24.0"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 mkdir -p "$OUT"
