@@ -114,6 +114,22 @@ def attention_cases():
                dict(kc="*fp8e4nv", vc="*fp8e4nv", k="*fp8e4nv", v="*fp8e4nv", widx="*i64",
                     **p("k_scale v_scale", "fp32")),
                dict(BLOCK_D=D, QUANT=False, **p1("s_kc_d s_vc_d s_k_d s_v_d")), 1 if D <= 128 else 2, 3)
+    # the positional prefill (gdn::attention_at): every CONFIGS entry and the candidates
+    # benchmarks/long_context.py times, causal and streaming
+    from kernels.attention.triton import prefill_positions as pp
+
+    candidates = {*pp.CONFIGS.values(), (128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)}
+    for act in ("bf16", "fp16"):
+        for D in (64, 128, 256):
+            for bm, bn, nw, ns in sorted(candidates):
+                if D <= 64 and (bm, bn, nw, ns) != pp.CONFIGS["d64"]:
+                    continue
+                for streaming in (False, True):
+                    types = dict(q=ACT[act], k=ACT[act], v=ACT[act], o=ACT[act], past="*i64", qk_scale="fp32")
+                    c = dict(G=8, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_M=bm, BLOCK_N=bn, STREAMING=streaming,
+                             **p1("stride_qd stride_kd stride_vd stride_od"))
+                    yield (f"prefill_positions {act} D={D} {bm}x{bn} w={nw} s={ns}{' streaming' if streaming else ''}",
+                           pp.attn_prefill_positions_kernel, types, c, nw, ns)
     yield ("kv_range", prefill.kv_range_kernel, dict(mask="*u8", kv_range="*i32", kv_read="*u8"),
            dict(BLOCK_M=64, BLOCK_L=prefill.RANGE_TILE // 64, stride_ml=1), prefill.RANGE_WARPS, 3)
 

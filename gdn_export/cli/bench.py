@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per row")
     p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per run")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prefill in calls of at most N tokens per row (default: 4096 // batch on the GPU runner)")
+                   help="prefill in calls of at most N tokens per row (default: the GPU runner sizes them from the "
+                   "prompt and the free memory, 4096..16384 tokens a call over the batch)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture the decode step as a CUDA graph (default: on with a CUDA --device; "
                    "--no-cuda-graph turns it off)")

@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
                    "logits are allocated up front and refused when they exceed the device's memory")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill long prompts in calls of at most N tokens per row (default: as many "
-                   "as the cache allows; 4096 // batch with --device cuda)")
+                   "as the cache allows; with --device cuda sized from the prompt and the free memory, "
+                   "4096..16384 tokens a call over the batch)")
     p.add_argument("--save-logits", metavar="OUT.npz",
                    help="save generated [B, N], prompt_lengths [B] and the logits of every step: "
                    "step_0 = the prompt's ([B, 1, V] at each row's last prompt token, or [B, T, V] "

@@ -26,7 +26,8 @@ from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.kv_cache_fp8 import write_and_attend
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
 from gdn_export.modules.rotary import apply_rotary
-from gdn_export.ops.attention import attention, kv_cache_update, slot_index, write_kv_cache_
+from gdn_export.ops.attention import (attention, attention_at, decode_shaped, kv_cache_update, slot_index,
+                                      write_kv_cache_)
 from gdn_export.ops.backends import exporting
 
 
@@ -96,7 +97,10 @@ class GatedAttention(nn.Module):
             o, key, value = write_and_attend(q, k, v, past_key, past_value, step, self.scaling, self.kv_scales, _kept)
         else:
             key, value = _write(past_key, past_value, k, v, step)
-            o = attention(q, key, value, step.attn_mask, self.scaling)
+            if exporting() or decode_shaped(q, key):  # the graph's form (ONNX Attention); decode steps
+                o = attention(q, key, value, step.attn_mask, self.scaling)  # (a small mask, built once)
+            else:  # prefill: the mask from positions, inside the kernels (no [B, 1, T, L] tensor)
+                o = attention_at(q, key, value, step.past_lengths, self.scaling, step.sinks, step.window)
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         if gate is not None:
             o = o * torch.sigmoid(gate)

@@ -38,6 +38,8 @@ import torch
 
 from gdn_export.errors import InputError
 from gdn_export.layout import DeployLayout
+from gdn_export.ops.attention.positions import slot_of as positions_slot_of
+from gdn_export.ops.attention.positions import visibility as positions_visibility
 
 
 @dataclass
@@ -49,9 +51,15 @@ class StepInputs:
     token_mask   [B, T] bool, True on real tokens
     cos, sin     [B, T, R] rotary tables in the model dtype
     write_index  [B] int64 first cache slot each row writes (inplace layout; else None)
-    attn_mask    [B, 1, T, L] bool slots each query may read (inplace layout; else None)
+    past_lengths [B] int64 position of each row's first token (inplace layout; else None)
+    layout       the call's DeployLayout; `sinks` / `window` (0 without streaming) with
+                 past_lengths are what the attention kernels derive the mask from (gdn::attention_at)
     keep_old     padded tokens write back the slot's old content (streaming)
     capture_steps  GDN layers return every token's state (the verify form: HybridForCausalLM.hidden_states)
+    attn_mask    [B, 1, T, L] bool slots each query may read (inplace layout; else None), built on
+                 first use and shared by the layers: the ONNX graph's and the FP8-cache path's form;
+                 the runtime's attention layers take positions instead (a long chunk's T x L mask
+                 is GiBs)
     """
 
     positions: torch.Tensor
@@ -60,39 +68,37 @@ class StepInputs:
     cos: torch.Tensor
     sin: torch.Tensor
     write_index: torch.Tensor | None
-    attn_mask: torch.Tensor | None
+    past_lengths: torch.Tensor | None
+    layout: DeployLayout
     keep_old: bool
     capture_steps: bool = False
+    _mask: torch.Tensor | None = None
+
+    @property
+    def sinks(self) -> int:
+        return self.layout.sinks
+
+    @property
+    def window(self) -> int:
+        return self.layout.window if self.layout.streaming else 0
+
+    @property
+    def attn_mask(self) -> torch.Tensor | None:
+        if self._mask is None and self.write_index is not None:
+            self._mask = visibility(self.past_lengths, self.positions.shape[1], self.layout)
+        return self._mask
 
 
 def slot_of(positions: torch.Tensor, layout: DeployLayout) -> torch.Tensor:
     """Cache slot of absolute `positions` (any shape, int64) under `layout`."""
-    if not layout.streaming:
-        return positions
-    S, W = layout.sinks, layout.window
-    return torch.where(positions < S, positions, S + torch.remainder(positions - S, W))
+    return positions_slot_of(positions, layout.sinks, layout.window if layout.streaming else 0)
 
 
 def visibility(past_lengths: torch.Tensor, seq: int, layout: DeployLayout) -> torch.Tensor:
-    """[B, 1, T, L] bool: may query t of row b read slot j (module docstring)."""
-    L = layout.cache_len
-    device = past_lengths.device
-    queries = past_lengths[:, None] + torch.arange(seq, device=device)  # [B, T]
-    slots = torch.arange(L, device=device)
-    if not layout.streaming:
-        return (slots[None, None, :] <= queries[:, :, None])[:, None]
-    S, W = layout.sinks, layout.window
-    last = (past_lengths + (seq - 1))[:, None]  # [B, 1]: the call's last written position
-    # A_j: the latest position <= last that lands in ring slot j (j >= S); sinks hold themselves.
-    ring = last - torch.remainder(slot_of(last, layout) - slots[None, :], W)  # [B, L]
-    sink = slots[None, :] < S
-    stored = torch.where(sink, slots[None, :], ring)
-    # (no Where on bool values: ONNX Runtime's CPU provider has no such kernel)
-    written = (sink & (stored <= last)) | (~sink & (stored >= S))  # [B, L]
-    stored, written = stored[:, None, :], written[:, None, :]
-    q = queries[:, :, None]
-    visible = written & (stored <= q) & ((stored < S) | (stored > q - W))
-    return visible[:, None]
+    """[B, 1, T, L] bool: may query t of row b read slot j (module docstring;
+    gdn_export.ops.attention.positions)."""
+    return positions_visibility(past_lengths, seq, layout.cache_len, layout.sinks,
+                                layout.window if layout.streaming else 0)
 
 
 def check_call(past_lengths: torch.Tensor, seq_lens: torch.Tensor, seq: int, layout: DeployLayout) -> None:
@@ -138,9 +144,9 @@ def make_step(past_lengths: torch.Tensor, seq_lens: torch.Tensor, seq: int, rota
     positions = past_lengths[:, None] + steps  # [B, T]
     token_mask = steps[None, :] < seq_lens[:, None]
     cos, sin = rotary(positions, dtype)
-    write_index = attn_mask = None
+    write_index = past = None
     if layout.inplace:
         write_index = slot_of(past_lengths, layout)
-        attn_mask = visibility(past_lengths, seq, layout)
-    return StepInputs(positions, seq_lens, token_mask, cos, sin, write_index, attn_mask,
+        past = past_lengths
+    return StepInputs(positions, seq_lens, token_mask, cos, sin, write_index, past, layout,
                       keep_old=layout.streaming, capture_steps=capture_steps)

@@ -99,8 +99,9 @@ class Runner(abc.ABC):
                  states) -> tuple[np.ndarray, Any]:
         """`forward` after the token ids and lengths were checked (lengths int64 [B])."""
 
-    def default_prefill_chunk(self, batch: int) -> int | None:
-        """Tokens per row per prefill call when the caller gives none (None: as many as fit)."""
+    def default_prefill_chunk(self, batch: int, prompt_len: int | None = None) -> int | None:
+        """Tokens per row per prefill call when the caller gives none, for `batch` rows of prompts of
+        up to `prompt_len` tokens (None: as many as fit)."""
         return None
 
     @abc.abstractmethod
@@ -213,7 +214,7 @@ def prefill(runner: Runner, prompts: Sequence[np.ndarray], states, chunk: int | 
     the runner's layout keeps all logits."""
     lens = np.array([len(p) for p in prompts], np.int64)
     batch, longest = len(prompts), int(lens.max())
-    chunk = runner.default_prefill_chunk(batch) if chunk is None else chunk
+    chunk = runner.default_prefill_chunk(batch, longest) if chunk is None else chunk
     layout = runner.layout
     past = np.zeros(batch, np.int64)
     last = full = None

@@ -100,7 +100,7 @@ def measure(checkpoint, ids, setup: Setup, result: dict, label: str = "ours"):
     B.reset_peak_memory(device)
     runner = GraphRunner(model, device=device, op_backend=setup.op_backend, cuda_graph=setup.cuda_graph,
                          compile=setup.compile, compile_mode=setup.compile_mode)
-    result["prefill_chunk"] = setup.prefill_chunk or runner.default_prefill_chunk(setup.batch)
+    result["prefill_chunk"] = setup.prefill_chunk or runner.default_prefill_chunk(setup.batch, setup.prompt_len)
     result["states_bytes"] = B.tensor_bytes(runner.empty_states(setup.batch))
     phases["setup"] = B.peak_memory(device)[0]  # fused projections, states, decode graph capture
     progress(f"{label}: {result['parameters'] / 1e9:.3f}B parameters, batch {setup.batch}, prompt "

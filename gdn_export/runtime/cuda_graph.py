@@ -21,8 +21,8 @@ What makes it fast, against TorchRunner (which is the same model, stepped eagerl
 - compile=True wraps the model in torch.compile (inductor fuses the small elementwise ops: norms
   with their gates, rotary, the gates of the GDN layer) before the capture; the gdn custom ops stay
   opaque calls into the op backend. Prefill runs eagerly (compiled too with compile=True), in
-  calls of at most `prefill_chunk` tokens per row, by default PREFILL_TOKENS // batch (bounded
-  activation memory; gdn_export.runtime.base.prefill).
+  calls of at most `prefill_chunk` tokens per row, by default sized from the prompt and the free
+  memory (`default_prefill_chunk`: 4K..16K tokens a call; gdn_export.runtime.base.prefill).
 
 On the CPU (or cuda_graph=False) it behaves like TorchRunner with static buffers, which is what the
 CPU tests check against TorchRunner.
@@ -40,11 +40,19 @@ from gdn_export.modules.fused_linear import fuse_linears
 from gdn_export.runtime.base import check_fits, check_lengths
 from gdn_export.runtime.torch_runner import TorchRunner
 
-# Tokens of one prefill call over the whole batch when no chunk is given: a batch of long prompts in
-# one call would hold every token's activations at once (a 4096-token batch of 32 rows took 4x the
-# memory of weights + states); 4096 tokens keep them to a few percent while one 4096-token prompt
-# still goes in one call.
+# Tokens of one prefill call over the whole batch when no chunk is given: the runner sizes the call
+# itself between these bounds (`default_prefill_chunk`): at least PREFILL_TOKENS (one 4096-token
+# prompt in one call), at most MAX_PREFILL_TOKENS, and no more than the activations of
+# ACTIVATION_SHARE of the free device memory hold (a batch of long prompts in one call would hold
+# every token's activations at once: a 4096-token batch of 32 rows took 4x the memory of weights +
+# states). Past ~16K tokens a call gains nothing (each chunk's attention already fills the GPU).
 PREFILL_TOKENS = 4096
+MAX_PREFILL_TOKENS = 8192
+ACTIVATION_SHARE = 0.25
+# Live activation values per token of one layer call, in units of the widest projection output
+# (GDN in_proj, MLP gate + up, attention q + gate) plus hidden-sized temporaries; x2 for the
+# allocator's slack and the kernels' workspaces.
+ACTIVATION_FACTOR = 2
 WARMUP_CALLS = 3  # before a capture: lazy init (cuBLAS handles, Triton / inductor compiles)
 # GraphRunner's compile modes -> torch.compile's (the runner captures its own CUDA graphs)
 COMPILE_MODES = {"default": None, "max-autotune": "max-autotune-no-cudagraphs"}
@@ -104,9 +112,31 @@ class GraphRunner(TorchRunner):
         self._static: dict[int, _Static] = {}
         self._pool: list[torch.Tensor] | None = None  # bind_states: every batch size's rows in one pool
 
-    def default_prefill_chunk(self, batch: int) -> int:
-        """PREFILL_TOKENS // batch tokens per row per prefill call (at least 1)."""
-        return max(1, PREFILL_TOKENS // max(batch, 1))
+    def default_prefill_chunk(self, batch: int, prompt_len: int | None = None) -> int:
+        """Tokens per row per prefill call: PREFILL_TOKENS // batch on the CPU; on a GPU the whole
+        batch's tokens per call between PREFILL_TOKENS and MAX_PREFILL_TOKENS, as many as
+        ACTIVATION_SHARE of the free memory holds (`activation_bytes_per_token`), then divided by
+        `batch`. With `prompt_len`, the prompt is cut into equal calls of at most that many tokens
+        (a multiple of 64, the GDN chunk), never more than the prompt. At least 1."""
+        tokens = PREFILL_TOKENS
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            fit = int(free * ACTIVATION_SHARE) // self.activation_bytes_per_token()
+            tokens = max(PREFILL_TOKENS, min(MAX_PREFILL_TOKENS, fit))
+        chunk = max(1, tokens // max(batch, 1))
+        if prompt_len:
+            calls = -(-int(prompt_len) // chunk)
+            even = -(-int(prompt_len) // calls)
+            chunk = min(chunk, -(-even // 64) * 64, int(prompt_len))
+        return chunk
+
+    def activation_bytes_per_token(self) -> int:
+        """Bytes a prefill call holds per token beyond weights and states: ACTIVATION_FACTOR x the
+        widest projection output + 8 hidden-sized values, in the model's dtype."""
+        widest = max((m.out_features for m in self.model.modules() if isinstance(m, torch.nn.Linear)
+                      and m.out_features != self.model.config.vocab_size), default=0)
+        hidden = self.model.config.hidden_size
+        return ACTIVATION_FACTOR * self.model.dtype.itemsize * (widest + 8 * hidden)
 
     # ------------------------------------------------------------------ states
     def empty_states(self, batch: int) -> list[torch.Tensor]:
@@ -240,7 +270,7 @@ class GraphRunner(TorchRunner):
         check_fits(self.layout, np.zeros(batch, np.int64), np.full(batch, seq, np.int64), seq)
         st = self._static_for(batch)
         self._load(st, self._check_state_tensors(states, batch, 0))
-        chunk = self.default_prefill_chunk(batch) if chunk is None else int(chunk)
+        chunk = self.default_prefill_chunk(batch, seq) if chunk is None else int(chunk)
         if chunk < 1:
             raise InputError(f"prefill chunk must be >= 1, got {chunk}")
         logits = None

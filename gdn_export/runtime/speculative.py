@@ -286,7 +286,7 @@ class SpeculativeDecoder:
         n - 1 with the first token."""
         model, dev, B = self.model, self.device, len(prompts)
         layout = model.layout
-        chunk = chunk or self.runner.default_prefill_chunk(B) or int(lens.max())
+        chunk = chunk or self.runner.default_prefill_chunk(B, int(lens.max())) or int(lens.max())
         longest = int(lens.max())
         hidden = torch.zeros(B, longest, model.config.hidden_size, dtype=model.dtype, device=dev)
         past = np.zeros(B, np.int64)

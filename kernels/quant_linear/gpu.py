@@ -5,13 +5,11 @@ tensors here).
 Every path is capturable in a CUDA graph: launch parameters, split factors and buffers depend on
 shapes and dtypes only, never on data, and nothing synchronises with the host.
 
-SKINNY_DECODE     (off) M <= 64 rows of every format go to the skinny GEMM of triton/skinny.py (weight
+SKINNY_DECODE     (on) M <= 64 rows of every format go to the skinny GEMM of triton/skinny.py (weight
                   rows as the MMA's wide side, fp8 x fp8 MMAs, x quantized in the tile, AWQ's
-                  pre_scale applied to x's tile, split K in one launch). Off until a run of
-                  benchmarks/quant_gpu.sh times it ahead of the routes below: its first version ran
-                  slower than they on the H200 (docs/perf/quantization.md); the two causes found
-                  since (a slow-path division call per element, a second wave of programs) are
-                  fixed and not yet timed.
+                  pre_scale applied to x's tile, split K in one launch): per 1.66B decode step at
+                  M = 1 on the H100, 0.72x bf16's GEMM time for FP8 (the routes below: 0.78x) and
+                  0.96x for INT4-AWQ (1.06x) (benchmarks/quant_gpu.sh, docs/perf/quantization.md).
 fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM of triton/fp8.py (x quantized per
                   tile, split K). Otherwise, with 16-bit x and K, N multiples of 16: x quantized by
                   one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise scales [M, 1] x
@@ -46,9 +44,9 @@ _SCALED_MM_OK: dict = {}
 # (torch 2.11, docs/perf/quant_linear.md) cuBLAS was faster at M = 1 and 32 for N = 6144 / 8192 / 12288
 # with K = 2048 / 4096, slower for N <= 2048.
 SCALED_MM_DECODE_MIN_N = 6144
-# M <= triton_skinny.MAX_M rows to the skinny GEMM of triton/skinny.py (module docstring: off until
-# timed ahead of the other routes; benchmarks/quant_linear_bench.py times both in one run).
-SKINNY_DECODE = False
+# M <= triton_skinny.MAX_M rows to the skinny GEMM of triton/skinny.py (module docstring;
+# benchmarks/quant_linear_bench.py times both routes in one run).
+SKINNY_DECODE = True
 
 
 def _check_x(name: str, x: torch.Tensor, K: int) -> None:

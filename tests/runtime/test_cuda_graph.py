@@ -102,6 +102,9 @@ def test_default_prefill_chunk_bounds_tokens_per_call(ckpt, monkeypatch):
     assert (fast.default_prefill_chunk(1), fast.default_prefill_chunk(32), fast.default_prefill_chunk(8192)) == \
         (4096, 128, 1)
     assert eager.default_prefill_chunk(32) is None  # the other runners: as many as the cache allows
+    # with the prompt: equal calls, a multiple of 64 (the GDN chunk), never past the prompt
+    assert [fast.default_prefill_chunk(1, n) for n in (100, 4096, 4097, 10000)] == [100, 4096, 2112, 3392]
+    assert fast.default_prefill_chunk(32, 200) == 128 and fast.default_prefill_chunk(3, 5) == 5
     monkeypatch.setattr(cg, "PREFILL_TOKENS", 6)  # 3 rows -> calls of 2 tokens
     calls = []
     real = fast._forward
@@ -142,3 +145,21 @@ def test_compiled_runner_matches_eager_and_writes_caches_in_place(tmp_path, monk
     want = generate(eager, prompts, 4)
     np.testing.assert_array_equal(got.generated, want.generated)
     assert not functional
+
+
+def test_default_prefill_chunk_on_a_gpu_follows_the_free_memory(monkeypatch):
+    """On a CUDA device the tokens of a call are as many as ACTIVATION_SHARE of the free memory holds
+    at activation_bytes_per_token, within [PREFILL_TOKENS, MAX_PREFILL_TOKENS], then split by batch."""
+    from types import SimpleNamespace
+
+    import gdn_export.runtime.cuda_graph as cg
+
+    runner = SimpleNamespace(device=torch.device("cuda"), activation_bytes_per_token=lambda: 100_000)
+    chunk = lambda batch, free, prompt=None: (  # noqa: E731
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 80 * 2**30)),
+        cg.GraphRunner.default_prefill_chunk(runner, batch, prompt))[1]
+    assert chunk(1, 64 * 10**9) == cg.MAX_PREFILL_TOKENS
+    assert chunk(1, 10**9) == cg.PREFILL_TOKENS  # 2500 tokens fit: the floor
+    assert chunk(1, int(2.4e9)) == 6000  # between the bounds: what fits
+    assert chunk(4, 64 * 10**9) == cg.MAX_PREFILL_TOKENS // 4
+    assert chunk(1, 64 * 10**9, 65536) == 8192 and chunk(1, 64 * 10**9, 9000) == 4544

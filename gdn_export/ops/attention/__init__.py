@@ -29,6 +29,15 @@
         SDPA's fused kernel; elsewhere SDPA in fp32. A query row that may read no slot gets zeros
         on every path (padded query rows of a ragged batch).
 
+    gdn::attention_at(q, key, value, past_lengths, scale, sinks, window) -> o
+        gdn::attention with the mask of positions (gdn_export.ops.attention.positions.visibility(
+        past_lengths, S, L, sinks, window)) instead of a [B, 1, S, L] mask tensor: the runtime's
+        form (never exported). fp16 / bf16 on a GPU: decode-shaped calls the split-KV kernel (their
+        mask is small); prefill without streaming PyTorch's FlashAttention-2 (varlen, the cache
+        read in place: gdn_export.ops.attention.flash) or the positional Triton kernel
+        (kernels.attention.triton.prefill_positions), PREFILL_ROUTE says which; streaming the
+        Triton kernel. Elsewhere the mask is built and gdn::attention's body runs.
+
 These are not `gdn` domain nodes: TensorRT's parser and ONNX Runtime know them. They exist as torch
 ops so that the exporter emits exactly these two nodes (instead of decomposing scaled dot product
 attention), and so that the eager model can update the same cache tensors in place
@@ -48,12 +57,17 @@ from gdn_export.ops import backends
 KV_UPDATE_OP = "gdn::kv_cache_update"
 KV_WRITE_OP = "gdn::write_kv_cache_"
 ATTENTION_OP = "gdn::attention"
+ATTENTION_AT_OP = "gdn::attention_at"
 SEQ_AXIS = 2  # of cache and update: [B, Hkv, L, D]
 # Shortest cache for the split-KV decode kernel: below it SDPA's few blocks already finish quickly
 # and the kernel's second (combine) launch is not paid back.
 DECODE_MIN_SLOTS = 256
 # Largest mask (elements) the SDPA route repeats over a group's G query heads to make one call.
 REPEATED_MASK_MAX = 2**24
+# gdn::attention_at's prefill without streaming: "flash" (PyTorch's FlashAttention-2 where it takes
+# the shapes, gdn_export.ops.attention.flash) or "triton" (kernels.attention.triton.prefill_positions).
+# benchmarks/long_context.py times both on the model's shapes (docs/perf/long_context.md).
+PREFILL_ROUTE = "triton"
 
 
 def slot_index(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor) -> torch.Tensor:
@@ -191,4 +205,72 @@ def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
 
 @attention.register_fake
 def _(q, key, value, mask, scale):
+    return torch.empty_like(q)
+
+
+def decode_shaped(q: torch.Tensor, key: torch.Tensor) -> bool:
+    """Few query rows per kv head against a long cache (decode steps, short speculative calls): the
+    calls the split-KV decode kernel takes, whose [B, 1, S, L] mask is small (shapes alone; the model
+    passes them its shared mask)."""
+    B, H, S, D = q.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    return (L >= DECODE_MIN_SLOTS and 16 <= D <= 256 and not D & (D - 1) and Hkv > 0 and H % Hkv == 0
+            and (H // Hkv) * S <= _decode_max_rows(D))
+
+
+@torch.compiler.assume_constant_result
+def _decode_max_rows(D: int) -> int:
+    """The decode kernel's most query rows per kv head at head dim D, 0 without Triton (a constant
+    to torch.compile: it imports nothing while tracing)."""
+    decode = _triton_kernel("decode")
+    return 0 if decode is None else decode.max_rows(D)
+
+
+def prefill_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengths: torch.Tensor,
+                  window: int) -> str:
+    """Which path gdn::attention_at takes for these inputs: "decode" (the split-KV kernel on the
+    built mask), "flash", "triton" (positional prefill kernel) or "mask" (the mask built, then
+    gdn::attention's body). Shapes, dtypes and devices alone decide."""
+    if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and key.dtype == q.dtype):
+        return "mask"
+    if decode_shaped(q, key):
+        return "decode"
+    if PREFILL_ROUTE == "flash":
+        from gdn_export.ops.attention import flash
+
+        if flash.takes(q, key, value, window):
+            return "flash"
+    kernel = _triton_kernel("prefill_positions")
+    if kernel is not None and kernel.supports(q, key, value, past_lengths):
+        return "triton"
+    return "mask"
+
+
+def _attention_at(q, key, value, past_lengths, scale, sinks, window):
+    route = prefill_route(q, key, value, past_lengths, window)
+    if route == "flash":
+        from gdn_export.ops.attention.flash import flash_prefill
+
+        return flash_prefill(q, key, value, past_lengths, scale)
+    if route == "triton":
+        return _triton_kernel("prefill_positions").attention_prefill_positions(
+            q, key, value, past_lengths, scale, sinks, window)
+    from gdn_export.ops.attention.positions import visibility
+
+    mask = visibility(past_lengths.to(torch.int64), q.shape[2], key.shape[2], sinks, window)
+    return _attention(q, key, value, mask, scale)
+
+
+@torch.library.custom_op(ATTENTION_AT_OP, mutates_args=())
+def attention_at(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengths: torch.Tensor,
+                 scale: float, sinks: int, window: int) -> torch.Tensor:
+    """Causal (or streaming) GQA attention of S new tokens per row over the in-place cache: q [B, H,
+    S, D], key / value [B, Hkv, L, D] (this call's tokens written), past_lengths [B] int64, the
+    streaming layout (sinks, window; window 0: none) -> o [B, H, S, D] in q's dtype (module
+    docstring). Equals attention(q, key, value, visibility(past_lengths, S, L, sinks, window), scale)."""
+    return _attention_at(q, key, value, past_lengths, scale, sinks, window)
+
+
+@attention_at.register_fake
+def _(q, key, value, past_lengths, scale, sinks, window):
     return torch.empty_like(q)
