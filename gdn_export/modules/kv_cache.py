@@ -38,6 +38,7 @@ import torch
 
 from gdn_export.errors import InputError
 from gdn_export.layout import DeployLayout
+from gdn_export.ops.backends import exporting
 from gdn_export.ops.attention.positions import slot_of as positions_slot_of
 from gdn_export.ops.attention.positions import visibility as positions_visibility
 
@@ -148,5 +149,10 @@ def make_step(past_lengths: torch.Tensor, seq_lens: torch.Tensor, seq: int, rota
     if layout.inplace:
         write_index = slot_of(past_lengths, layout)
         past = past_lengths
-    return StepInputs(positions, seq_lens, token_mask, cos, sin, write_index, past, layout,
+    step = StepInputs(positions, seq_lens, token_mask, cos, sin, write_index, past, layout,
                       keep_old=layout.streaming, capture_steps=capture_steps)
+    if layout.inplace and exporting():
+        # the graph computes its mask once, before the layers (each layer's subgraph then reads it
+        # alike: what gdn_export.onnx's per-kind tracing relies on)
+        step.attn_mask  # noqa: B018
+    return step
