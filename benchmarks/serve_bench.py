@@ -37,6 +37,29 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_client import ROOT, start_server, stream_completion  # noqa: E402
 
+sys.path.insert(0, str(ROOT))
+# The server's HTTP stack where the machine lacks it (the GPU image): wheels carried in .carry/serve
+# (fastapi, starlette, uvicorn, prometheus-client, pydantic and what they need) go to SITE.
+WHEELS, SITE = ROOT / ".carry" / "serve", Path("/tmp/serve_site")
+
+
+def http_stack(say) -> dict:
+    """{} when fastapi / uvicorn / prometheus_client import, else installs WHEELS into SITE and returns
+    the PYTHONPATH for the server child (SITE also goes on this process's path)."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "prometheus_client")):
+        return {}
+    wheels = sorted(str(w) for w in WHEELS.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"serve_bench: fastapi / uvicorn / prometheus-client are not installed and {WHEELS} "
+                         f"holds no wheels (pip download them there)")
+    say(f"installing the HTTP stack from {len(wheels)} wheels into {SITE}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(SITE),
+                    *wheels], check=True)
+    sys.path.insert(0, str(SITE))
+    return {"PYTHONPATH": str(SITE)}
+
 GPU_DEFAULTS = dict(concurrency=[1, 8, 32, 128], prompt_len=512, gen_len=128)
 TINY_DEFAULTS = dict(concurrency=[1, 2, 4], prompt_len=16, gen_len=12)
 
@@ -67,9 +90,9 @@ def main() -> int:
     def say(msg):
         print(f"[serve_bench {time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    env = {}
+    env = http_stack(say)
     if args.tiny:  # this process, its bench runs and the server share a few cores: one torch thread each
-        env = {"OMP_NUM_THREADS": os.environ.setdefault("OMP_NUM_THREADS", "1")}
+        env["OMP_NUM_THREADS"] = os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))

@@ -44,7 +44,7 @@ class Server:
 def start_server(checkpoint: str | Path, flags: list[str], timeout: float = 600.0, env: dict | None = None) -> Server:
     """`python -m gdn_export serve CHECKPOINT --port 0 FLAGS` until it says where it serves."""
     env = dict(os.environ, **(env or {}))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-m", "gdn_export", "serve", str(checkpoint), "--port", "0",
                              "--no-access-log", *flags], stderr=subprocess.PIPE, text=True, env=env)
     log: list[str] = []
