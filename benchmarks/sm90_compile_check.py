@@ -124,12 +124,13 @@ def attention_cases():
             for bm, bn, nw, ns in sorted(candidates):
                 if D <= 64 and (bm, bn, nw, ns) != pp.CONFIGS["d64"]:
                     continue
-                for streaming in (False, True):
-                    types = dict(q=ACT[act], k=ACT[act], v=ACT[act], o=ACT[act], past="*i64", qk_scale="fp32")
+                for streaming, fp8 in ((False, False), (True, False), (False, True)):
+                    kv = "*fp8e4nv" if fp8 else ACT[act]
+                    types = dict(q=ACT[act], k=kv, v=kv, o=ACT[act], past="*i64", **p("qk_scale k_scale v_scale", "fp32"))
                     c = dict(G=8, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_M=bm, BLOCK_N=bn, STREAMING=streaming,
-                             **p1("stride_qd stride_kd stride_vd stride_od"))
-                    yield (f"prefill_positions {act} D={D} {bm}x{bn} w={nw} s={ns}{' streaming' if streaming else ''}",
-                           pp.attn_prefill_positions_kernel, types, c, nw, ns)
+                             KV_FP8=fp8, **p1("stride_qd stride_kd stride_vd stride_od"))
+                    yield (f"prefill_positions {act} kv={'fp8' if fp8 else act} D={D} {bm}x{bn} w={nw} s={ns}"
+                           f"{' streaming' if streaming else ''}", pp.attn_prefill_positions_kernel, types, c, nw, ns)
     yield ("kv_range", prefill.kv_range_kernel, dict(mask="*u8", kv_range="*i32", kv_read="*u8"),
            dict(BLOCK_M=64, BLOCK_L=prefill.RANGE_TILE // 64, stride_ml=1), prefill.RANGE_WARPS, 3)
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from gdn_export.errors import GdnExportError
-from gdn_export.ops.attention import attention, kv_cache_update, write_kv_cache_
-from gdn_export.ops.attention.kv_fp8 import (FP8, attention_fp8, kv_dequantize, kv_quantize,
+from gdn_export.ops.attention import attention, decode_shaped, kv_cache_update, write_kv_cache_
+from gdn_export.ops.attention.kv_fp8 import (FP8, attention_fp8, attention_fp8_at, kv_dequantize, kv_quantize,
                                              write_kv_cache_fp8_)
 from gdn_export.ops.backends import exporting
 
@@ -103,5 +103,8 @@ def write_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cach
         write_kv_cache_(key_cache, value_cache, kq, vq, step.write_index)
     else:
         write_kv_cache_fp8_(key_cache, value_cache, k, v, step.write_index, ks, vs)
-    o = attention_fp8(q, key_cache, value_cache, step.attn_mask, scaling, ks, vs)
+    if decode_shaped(q, key_cache):  # decode steps: the call's small mask, built once
+        o = attention_fp8(q, key_cache, value_cache, step.attn_mask, scaling, ks, vs)
+    else:  # prefill: the mask from positions inside the kernel (no [B, 1, T, L] tensor)
+        o = attention_fp8_at(q, key_cache, value_cache, step.past_lengths, scaling, step.sinks, step.window, ks, vs)
     return o, key_cache, value_cache

@@ -19,6 +19,11 @@ scale each (`k_scale`, `v_scale` > 0, calibrated as amax / 448 by `gdn-export qu
         GPU (sm_89+, Triton, 16-bit q): the decode / prefill kernels load the fp8 tiles and multiply
         by the scale in fp32 (the same K / V values, rounded to q's dtype, as the dequantized path);
         elsewhere the dequantized cache through gdn::attention.
+    gdn::attention_fp8_at(q, key, value, past_lengths, scale, sinks, window, k_scale, v_scale) -> o
+        attention_fp8 with the mask of positions (gdn::attention_at's form: the runtime's prefill,
+        no [B, 1, S, L] mask): GPU (sm_89+, Triton, 16-bit q) the positional prefill kernel on the
+        fp8 tiles (kernels.attention.triton.prefill_positions); elsewhere the mask is built and
+        attention_fp8's body runs.
 
 Export writes kv_quantize -> TensorScatter (kv_cache_update) -> kv_dequantize -> Attention: the
 graph's cache inputs / outputs are FLOAT8E4M3FN (docs/quantization.md, "FP8 K/V cache"); attention_fp8 and
@@ -38,6 +43,7 @@ QUANTIZE_OP = "gdn::kv_quantize"
 DEQUANTIZE_OP = "gdn::kv_dequantize"
 WRITE_OP = "gdn::write_kv_cache_fp8_"
 ATTENTION_OP = "gdn::attention_fp8"
+ATTENTION_AT_OP = "gdn::attention_fp8_at"
 MIN_CAPABILITY = (8, 9)  # e4m3 conversions in hardware (Ada, Hopper and later)
 
 
@@ -147,4 +153,31 @@ def _attention_fp8(q, key, value, mask, scale, k_scale, v_scale):
 
 @_attention_fp8_op.register_fake
 def _(q, key, value, mask, scale, k_scale, v_scale):
+    return torch.empty_like(q)
+
+
+def _attention_fp8_at(q, key, value, past_lengths, scale, sinks, window, k_scale, v_scale):
+    if q.dtype in (torch.float16, torch.bfloat16) and _hardware_fp8(q):
+        kernel = _triton_kernel("prefill_positions")
+        if kernel is not None and kernel.supports(q, key, value, past_lengths):
+            return kernel.attention_prefill_positions(q, key, value, past_lengths, scale, sinks, window,
+                                                      k_scale=k_scale, v_scale=v_scale)
+    from gdn_export.ops.attention.positions import visibility
+
+    mask = visibility(past_lengths.to(torch.int64), q.shape[2], key.shape[2], sinks, window)
+    return _attention_fp8(q, key, value, mask, scale, k_scale, v_scale)
+
+
+@torch.library.custom_op(ATTENTION_AT_OP, mutates_args=())
+def attention_fp8_at(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengths: torch.Tensor,
+                     scale: float, sinks: int, window: int, k_scale: float, v_scale: float) -> torch.Tensor:
+    """attention_fp8 with the mask of positions: q [B, H, S, D], key / value [B, Hkv, L, D]
+    float8_e4m3fn (this call's tokens written), past_lengths [B] int64, the streaming layout (sinks,
+    window; window 0: none) -> o [B, H, S, D] in q's dtype. Equals attention_fp8(q, key, value,
+    visibility(past_lengths, S, L, sinks, window), scale, k_scale, v_scale)."""
+    return _attention_fp8_at(q, key, value, past_lengths, scale, sinks, window, k_scale, v_scale)
+
+
+@attention_fp8_at.register_fake
+def _(q, key, value, past_lengths, scale, sinks, window, k_scale, v_scale):
     return torch.empty_like(q)

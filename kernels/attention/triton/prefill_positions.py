@@ -7,6 +7,8 @@
                   streaming ring: `sinks` slots hold positions 0.., the W = L - sinks others a ring
     o             [B, H, S, D]   q's dtype, strides of torch.empty_like(q): softmax(scale q key^T,
                   masked) value, scores and softmax in fp32
+    An FP8 cache (key / value float8_e4m3fn with k_scale / v_scale, gdn_export.ops.attention.kv_fp8):
+    each tile is loaded as fp8 and multiplied by its scale in fp32, then rounded to q's dtype.
 
 The mask is gdn_export.ops.attention.visibility's, computed per tile from integers:
     no streaming   query at position P reads slot j iff j <= P
@@ -30,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.triton.decode import DTYPES, _sm80
+from kernels.attention.triton.decode import DTYPES, _sm80, check_kv_scales, dequantize_tiles
 from kernels.attention.triton.prefill import MAX_D, _sm90
 from kernels.triton_utils import cdiv, dot, next_pow2, to_state_dtype
 
@@ -39,12 +41,14 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _tile(b_q, k_ptr, v_ptr, cols, stride_kl, stride_kd, stride_vl, stride_vd, d, load_ok, b_m,
-          qk_scale, m_i, l_i, acc, MASKED: tl.constexpr):
+          qk_scale, m_i, l_i, acc, k_scale, v_scale, MASKED: tl.constexpr, KV_FP8: tl.constexpr):
     """One BLOCK_N-slot tile of the online softmax (base 2, fp32 scores and sums, P rounded to V's
     dtype for P V). load_ok [BLOCK_N, BLOCK_D]: which K / V elements to load (others read as 0);
     b_m [BLOCK_M, BLOCK_N]: which scores count (MASKED only)."""
     b_k = tl.load(k_ptr + cols[:, None] * stride_kl + d[None, :] * stride_kd, mask=load_ok, other=0.0)
     b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=load_ok, other=0.0)
+    if KV_FP8:
+        b_k, b_v = dequantize_tiles(b_k, b_v, k_scale, v_scale, b_q.dtype)
     b_s = dot(b_q, tl.trans(b_k), False) * qk_scale
     if MASKED:
         b_s = tl.where(b_m, b_s, float("-inf"))
@@ -68,9 +72,9 @@ def attn_prefill_positions_kernel(
     stride_kb, stride_kh, stride_kl, stride_kd,
     stride_vb, stride_vh, stride_vl, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
-    qk_scale, S, L, SINKS, WINDOW,
+    qk_scale, S, L, SINKS, WINDOW, k_scale, v_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STREAMING: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STREAMING: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     # heads fastest (a block's G heads read the same K / V tiles close in time: L2), the last query
     # blocks (the longest ranges) first, batch rows slowest (kernels.attention.triton.prefill)
@@ -107,7 +111,8 @@ def attn_prefill_positions_kernel(
                    & ((stored[None, :] < SINKS) | (stored[None, :] > qpos[:, None] - WINDOW)) & row_ok[:, None])
             read = tl.max(b_m.to(tl.int32), 0) > 0  # some row of the block reads the slot
             m_i, l_i, acc = _tile(b_q, k_ptr, v_ptr, cols, stride_kl, stride_kd, stride_vl, stride_vd, d,
-                                  read[:, None] & d_ok[None, :], b_m, qk_scale, m_i, l_i, acc, True)
+                                  read[:, None] & d_ok[None, :], b_m, qk_scale, m_i, l_i, acc, k_scale, v_scale,
+                                  True, KV_FP8)
     else:
         m1 = tl.minimum(m0 + BLOCK_M, S)
         hi = tl.minimum(p_b + m1, L)  # one past the last slot a row of the block reads
@@ -117,13 +122,14 @@ def attn_prefill_positions_kernel(
         for start in range(0, full, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m_i, l_i, acc = _tile(b_q, k_ptr, v_ptr, cols, stride_kl, stride_kd, stride_vl, stride_vd, d,
-                                  kv_ok, kv_ok, qk_scale, m_i, l_i, acc, False)
+                                  kv_ok, kv_ok, qk_scale, m_i, l_i, acc, k_scale, v_scale, False, KV_FP8)
         for start in range(full, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < hi
             b_m = (cols[None, :] <= qpos[:, None]) & col_ok[None, :]
             m_i, l_i, acc = _tile(b_q, k_ptr, v_ptr, cols, stride_kl, stride_kd, stride_vl, stride_vd, d,
-                                  col_ok[:, None] & d_ok[None, :], b_m, qk_scale, m_i, l_i, acc, True)
+                                  col_ok[:, None] & d_ok[None, :], b_m, qk_scale, m_i, l_i, acc, k_scale, v_scale,
+                                  True, KV_FP8)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that may read nothing: zeros
     p_o = o + i_b64 * stride_ob + i_h64 * stride_oh + rows[:, None] * stride_os + d[None, :] * stride_od
@@ -155,7 +161,7 @@ def config(D: int, sm90: bool) -> tuple[int, int, int, int]:
 
 def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengths: torch.Tensor) -> bool:
     """Whether `attention_prefill_positions` takes these: q [B, H, S, D] and key / value [B, Hkv, L,
-    D] in one 16-bit dtype with H a multiple of Hkv, D <= 256, past_lengths [B] integer on q's device
+    D] in q's 16-bit dtype (or a float8_e4m3fn cache) with H a multiple of Hkv, D <= 256, past_lengths [B] integer on q's device
     (sm_80 or newer), offsets inside one (batch, head) slice within int32."""
     if q.dim() != 4 or key.dim() != 4 or value.shape != key.shape or past_lengths.shape != q.shape[:1]:
         return False
@@ -163,7 +169,7 @@ def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengt
     Bk, Hkv, L, Dk = key.shape
     if Bk != B or Dk != D or Hkv == 0 or H % Hkv or not 1 <= D <= MAX_D or B * H * S * L == 0:
         return False
-    if q.dtype not in DTYPES or key.dtype != q.dtype or value.dtype != q.dtype:
+    if q.dtype not in DTYPES or key.dtype not in (q.dtype, torch.float8_e4m3fn) or value.dtype != key.dtype:
         return False
     if past_lengths.dtype not in (torch.int32, torch.int64) or past_lengths.device != q.device:
         return False
@@ -174,7 +180,8 @@ def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengt
 
 def attention_prefill_positions(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                 past_lengths: torch.Tensor, scale: float, sinks: int = 0, window: int = 0,
-                                block: tuple[int, int] | None = None) -> torch.Tensor:
+                                block: tuple[int, int] | None = None, k_scale: float | None = None,
+                                v_scale: float | None = None) -> torch.Tensor:
     """Causal (or streaming) GQA attention of S new tokens per row against the in-place cache.
 
     Args:
@@ -184,6 +191,7 @@ def attention_prefill_positions(q: torch.Tensor, key: torch.Tensor, value: torch
         sinks, window: the streaming layout (window = L - sinks ring slots), or window 0 (slot j =
             position j).
         block: (BLOCK_M, BLOCK_N) instead of `config`'s (tests, tuning); powers of two >= 16.
+        k_scale, v_scale: the scales of a float8_e4m3fn key / value cache (both, and only then).
     Returns:
         o [B, H, S, D] in q's dtype with torch.empty_like(q)'s strides; zeros on rows reading nothing.
     """
@@ -191,7 +199,9 @@ def attention_prefill_positions(q: torch.Tensor, key: torch.Tensor, value: torch
         raise ValueError(f"attention_prefill_positions: unsupported q {tuple(q.shape)} {q.dtype}, key "
                          f"{tuple(key.shape)} {key.dtype}, value {tuple(value.shape)} {value.dtype}, "
                          f"past_lengths {tuple(past_lengths.shape)} {past_lengths.dtype} (16-bit q / key / "
-                         f"value, H a multiple of Hkv, D <= {MAX_D}, past_lengths [B] integer)")
+                         f"value or a float8_e4m3fn cache, H a multiple of Hkv, D <= {MAX_D}, past_lengths [B] "
+                         f"integer)")
+    kv_fp8 = check_kv_scales("attention_prefill_positions", key, k_scale, v_scale)
     B, H, S, D = q.shape
     Hkv, L = key.shape[1], key.shape[2]
     if window and not (0 <= sinks < L and window == L - sinks):
@@ -203,7 +213,7 @@ def attention_prefill_positions(q: torch.Tensor, key: torch.Tensor, value: torch
     o = torch.empty_like(q)
     attn_prefill_positions_kernel[(H, cdiv(S, block_m), B)](
         q, key, value, o, past_lengths, *q.stride(), *key.stride(), *value.stride(), *o.stride(),
-        float(scale) * LOG2E, S, L, int(sinks), max(int(window), 1),
+        float(scale) * LOG2E, S, L, int(sinks), max(int(window), 1), float(k_scale or 1.0), float(v_scale or 1.0),
         G=H // Hkv, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_M=block_m, BLOCK_N=block_n,
-        STREAMING=bool(window), num_warps=num_warps, num_stages=stages)
+        STREAMING=bool(window), KV_FP8=kv_fp8, num_warps=num_warps, num_stages=stages)
     return o

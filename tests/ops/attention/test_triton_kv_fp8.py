@@ -104,6 +104,49 @@ def test_prefill_fp8_cache(case, dtype):
     assert rel(got, oracle(q, kc, vc, mask, D ** -0.5, ks, vs)) <= BOUND[dtype]
 
 
+# the positional prefill (gdn::attention_fp8_at's kernel): (B, H, Hkv, S, L, D, sinks, window)
+POSITIONS = {
+    "S63-D24-causal": (2, 4, 2, 63, 80, 24, 0, 0),
+    "S65-L130-G4-causal": (2, 8, 2, 65, 130, 32, 0, 0),
+    "S7-D32-sinks3-window20": (2, 4, 2, 7, 23, 32, 3, 20),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POSITIONS.values(), ids=POSITIONS.keys())
+def test_prefill_positions_fp8_cache(case, dtype):
+    """The positional kernel on the fp8 cache gives what it gives on the dequantized 16-bit cache
+    (bitwise), within the bound of the fp64 oracle under visibility's mask; slots no query reads hold
+    NaN codes; and gdn::attention_fp8_at (on a CPU: the mask built, attention_fp8's body) agrees."""
+    from gdn_export.ops.attention.kv_fp8 import attention_fp8_at
+    from gdn_export.ops.attention.positions import slot_of, visibility
+    from kernels.attention.triton.prefill_positions import attention_prefill_positions
+
+    B, H, Hkv, S, L, D, sinks, window = case
+    q, kc, vc, _, ks, vs = make(B, H, Hkv, S, L, D, dtype, seed=sum(case))
+    past = torch.tensor([L - S, 0] if not window else [0, 50])
+    assert (slot_of(past, sinks, window) + S <= L).all()
+    mask = visibility(past, S, L, sinks, window)
+    unread = ~mask[:, 0].any(1)
+    kc, vc = kc.cpu().clone(), vc.cpu().clone()
+    for c in (kc, vc):  # make() poisoned under its own causal mask: this case's mask instead
+        codes = c.view(torch.uint8)
+        codes.masked_fill_(codes == NAN_BYTE, 0)
+        codes[unread[:, None, :].expand(B, Hkv, L)] = NAN_BYTE
+    q, kc, vc, past, mask = (t.to(DEVICE) for t in (q, kc, vc, past, mask))
+    got = attention_prefill_positions(q, kc, vc, past, D ** -0.5, sinks, window, k_scale=ks, v_scale=vs)
+    assert torch.isfinite(got).all()
+    same = attention_prefill_positions(q, dequantize_ref(torch.nan_to_num(kc.float()).to(kc.dtype), ks, dtype),
+                                       dequantize_ref(torch.nan_to_num(vc.float()).to(vc.dtype), vs, dtype), past,
+                                       D ** -0.5, sinks, window)
+    assert torch.equal(got, same)
+    assert rel(got, oracle(q, kc, vc, mask, D ** -0.5, ks, vs)) <= BOUND[dtype]
+    # the op's CPU path dequantizes the whole cache (its contract: no NaN codes): the clean cache
+    clean = [c.view(torch.uint8).masked_fill(c.view(torch.uint8) == NAN_BYTE, 0).view(c.dtype) for c in (kc, vc)]
+    op = attention_fp8_at(q, *clean, past, D ** -0.5, sinks, window, ks, vs)
+    assert rel(op, oracle(q, kc, vc, mask, D ** -0.5, ks, vs)) <= BOUND[dtype]
+
+
 def test_scales_and_cache_dtype_must_agree():
     q, kc, vc, mask, ks, vs = make(1, 2, 1, 1, 300, 16, torch.bfloat16, seed=0)
     with pytest.raises(ValueError, match="take both scales"):
