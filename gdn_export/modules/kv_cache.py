@@ -58,7 +58,7 @@ class StepInputs:
     keep_old     padded tokens write back the slot's old content (streaming)
     capture_steps  GDN layers return every token's state (the verify form: HybridForCausalLM.hidden_states)
     attn_mask    [B, 1, T, L] bool slots each query may read (inplace layout; else None), built on
-                 first use and shared by the layers: the ONNX graph's and the FP8-cache path's form;
+                 first use and shared by the layers: the ONNX graph's and decode steps' form;
                  the runtime's attention layers take positions instead (a long chunk's T x L mask
                  is GiBs)
     """
