@@ -113,10 +113,11 @@ def _dynamic_shapes(specs):
 MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
-def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: int):
+def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: int, optimize: bool = True):
     """torch.onnx.export (dynamo, our translations) -> onnx_ir.Model with local functions inlined
     and no machine-specific node metadata; the exporter's chatter swallowed. RuntimeError when the
-    graph's I/O names are not `input_names` / `output_names`."""
+    graph's I/O names are not `input_names` / `output_names`. optimize False: the exporter's graph
+    before its optimizer (gdn_export.onnx.stamp runs the optimizer's passes itself)."""
     import torch
 
     chatter = io.StringIO()
@@ -131,7 +132,7 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
             program = torch.onnx.export(
                 model, args, dynamo=True, dynamic_shapes=dynamic_shapes,
                 input_names=list(input_names), output_names=list(output_names), opset_version=opset,
-                custom_translation_table=custom_translation_table(), optimize=True, verbose=False,
+                custom_translation_table=custom_translation_table(), optimize=optimize, verbose=False,
             )
     finally:
         registry_log.setLevel(level)
@@ -151,12 +152,27 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
     return ir_model
 
 
-def _trace(model, specs, opset: int):
-    """run_exporter on the model's forward(input_ids, past_lengths, seq_lens, *states)."""
-    input_names = [*TOKEN_INPUTS, *(s.name for s in specs)]
-    output_names = [LOGITS, *(s.output_name for s in specs)]
-    ir_model = run_exporter(model, _example_inputs(model, specs), _dynamic_shapes(specs), input_names,
-                            output_names, opset)
+def _trace(model, specs, opset: int, *, whole: bool = False, say: Callable[[str], None] = lambda _m: None):
+    """The optimized graph of the model's forward(input_ids, past_lengths, seq_lens, *states): stamped
+    from a trace of one layer per kind (gdn_export.onnx.stamp, the trace cached by
+    gdn_export.onnx.trace_cache) or, with `whole` or where stamping cannot serve the model (said
+    through `say`), from run_exporter on the whole model. Either way every dynamic dim is read from
+    the first graph input that has it, and the INT4 weights are folded."""
+    from gdn_export.onnx import stamp
+
+    ir_model = None
+    if not whole:
+        try:
+            ir_model = _stamped(model, specs, opset, say)
+        except stamp.StampError as exc:
+            say(f"stamping does not serve this model ({exc}): tracing all {len(model.config.layer_kinds)} layers")
+    if ir_model is None:
+        if whole:
+            say(f"tracing all {len(model.config.layer_kinds)} layers (whole trace)")
+        ir_model = run_exporter(model, _example_inputs(model, specs), _dynamic_shapes(specs), _input_names(specs),
+                                _output_names(specs), opset)
+        if stamp.canonical_dim_sources(ir_model):
+            stamp.eliminate_common_subexpressions(ir_model)
     if ir_model.opset_imports.get("") != opset:
         raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
     from gdn_export.ops.moe_quant.onnx import fold_int4_expert_weights
@@ -164,6 +180,46 @@ def _trace(model, specs, opset: int):
 
     fold_int4_expert_weights(ir_model)  # quantized routed experts as INT4 [E, N, K] initializers
     fold_int4_weights(ir_model)  # W4A16 weights as INT4 initializers (none in a 16-bit model)
+    return ir_model
+
+
+def _input_names(specs) -> list[str]:
+    return [*TOKEN_INPUTS, *(s.name for s in specs)]
+
+
+def _output_names(specs) -> list[str]:
+    return [LOGITS, *(s.output_name for s in specs)]
+
+
+def _stamped(model, specs, opset: int, say: Callable[[str], None]):
+    """The model's graph stamped from a template (gdn_export.onnx.stamp): the cached one for this
+    architecture, else one traced now from a reduced model. StampError where the model is not one
+    the template can express."""
+    from gdn_export.onnx import kinds as kinds_module, stamp, trace_cache
+
+    stamp.check_supported(model)
+    kinds = kinds_module.layer_kinds(model)
+    key = trace_cache.cache_key(model, kinds, opset)
+    template = trace_cache.load(key)
+    if template is None:
+        stamp.check_optimizer()
+        reduced = kinds_module.reduced_model(model, kinds.representatives)
+        rspecs = reduced.state_specs()
+        say(f"tracing {kinds.describe()} (layers {', '.join(map(str, kinds.representatives))})")
+        raw = run_exporter(reduced, _example_inputs(reduced, rspecs), _dynamic_shapes(rspecs), _input_names(rspecs),
+                           _output_names(rspecs), opset, optimize=False)
+        folds = stamp.FoldLog()
+        stamp.optimize_layers(raw, folds)
+        stamp.canonical_dim_sources(raw)
+        tensors = dict(reduced.named_parameters(remove_duplicate=False))
+        tensors.update(reduced.named_buffers(remove_duplicate=False))
+        template = stamp.Template.build(raw, folds, tensors)
+        trace_cache.store(key, template)
+    else:
+        say(f"{kinds.describe()}: graph of each kind from the trace cache ({trace_cache.describe(key)})")
+    say(f"stamping {len(kinds.kind_of)} layers")
+    ir_model = template.instantiate(model, list(kinds.kind_of))
+    stamp.optimize_across_layers(ir_model)
     return ir_model
 
 
@@ -228,7 +284,7 @@ def check_export_target(path: str | os.PathLike, opset: int | None = None, layou
 
 def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
                 progress: Callable[[str], None] | None = None, onnx_ops: str = "gdn",
-                overwrite: bool = True) -> Path:
+                overwrite: bool = True, whole_trace: bool = False) -> Path:
     """Export `model` (HybridForCausalLM, any dtype, shaped by `model.layout`) to `path`; returns
     the written path. `opset` defaults to 24 for the in-place layout, 18 for the concat layout.
 
@@ -240,6 +296,9 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
     VarlenCausalConvWithState / GatedRMSNorm (gdn_export.onnx.ort_form).
     overwrite False: a file that appeared at `path` (or its sidecar) while the export ran is kept
     and the export ends in an OutputError (gdn_export.paths.publish_files).
+    whole_trace: trace the whole model instead of one layer per kind stamped for every layer of its
+    kind (gdn_export.onnx.stamp; the same graph, node for node); the stamped path also falls back to
+    it, saying why, for a model it cannot express.
     """
     from gdn_export.onnx.forms import check_form
 
@@ -257,9 +316,9 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
                              f"Q/DQ of opset >= {QUANT_OPSET}")
     model.eval()
     specs = model.state_specs()
-    say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}, "
+    say(f"exporting {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}, "
         f"{layout.describe()}")
-    ir_model = _trace(model, specs, opset)
+    ir_model = _trace(model, specs, opset, whole=whole_trace, say=say)
     ir_model.metadata_props.update(metadata.make_metadata(
         version=__version__, family=model.config.family,
         dtype=metadata.torch_dtype_name(model.dtype), opset=opset,
