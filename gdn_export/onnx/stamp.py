@@ -300,12 +300,11 @@ class Template:
     """The reduced model's optimized graph, split into skeleton and representative subgraphs, with
     every initializer's role; built by `build` (from a trace) or `from_proto` (from the cache)."""
 
-    def __init__(self, model: ir.Model, recipes: ir.Graph, weights: dict[str, ir.Value]) -> None:
+    def __init__(self, model: ir.Model, recipes: ir.Graph | ir.Function) -> None:
         """model: the reduced model's graph with LAYER_KEY on layer nodes and ROLE_KEY / OWNER_KEY on
-        initializers; recipes: the folding nodes computing each RECIPE initializer (its outputs)
-        from the weight values named in it; weights: PARAM initializers (and recipe inputs) by name,
-        values without data allowed."""
-        self.model, self.recipes, self.weights = model, recipes, weights
+        initializers (PARAM and RECIPE ones need no data); recipes: the folding nodes computing each
+        RECIPE initializer (its outputs) from the weights its inputs name."""
+        self.model, self.recipes = model, recipes
         self._split()
 
     # -------------------------------------------------------------- structure
@@ -427,7 +426,6 @@ class Template:
                 node.metadata_props[LAYER_KEY] = str(j)
         recipe_nodes: list[_ConeNode] = []
         recipe_outputs: list[str] = []
-        weights: dict[str, ir.Value] = {}
         seen_cone: set[int] = set()
         for name, v in g.initializers.items():
             uses = {int(n.metadata_props[LAYER_KEY]) if LAYER_KEY in n.metadata_props else None
@@ -435,7 +433,6 @@ class Template:
             if name in tensors:
                 v.metadata_props[ROLE_KEY] = PARAM
                 v.metadata_props[OWNER_KEY] = _owner_of(name)
-                weights[name] = v
                 continue
             recipe = folds.recipe(name)
             from_weights = recipe is not None and any(leaf in tensors for leaf in recipe[1])
@@ -463,9 +460,7 @@ class Template:
                     recipe_nodes.append(node)
             recipe_outputs.append(name)
         recipes = _recipe_graph(recipe_nodes, recipe_outputs, model, folds, tensors)
-        for leaf in recipes.inputs:
-            weights.setdefault(leaf.name, leaf)
-        template = cls(model, recipes, weights)
+        template = cls(model, recipes)
         template._check_recipes(tensors)
         return template
 
@@ -501,6 +496,40 @@ class Template:
                 want.update(v.name for v in node.inputs if v is not None)
         return [n for n in nodes if id(n) in needed]
 
+    # -------------------------------------------------------------- persistence
+    RECIPES = ("gdn_export.stamp", "recipes", "")
+
+    def to_proto(self):
+        """The template as an onnx.ModelProto without weights: PARAM and RECIPE initializers hold
+        empty tensors, the recipes are the local function gdn_export.stamp.recipes."""
+        g = self.model.graph
+        slots = [v for v in g.initializers.values() if v.metadata_props[ROLE_KEY] != CONST]
+        kept = [v.const_value for v in slots]
+        try:
+            for v in slots:
+                v.const_value = ir.Tensor(np.zeros(0, dtype=np.uint8))
+            fn = ir.Function(*self.RECIPES, graph=self.recipes if isinstance(self.recipes, ir.Graph)
+                             else self.recipes.graph, attributes=[])
+            model = ir.Model(g, ir_version=self.model.ir_version, producer_name="gdn-export stamp template",
+                             functions=[fn])
+            model.opset_imports[self.RECIPES[0]] = 1
+            return ir.serde.serialize_model(model)
+        finally:
+            for v, t in zip(slots, kept):
+                v.const_value = t
+            g.opset_imports.pop(self.RECIPES[0], None)
+
+    @classmethod
+    def from_proto(cls, proto) -> "Template":
+        """The template `to_proto` wrote; StampError when `proto` is not one."""
+        model = ir.serde.deserialize_model(proto)
+        fn = model.functions.get(cls.RECIPES)
+        if fn is None:
+            raise StampError("not a stamp template (no recipes)")
+        model.functions.clear()
+        model.opset_imports.pop(cls.RECIPES[0], None)
+        return cls(model, fn)
+
     # -------------------------------------------------------------- instantiate
     def instantiate(self, model, kind_of: list[int]) -> ir.Model:
         """The graph of `model` (HybridForCausalLM; its layer i of kind kind_of[i], a position in the
@@ -533,10 +562,9 @@ class Template:
         initializers = []
 
         def add_init(v: ir.Value, name: str, tensor) -> ir.Value:
-            new = _clone(v, name)
-            new.const_value = tensor
-            new.metadata_props.pop(ROLE_KEY, None)
-            new.metadata_props.pop(OWNER_KEY, None)
+            meta = {k: val for k, val in v.metadata_props.items() if k not in (ROLE_KEY, OWNER_KEY)}
+            new = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(list(tensor.shape)),
+                           const_value=tensor, metadata_props=meta)
             initializers.append(new)
             return new
 
