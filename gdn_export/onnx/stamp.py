@@ -249,11 +249,14 @@ def _constant_array(node: _ConeNode) -> np.ndarray:
     raise StampError(f"a folded weight reads a Constant node with attribute {attr.name!r}")
 
 
-def evaluate(nodes: list[_ConeNode], leaves: dict[str, np.ndarray], opsets: dict[str, int]) -> dict[str, np.ndarray]:
+def evaluate(nodes: list[_ConeNode], leaves: dict[str, np.ndarray], opsets: dict[str, int],
+             ops: dict | None = None) -> dict[str, np.ndarray]:
     """Run cone `nodes` on the initializer arrays `leaves` with onnx's reference ops, as onnxscript's
-    constant folding does. Returns every computed value by name."""
+    constant folding does. Returns every computed value by name. `ops` keeps the ops made for the
+    nodes (by node) from call to call."""
     import onnx.reference.ops
 
+    ops = {} if ops is None else ops
     values = dict(leaves)
     for node in nodes:
         if node.op_type == "Constant" and node.domain == "":
@@ -261,11 +264,15 @@ def evaluate(nodes: list[_ConeNode], leaves: dict[str, np.ndarray], opsets: dict
             continue
         if len(node.outputs) != 1:
             raise StampError(f"a folded weight passes through {node.op_type}, which has several outputs")
-        impl = onnx.reference.ops.load_op(node.domain, node.op_type, opsets[node.domain])
-        attrs = {a.name: ir.serde.serialize_tensor(a.value) if a.type == ir.AttributeType.TENSOR else a.value
-                 for a in node.attributes}
-        out = impl.eval(*[None if i is None else values[i] for i in node.inputs], **attrs)
-        values[node.outputs[0]] = out
+        inputs = [None if i is None else values[i] for i in node.inputs]
+        op = ops.get(id(node))
+        if op is None:
+            attrs = {a.name: ir.serde.serialize_tensor(a.value) if a.type == ir.AttributeType.TENSOR else a.value
+                     for a in node.attributes}
+            impl = onnx.reference.ops.load_op(node.domain, node.op_type, opsets[node.domain])
+            op = ops[id(node)] = impl.create(len(inputs), **attrs)  # what OpRun.eval makes for each call
+        out = op.run(*inputs)
+        values[node.outputs[0]] = out[0] if len(out) == 1 else out
     return values
 
 
@@ -276,7 +283,8 @@ _LAYER_IN_TEXT = r"(?<![\w.])(model[._]layers[._]){j}(?=[._'\]:/ ]|$)"
 def _renamer(j: int, i: int):
     """A function renaming the layer-j references of a metadata string / module path to layer i."""
     pattern = re.compile(_LAYER_IN_TEXT.format(j=j))
-    return lambda text: pattern.sub(lambda m: f"{m.group(1)}{i}", text)
+    index = str(i)
+    return lambda text: pattern.sub(lambda m: m.group(1) + index, text) if "layers" in text else text
 
 
 def _state_rename(name: str, j: int, i: int) -> str:
@@ -305,6 +313,8 @@ class Template:
         initializers (PARAM and RECIPE ones need no data); recipes: the folding nodes computing each
         RECIPE initializer (its outputs) from the weights its inputs name."""
         self.model, self.recipes = model, recipes
+        self._recipe_plans: dict[tuple, list[_ConeNode]] = {}  # recipe nodes by the outputs asked for
+        self._recipe_ops: dict[int, object] = {}  # their reference ops
         self._split()
 
     # -------------------------------------------------------------- structure
@@ -479,11 +489,14 @@ class Template:
         """The recipe outputs `outputs` computed from torch tensors {recipe input name: tensor}."""
         from onnx_ir.tensor_adapters import TorchTensor
 
-        nodes = [_ConeNode(n.domain, n.op_type, list(n.attributes.values()),
-                           [None if v is None else v.name for v in n.inputs], [v.name for v in n.outputs])
-                 for n in self._recipe_nodes_for(outputs)]
+        key = tuple(outputs)
+        if key not in self._recipe_plans:
+            self._recipe_plans[key] = [_ConeNode(n.domain, n.op_type, list(n.attributes.values()),
+                                                 [None if v is None else v.name for v in n.inputs],
+                                                 [v.name for v in n.outputs])
+                                       for n in self._recipe_nodes_for(outputs)]
         leaves = {name: _numpy(TorchTensor(t)) for name, t in tensors.items()}
-        values = evaluate(nodes, leaves, dict(self.model.opset_imports))
+        values = evaluate(self._recipe_plans[key], leaves, dict(self.model.opset_imports), self._recipe_ops)
         return {name: values[name] for name in outputs}
 
     def _recipe_nodes_for(self, outputs: list[str]) -> list[ir.Node]:
@@ -563,8 +576,8 @@ class Template:
 
         def add_init(v: ir.Value, name: str, tensor) -> ir.Value:
             meta = {k: val for k, val in v.metadata_props.items() if k not in (ROLE_KEY, OWNER_KEY)}
-            new = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(list(tensor.shape)),
-                           const_value=tensor, metadata_props=meta)
+            new = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor,
+                           metadata_props=meta)
             initializers.append(new)
             return new
 
@@ -689,8 +702,11 @@ def _owner_of(name: str) -> str:
 
 
 def _clone(v: ir.Value, name: str) -> ir.Value:
-    return ir.Value(name=name, type=v.type, shape=None if v.shape is None else ir.Shape(list(v.shape)),
-                    metadata_props=dict(v.metadata_props))
+    """A new value named `name` with v's type, shape (frozen, shared by every copy) and metadata."""
+    shape = v.shape
+    if shape is not None and not shape.frozen:
+        shape = v.shape = ir.Shape(shape, frozen=True)
+    return ir.Value(name=name, type=v.type, shape=shape, metadata_props=dict(v.metadata_props))
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

@@ -12,17 +12,17 @@ import onnx_ir
 import pytest
 import torch
 
-from gdn_export.layout import DeployLayout
 from gdn_export.onnx import export as export_module
 from gdn_export.onnx import kinds as kinds_module
 from gdn_export.onnx import stamp, trace_cache
 from gdn_export.onnx.export import default_opset, export_onnx
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 from tests.onnx._same import canonical_difference
-from tests.onnx._tiny import TEST_LAYOUT, tiny_checkpoint
+from tests.onnx._tiny import CONCAT, TEST_LAYOUT, tiny_checkpoint
 
 L, F = "linear_attention", "full_attention"
-CONCAT = DeployLayout.make(kv_cache="concat")
+# tests/onnx/_tiny.py's layouts: a model of the tiny checkpoints' sizes stamps from the template
+# their exports left in the session's trace cache (tests/conftest.py), or leaves one for them
 LAYOUTS = {"inplace": TEST_LAYOUT, "concat": CONCAT}
 
 
@@ -105,8 +105,8 @@ def assert_stamped_is_whole(model, kinds_expected=None):
 # ------------------------------------------------------------------------- stamped == whole trace
 FAMILY_CASES = {
     # family: (layers, extra config) -- each case stamps at least one layer from a representative
-    "qwen3_5": ([L, L, F, L, F], {}),  # mixed order: GDN, GDN, attention, GDN, attention
-    "qwen3_next": ([L, F, L, L], {"mlp_only_layers": [3]}),  # dense and sparse-MoE GDN layers
+    "qwen3_5": ([L, F, L, F], {}),  # mixed order: the second GDN and attention layers stamped
+    "qwen3_next": ([L, F, L, L], {"mlp_only_layers": [3]}),  # sparse-MoE and dense GDN layers (inplace)
     "qwen3_5_moe": ([L, F, L], {}),
     "olmo_hybrid": ([L, F, L], {}),  # post-norm attention blocks
 }
@@ -115,14 +115,24 @@ FAMILY_CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", ["inplace", "concat"])
 @pytest.mark.parametrize("family", list(FAMILY_CASES))
-def test_stamped_graph_is_the_whole_trace(tmp_path, cache, family, kv):
-    layers, config = FAMILY_CASES[family]
+def test_stamped_graph_is_the_whole_trace(tmp_path, family, kv):
+    layers, config = FAMILY_CASES[family] if kv == "inplace" else ([L, F, L], {})
     model = _model(tmp_path, family, layers, layout=LAYOUTS[kv], **config)
     assert_stamped_is_whole(model)
 
 
 @pytest.mark.slow
-def test_stamped_bf16_graph_is_the_whole_trace(tmp_path, cache):
+def test_five_layers_traced_now_are_the_whole_trace(tmp_path, cache):
+    """GDN, GDN, attention, GDN, attention, with a cache of the test's own: the template built from
+    this trace (not one from the session's cache)."""
+    model = _model(tmp_path, "qwen3_5", [L, L, F, L, F])
+    stamped, whole, said = _graphs(model)
+    assert any("tracing 2 layer kinds of 5 layers (layers 0, 2)" in line for line in said), said
+    assert canonical_difference(stamped, whole) is None
+
+
+@pytest.mark.slow
+def test_stamped_bf16_graph_is_the_whole_trace(tmp_path):
     assert_stamped_is_whole(_model(tmp_path, "qwen3_5", [L, F, L], dtype=torch.bfloat16))
 
 
@@ -228,39 +238,37 @@ def _export_graph(model, tmp_path, name):
 
 @pytest.mark.slow
 def test_cache_hit_traces_nothing_and_gives_the_same_graph(tmp_path, cache, monkeypatch):
-    """A second architecture-alike model (other weights, more layers) stamps from the entry the
-    first one wrote, without tracing."""
+    """The entry a traced export leaves gives its graph again, node for node, and stamps an
+    architecture-alike model (other weights, more layers) without tracing."""
     first = _model(tmp_path, "qwen3_5", [L, F], seed=1)
-    cold = _export_graph(first, tmp_path, "cold.onnx")
+    opset = default_opset(first.layout)
+    cold = export_module._trace(first, first.state_specs(), opset)
     entries = list(cache.glob("*.onnx"))
     assert len(entries) == 1 and entries[0].stat().st_size < 2_000_000
-    second = _model(tmp_path, "qwen3_5", [L, F, L, L, F], seed=2)
 
     def no_trace(*_args, **_kwargs):
         raise AssertionError("traced on a cache hit")
 
     monkeypatch.setattr(export_module, "run_exporter", no_trace)
     said = []
-    warm = export_module._trace(second, second.state_specs(), default_opset(second.layout), say=said.append)
+    warm = export_module._trace(first, first.state_specs(), opset, say=said.append)
     assert any("from the trace cache" in line for line in said), said
-    monkeypatch.undo()
-    monkeypatch.setenv(trace_cache.ENV, str(cache))
-    assert canonical_difference(warm, export_module._trace(second, second.state_specs(), 24, whole=True)) is None
-    again = export_module._trace(first, first.state_specs(), 24)
-    export_module.write_checked(again, tmp_path / "again.onnx", lambda _m: None)
-    assert canonical_difference(onnx_ir.load(tmp_path / "again.onnx"), cold) is None
+    assert canonical_difference(warm, cold) is None
+    second = _model(tmp_path, "qwen3_5", [L, F, L, L, F], seed=2)
+    graph = export_module._trace(second, second.state_specs(), opset)
+    assert [v.name for v in graph.graph.outputs][-2:] == ["present.4.key", "present.4.value"]
 
 
-@pytest.mark.slow
-def test_cache_off_writes_nothing(tmp_path, monkeypatch):
+def test_cache_off_traces_and_writes_nothing(tmp_path, monkeypatch, trace_spy):
     model, _ = _two_layer(tmp_path)
     monkeypatch.setenv(trace_cache.ENV, "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert trace_cache.cache_dir() is None
     key = trace_cache.cache_key(model, kinds_module.layer_kinds(model), 24)
     assert trace_cache.load(key) is None and not trace_cache.store(key, object())
-    said = []
-    export_onnx(model, tmp_path / "m.onnx", progress=said.append)
-    assert any("tracing 2 layer kinds of 2 layers" in line for line in said), said
+    with pytest.raises(_Traced):
+        export_onnx(model, tmp_path / "m.onnx")
+    assert trace_spy == [(2, False)] and not (tmp_path / "xdg").exists()
 
 
 def _two_layer(tmp_path):
