@@ -153,26 +153,15 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
 
 
 def _trace(model, specs, opset: int, *, whole: bool = False, say: Callable[[str], None] = lambda _m: None):
-    """The optimized graph of the model's forward(input_ids, past_lengths, seq_lens, *states): stamped
-    from a trace of one layer per kind (gdn_export.onnx.stamp, the trace cached by
-    gdn_export.onnx.trace_cache) or, with `whole` or where stamping cannot serve the model (said
-    through `say`), from run_exporter on the whole model. Either way every dynamic dim is read from
-    the first graph input that has it, and the INT4 weights are folded."""
-    from gdn_export.onnx import stamp
+    """The optimized graph of the model's forward(input_ids, past_lengths, seq_lens, *states)
+    (`optimized_graph`), its INT4 weights folded."""
 
-    ir_model = None
-    if not whole:
-        try:
-            ir_model = _stamped(model, specs, opset, say)
-        except stamp.StampError as exc:
-            say(f"stamping does not serve this model ({exc}): tracing all {len(model.config.layer_kinds)} layers")
-    if ir_model is None:
-        if whole:
-            say(f"tracing all {len(model.config.layer_kinds)} layers (whole trace)")
-        ir_model = run_exporter(model, _example_inputs(model, specs), _dynamic_shapes(specs), _input_names(specs),
-                                _output_names(specs), opset)
-        if stamp.canonical_dim_sources(ir_model):
-            stamp.eliminate_common_subexpressions(ir_model)
+    def trace(m, optimize: bool):
+        s = m.state_specs()
+        return run_exporter(m, _example_inputs(m, s), _dynamic_shapes(s), _input_names(s), _output_names(s), opset,
+                            optimize=optimize)
+
+    ir_model = optimized_graph(model, opset, trace, whole=whole, say=say)
     if ir_model.opset_imports.get("") != opset:
         raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
     from gdn_export.ops.moe_quant.onnx import fold_int4_expert_weights
@@ -191,7 +180,31 @@ def _output_names(specs) -> list[str]:
     return [LOGITS, *(s.output_name for s in specs)]
 
 
-def _stamped(model, specs, opset: int, say: Callable[[str], None]):
+def optimized_graph(model, opset: int, trace: Callable, *, whole: bool = False,
+                    say: Callable[[str], None] = lambda _m: None):
+    """The optimized onnx_ir graph of `model` (a HybridForCausalLM or subclass), stamped from a trace of
+    one layer of each kind (gdn_export.onnx.stamp; the trace cached by gdn_export.onnx.trace_cache)
+    or, with `whole` or where stamping cannot serve the model (said through `say`), traced whole.
+    trace(m, optimize) -> onnx_ir.Model: run_exporter on model `m` (the model or a reduced copy of it)
+    with its graph I/O, the exporter's optimizer on or off. Either way every dynamic dim is read
+    from the first graph input that has it."""
+    from gdn_export.onnx import stamp
+
+    layers = len(model.config.layer_kinds)
+    if not whole:
+        try:
+            return _stamped(model, opset, trace, say)
+        except stamp.StampError as exc:
+            say(f"stamping does not serve this model ({exc}): tracing all {layers} layers")
+    else:
+        say(f"tracing all {layers} layers (whole trace)")
+    ir_model = trace(model, True)
+    if stamp.canonical_dim_sources(ir_model):
+        stamp.eliminate_common_subexpressions(ir_model)
+    return ir_model
+
+
+def _stamped(model, opset: int, trace: Callable, say: Callable[[str], None]):
     """The model's graph stamped from a template (gdn_export.onnx.stamp): the cached one for this
     architecture, else one traced now from a reduced model. StampError where the model is not one
     the template can express."""
@@ -204,10 +217,8 @@ def _stamped(model, specs, opset: int, say: Callable[[str], None]):
     if template is None:
         stamp.check_optimizer()
         reduced = kinds_module.reduced_model(model, kinds.representatives)
-        rspecs = reduced.state_specs()
         say(f"tracing {kinds.describe()} (layers {', '.join(map(str, kinds.representatives))})")
-        raw = run_exporter(reduced, _example_inputs(reduced, rspecs), _dynamic_shapes(rspecs), _input_names(rspecs),
-                           _output_names(rspecs), opset, optimize=False)
+        raw = trace(reduced, False)
         folds = stamp.FoldLog()
         stamp.optimize_layers(raw, folds)
         stamp.canonical_dim_sources(raw)

@@ -744,12 +744,13 @@ def _recipe_graph(nodes: list[_ConeNode], outputs: list[str], model: ir.Model, f
 
 
 def check_supported(model) -> None:
-    """StampError unless `model` is a plain HybridForCausalLM whose layers hold tensors of their own
-    (no tensor shared between two layers or a layer and the skeleton)."""
+    """StampError unless `model` is a HybridForCausalLM (or subclass: the vision-language model's
+    language model) whose layers hold tensors of their own (no tensor shared between two layers or
+    a layer and the skeleton)."""
     from gdn_export.models.hybrid import HybridForCausalLM
 
-    if type(model) is not HybridForCausalLM:
-        raise StampError(f"{type(model).__name__} is not HybridForCausalLM")
+    if not isinstance(model, HybridForCausalLM):
+        raise StampError(f"{type(model).__name__} is not a HybridForCausalLM")
     owner: dict[int, str] = {}
     for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         where = _owner_of(name)

@@ -165,6 +165,22 @@ def test_stamped_int4_awq_is_the_whole_trace(tmp_path, cache):
     assert canonical_difference(stamped, whole) is None
 
 
+@pytest.mark.slow
+def test_stamped_vision_language_graph_is_the_whole_trace(tmp_path):
+    """The language graph of a vision-language model (visual embeddings scattered into the
+    embeddings, 3-D rotary positions) stamps as the text graph does."""
+    from gdn_export.models.vlm import HybridVLForCausalLM
+    from gdn_export.vlm.export import language_graph
+
+    path = make_tiny_checkpoint(tmp_path / "vl", family="qwen3_5", seed=0, num_hidden_layers=3, layer_types=[L, F, L])
+    lm = load_checkpoint(path, model_class=HybridVLForCausalLM)
+    lm.layout = TEST_LAYOUT
+    said = []
+    stamped = language_graph(lm.eval(), 24, say=said.append)
+    assert any("tracing 2 layer kinds of 3 layers" in line or "from the trace cache" in line for line in said), said
+    assert canonical_difference(stamped, language_graph(lm, 24, whole=True)) is None
+
+
 # ------------------------------------------------------------------------- layer kinds
 def test_layer_kinds_group_by_structure_and_ignore_the_index(tmp_path):
     model = _model(tmp_path, "qwen3_5", [L, L, F, L, F])
