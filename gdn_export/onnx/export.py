@@ -7,12 +7,15 @@
 The model's `layout` (gdn_export.layout) decides the K/V cache form: in place (default; the
 graph's opset is 24 for TensorScatter) or concatenated (opset 18..21, as older TensorRT parses).
 
-The torch dynamo exporter traces the model once with example sizes B=2, T=3 (and P=5 for the
-concat layout): torch.export specialises any dim whose example is 0 or 1, so prefill-only (P = 0)
-or decode-only (T = 1) examples would bake those sizes in. The gdn ops become bare gdn.* nodes through the translations
-in gdn_export/ops/*/onnx.py. The result is checked (onnx.checker full_check, strict shape
-inference, TensorRT plugin mapping) in a temporary folder beside the target, then renamed into
-place; a failure leaves nothing behind.
+The torch dynamo exporter traces the model with example sizes B=2, T=3 (and P=5 for the concat
+layout): torch.export specialises any dim whose example is 0 or 1, so prefill-only (P = 0) or
+decode-only (T = 1) examples would bake those sizes in. It traces one decoder layer of each kind, or
+none when the trace cache holds the architecture, and stamps that layer's subgraph for every layer
+of its kind (gdn_export.onnx.stamp, docs/export-time.md: the graph of a trace of the whole model,
+node for node); `whole_trace` traces every layer. The gdn ops become bare gdn.* nodes through the
+translations in gdn_export/ops/*/onnx.py. The result is checked (onnx.checker full_check, which
+includes strict shape inference, and the TensorRT plugin mapping) in a temporary folder beside the
+target, then renamed into place; a failure leaves nothing behind.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -106,10 +105,6 @@ def layer_kinds(model) -> LayerKinds:
         sig = module_signature(layer)
         kind_of.append(index.setdefault(sig, len(index)))
     return LayerKinds(tuple(index), tuple(kind_of))
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def reduced_model(model, layers) -> nn.Module:

@@ -4,11 +4,10 @@ Tracing costs ~1 s a decoder layer on a 2-core CPU, and a model's layers come in
 (gdn_export.onnx.kinds). `export_onnx` therefore traces a *reduced* model holding the first layer of
 each kind (the representatives, in model order) and builds the whole graph from it:
 
-    1. the exporter's graph of the reduced model before its optimizer (run_exporter optimize=False);
-       `RawCones` notes how each constant is computed from the weights
+    1. the exporter's graph of the reduced model before its optimizer (run_exporter optimize=False)
     2. `optimize_layers`: the optimizer passes that act within a layer (constant folding, the
        rewrite rules, lifting constants to initializers: onnxscript's optimize_ir up to its
-       initializer deduplication)
+       initializer deduplication); a `FoldLog` notes each node the folding turns into an initializer
     3. `canonical_dim_sources`: every dynamic dim read from a graph input is read from the first
        input that has it (the exporter picks one by rules of its own: the batch size of a 4-layer
        model from past.3.value, of a 2-layer one from past.0.conv)
@@ -33,7 +32,6 @@ whole model. The template holds no weights: gdn_export.onnx.trace_cache keeps it
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -108,7 +106,6 @@ def eliminate_common_subexpressions(model: ir.Model) -> None:
     from onnx_ir.passes import common
 
     common.CommonSubexpressionEliminationPass()(model)
-    common.RemoveUnusedNodesPass()(model)
 
 
 def dim_source(node: ir.Node, inputs) -> ir.Value | None:

@@ -100,40 +100,35 @@ def assert_stamped_is_whole(model, kinds_expected=None):
                                _ort_outputs(whole, feeds)):
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{name} differs"
+    return said
 
 
 # ------------------------------------------------------------------------- stamped == whole trace
-FAMILY_CASES = {
-    # family: (layers, extra config) -- each case stamps at least one layer from a representative
-    "qwen3_5": ([L, F, L, F], {}),  # mixed order: the second GDN and attention layers stamped
-    "qwen3_next": ([L, F, L, L], {"mlp_only_layers": [3]}),  # sparse-MoE and dense GDN layers (inplace)
-    "qwen3_5_moe": ([L, F, L], {}),
-    "olmo_hybrid": ([L, F, L], {}),  # post-norm attention blocks
+# (family, K/V layout): (layers, dtype, extra config); each case stamps at least one layer from its
+# kind's representative, a GDN or an attention layer
+CASES = {
+    ("qwen3_5", "inplace"): ([L, L, F, L, F], torch.float32, {}),  # mixed order, traced now (own cache)
+    ("qwen3_5", "concat"): ([L, F, F], torch.float32, {}),
+    ("qwen3_next", "inplace"): ([L, F, L, L], torch.float32, {"mlp_only_layers": [3]}),  # sparse-MoE and dense GDN layers
+    ("qwen3_next", "concat"): ([L, F, F], torch.float32, {}),
+    ("qwen3_5_moe", "inplace"): ([L, F, F], torch.float32, {}),
+    ("qwen3_5_moe", "concat"): ([L, F, L], torch.bfloat16, {}),  # folded bf16 weights (fp32 norm scales)
+    ("olmo_hybrid", "inplace"): ([L, F, F], torch.float32, {}),  # post-norm attention blocks
+    ("olmo_hybrid", "concat"): ([L, F, L], torch.float32, {}),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv", ["inplace", "concat"])
-@pytest.mark.parametrize("family", list(FAMILY_CASES))
-def test_stamped_graph_is_the_whole_trace(tmp_path, family, kv):
-    layers, config = FAMILY_CASES[family] if kv == "inplace" else ([L, F, L], {})
-    model = _model(tmp_path, family, layers, layout=LAYOUTS[kv], **config)
-    assert_stamped_is_whole(model)
-
-
-@pytest.mark.slow
-def test_five_layers_traced_now_are_the_whole_trace(tmp_path, cache):
-    """GDN, GDN, attention, GDN, attention, with a cache of the test's own: the template built from
-    this trace (not one from the session's cache)."""
-    model = _model(tmp_path, "qwen3_5", [L, L, F, L, F])
-    stamped, whole, said = _graphs(model)
-    assert any("tracing 2 layer kinds of 5 layers (layers 0, 2)" in line for line in said), said
-    assert canonical_difference(stamped, whole) is None
-
-
-@pytest.mark.slow
-def test_stamped_bf16_graph_is_the_whole_trace(tmp_path):
-    assert_stamped_is_whole(_model(tmp_path, "qwen3_5", [L, F, L], dtype=torch.bfloat16))
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_stamped_graph_is_the_whole_trace(tmp_path, monkeypatch, case):
+    family, kv = case
+    layers, dtype, config = CASES[case]
+    if case == ("qwen3_5", "inplace"):  # the template built from this trace, not the session cache's
+        monkeypatch.setenv(trace_cache.ENV, str(tmp_path / "trace-cache"))
+    model = _model(tmp_path, family, layers, dtype, layout=LAYOUTS[kv], **config)
+    said = assert_stamped_is_whole(model)
+    if case == ("qwen3_5", "inplace"):
+        assert any("tracing 2 layer kinds of 5 layers (layers 0, 2)" in line for line in said), said
 
 
 def _quantized(root, fmt, layers, kv_cache=None):
