@@ -228,11 +228,14 @@ def _stamped(model, opset: int, trace: Callable, say: Callable[[str], None]):
         tensors = dict(reduced.named_parameters(remove_duplicate=False))
         tensors.update(reduced.named_buffers(remove_duplicate=False))
         template = stamp.Template.build(raw, folds, tensors)
-        trace_cache.store(key, template)
+        cached = False
     else:
         say(f"{kinds.describe()}: graph of each kind from the trace cache ({trace_cache.describe(key)})")
+        cached = True
     say(f"stamping {len(kinds.kind_of)} layers")
     ir_model = template.instantiate(model, list(kinds.kind_of))
+    if not cached:
+        trace_cache.store(key, template)
     stamp.optimize_across_layers(ir_model)
     return ir_model
 

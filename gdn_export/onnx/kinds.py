@@ -3,7 +3,7 @@
 A layer's *signature* is everything about it that can change what the exporter writes for it except
 the values of its weights: the module tree (child names and classes), the plain attributes of every
 module (ints, floats, strings, dtypes, tuples of those: head counts, the projection layout, the FP8
-K/V cache scales, which are baked into the graph as constants), the name, shape and dtype of every
+K/V cache scales, which are baked into the graph as constants; a plain tensor by its bytes), the name, shape and dtype of every
 parameter and buffer (quantized weights and scales are buffers, so the quant format is in it), and
 for each one-element tensor whether it is 0, 1 or neither (the exporter's optimizer rewrites x * 1,
 x + 0, x - 0 and x / 1 with a scalar constant away). `layer_idx` is left out: it names the layer and
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -46,27 +47,33 @@ class LayerKinds:
     def representatives(self) -> tuple[int, ...]:
         return tuple(self.kind_of.index(k) for k in range(len(self.signatures)))
 
-    def layers_of(self, kind: int) -> list[int]:
-        return [i for i, k in enumerate(self.kind_of) if k == kind]
-
     def describe(self) -> str:
         """"2 layer kinds of 60 layers"."""
         n = len(self.signatures)
         return f"{n} layer kind{'s' if n != 1 else ''} of {len(self.kind_of)} layers"
 
 
-def _plain(value):
-    """A JSON-able form of a plain attribute value, or None when it is not one (left out)."""
+def _attribute(value):
+    """A JSON-able form of a module attribute's value: plain values exactly (floats by repr: exact,
+    nan and inf included), a tensor by shape, dtype and a digest of its bytes (a tensor that is
+    neither parameter nor buffer reaches the graph as a constant), anything else by its type or
+    qualified name."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
-        return repr(value)  # exact, and nan / inf stay JSON-able
+        return repr(value)
     if isinstance(value, torch.dtype):
         return str(value)
     if isinstance(value, (tuple, list)):
-        items = [_plain(v) for v in value]
-        return None if any(i is None and v is not None for i, v in zip(items, value)) else items
-    return None
+        return [_attribute(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() and not t.is_meta else b""
+        return ["tensor", list(t.shape), str(t.dtype), hashlib.sha256(data).hexdigest()]
+    name = getattr(value, "__qualname__", None)
+    if callable(value) and name:
+        return f"<{getattr(value, '__module__', '')}.{name}>"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 def _scalar_class(t: torch.Tensor) -> str | None:
@@ -84,8 +91,8 @@ def module_signature(module: nn.Module) -> str:
     parts = []
     for path, m in module.named_modules(remove_duplicate=False):
         cls = type(m)
-        attrs = {k: _plain(v) if v is None or _plain(v) is not None else f"<{type(v).__qualname__}>"
-                 for k, v in sorted(vars(m).items()) if not k.startswith("_") and k not in IGNORED_ATTRIBUTES}
+        attrs = {k: _attribute(v) for k, v in sorted(vars(m).items())
+                 if not k.startswith("_") and k not in IGNORED_ATTRIBUTES}
         tensors = []
         for kind, table in (("p", m._parameters), ("b", m._buffers)):
             for name, t in table.items():

@@ -90,6 +90,7 @@ def _feeds(model, seed=1):
 
 def assert_stamped_is_whole(model, kinds_expected=None):
     stamped, whole, said = _graphs(model)
+    assert any(line.startswith("stamping ") for line in said), said
     assert not any("does not serve" in line for line in said), said
     if kinds_expected is not None:
         assert any(f"{kinds_expected} layer kinds" in line for line in said), said
@@ -197,6 +198,22 @@ def test_a_scalar_weight_of_one_or_zero_is_a_kind_of_its_own(tmp_path):
         model.model.layers[i].linear_attn.register_buffer("scale", torch.tensor(value))
     model.model.layers[0].linear_attn.register_buffer("scale", torch.tensor(0.52))
     assert kinds_module.layer_kinds(model).kind_of == (0, 1, 0, 2)
+
+
+def test_plain_attributes_that_reach_the_graph_make_kinds(tmp_path):
+    """A module attribute the forward may bake into the graph (a float, a tensor that is neither
+    parameter nor buffer, a function) is part of the signature by value."""
+    import torch.nn.functional as fn
+
+    model = _model(tmp_path, "qwen3_5", [L, L, L, L, L])
+    attn = [layer.linear_attn for layer in model.model.layers]
+    attn[1].extra = torch.tensor([1.0, 2.0])
+    attn[2].extra = torch.tensor([1.0, 3.0])
+    attn[3].act = fn.silu
+    attn[4].act = fn.gelu
+    assert kinds_module.layer_kinds(model).kind_of == (0, 1, 2, 3, 4)
+    attn[2].extra, attn[4].act = torch.tensor([1.0, 2.0]), fn.silu
+    assert kinds_module.layer_kinds(model).kind_of == (0, 1, 1, 2, 2)
 
 
 # ------------------------------------------------------------------------- fallback and whole trace
