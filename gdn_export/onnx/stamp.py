@@ -44,6 +44,8 @@ CHECKED_ONNXSCRIPT = ("0.7.",)
 LAYER_KEY = "gdn_export.stamp.layer"  # node metadata in a template: the representative's position
 ROLE_KEY = "gdn_export.stamp.role"  # initializer metadata in a template: "param" | "recipe" | "const"
 OWNER_KEY = "gdn_export.stamp.owner"  # initializer metadata: the layer position that owns it ("" skeleton)
+EMBED_KEY = "gdn_export.stamp.embedding"  # initializer metadata: "1" on the token embedding's weight
+EMBEDDING = "model.embed_tokens.weight"
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _LAYER_SCOPE = re.compile(r"^model\.layers\.(\d+)(?:\.|$)")
 PARAM, RECIPE, CONST = "param", "recipe", "const"
@@ -352,7 +354,7 @@ class Template:
         layer's border."""
         g = self.model.graph
         embed = [n for n in self.prefix if any(v is not None and v.is_initializer()
-                                                and v.name == "model.embed_tokens.weight" for v in n.inputs)]
+                                                and v.metadata_props.get(EMBED_KEY) for v in n.inputs)]
         if len(embed) != 1:
             raise StampError(f"the skeleton reads the embedding in {len(embed)} nodes")
         tainted = {id(v) for v in embed[0].outputs}
@@ -440,6 +442,8 @@ class Template:
             if name in tensors:
                 v.metadata_props[ROLE_KEY] = PARAM
                 v.metadata_props[OWNER_KEY] = _owner_of(name)
+                if tensors[name] is tensors.get(EMBEDDING):  # by any of its names (tied to lm_head)
+                    v.metadata_props[EMBED_KEY] = "1"
                 continue
             recipe = folds.recipe(name)
             from_weights = recipe is not None and any(leaf in tensors for leaf in recipe[1])
@@ -572,7 +576,7 @@ class Template:
         initializers = []
 
         def add_init(v: ir.Value, name: str, tensor) -> ir.Value:
-            meta = {k: val for k, val in v.metadata_props.items() if k not in (ROLE_KEY, OWNER_KEY)}
+            meta = {k: val for k, val in v.metadata_props.items() if k not in (ROLE_KEY, OWNER_KEY, EMBED_KEY)}
             new = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor,
                            metadata_props=meta)
             initializers.append(new)

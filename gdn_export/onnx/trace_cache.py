@@ -6,7 +6,8 @@ weights (kilobytes to a few MB). The key hashes everything the template depends 
 sources, the versions of torch, onnxscript, onnx_ir, onnx and Python, the model's config (but its
 number and order of layers), the signature of its skeleton modules and of each layer kind in order
 (gdn_export.onnx.kinds), the deployment layout, the dtype and the opset. Entries are written to a
-temporary name and renamed; an entry that does not load is ignored (and traced again).
+temporary name and renamed; an entry that does not load is ignored (and traced again); the folder
+keeps the MAX_ENTRIES most recently used.
 
     GDN_EXPORT_CACHE   the cache folder; "off" (or "0", "") disables the cache. Default
                        $XDG_CACHE_HOME/gdn-export, else ~/.cache/gdn-export.
@@ -26,6 +27,7 @@ from pathlib import Path
 ENV = "GDN_EXPORT_CACHE"
 OFF = ("off", "0", "")
 FORMAT = 1  # of the entries: bump when the template's stored form changes
+MAX_ENTRIES = 64  # the least recently used go first (every source edit or upgrade makes new keys)
 
 
 def cache_dir() -> Path | None:
@@ -89,9 +91,14 @@ def load(key: str):
     from gdn_export.onnx.stamp import Template
 
     try:
-        return Template.from_proto(onnx.load(str(path)))
+        template = Template.from_proto(onnx.load(str(path)))
     except Exception:  # a damaged entry is traced again and overwritten
         return None
+    try:
+        os.utime(path)  # recently used
+    except OSError:
+        pass
+    return template
 
 
 def store(key: str, template) -> bool:
@@ -110,6 +117,19 @@ def store(key: str, template) -> bool:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        _prune(path.parent)
     except OSError:
         return False
     return True
+
+
+def _prune(folder: Path) -> None:
+    """Remove all but the MAX_ENTRIES most recently used entries of `folder`."""
+    entries = []
+    for p in folder.glob("*.onnx"):
+        try:
+            entries.append((p.stat().st_mtime, p))
+        except OSError:  # removed meanwhile by another process
+            pass
+    for _, p in sorted(entries, reverse=True)[MAX_ENTRIES:]:
+        p.unlink(missing_ok=True)

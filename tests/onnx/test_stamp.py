@@ -6,6 +6,8 @@ every family, both K/V cache layouts, mixed layer orders and quantized models; t
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnx_ir
@@ -115,7 +117,7 @@ CASES = {
     ("qwen3_5_moe", "inplace"): ([L, F, F], torch.float32, {}),
     ("qwen3_5_moe", "concat"): ([L, F, L], torch.bfloat16, {}),  # folded bf16 weights (fp32 norm scales)
     ("olmo_hybrid", "inplace"): ([L, F, F], torch.float32, {}),  # post-norm attention blocks
-    ("olmo_hybrid", "concat"): ([L, F, L], torch.float32, {}),
+    ("olmo_hybrid", "concat"): ([L, F, L], torch.float32, {"tie_word_embeddings": True}),  # lm_head = embedding
 }
 
 
@@ -339,6 +341,21 @@ def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
         assert trace_cache.cache_dir() is None
     monkeypatch.setenv(trace_cache.ENV, str(tmp_path / "elsewhere"))
     assert trace_cache.cache_dir() == tmp_path / "elsewhere"
+
+
+def test_the_cache_keeps_the_most_recently_used_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv(trace_cache.ENV, str(tmp_path))
+    monkeypatch.setattr(trace_cache, "MAX_ENTRIES", 2)
+
+    class Stub:
+        def to_proto(self):
+            return onnx.ModelProto()
+
+    for i, key in enumerate("abc"):
+        assert trace_cache.store(key, Stub())
+        os.utime(tmp_path / f"{key}.onnx", (1000 + i, 1000 + i))
+    trace_cache.store("d", Stub())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.onnx", "d.onnx"]
 
 
 def test_keys_differ_where_the_graph_differs(tmp_path):
