@@ -30,9 +30,17 @@ from torch import nn
 # Module attributes that do not reach the graph: the layer's index (a name), torch's own flags.
 IGNORED_ATTRIBUTES = frozenset({"layer_idx", "training"})
 # The exporter's optimizer drops a Mul / Div by a scalar 1 and an Add / Sub of a scalar 0
-# (onnxscript.rewriter's no-op rules, math.isclose at these tolerances): a one-element weight's
-# closeness to 0 or 1 changes the graph, its value otherwise does not.
-_REL_TOL, _ABS_TOL = 1e-3, 1e-6
+# (onnxscript.rewriter's no-op rules: math.isclose at its Constant pattern's tolerances): a
+# one-element weight's closeness to 0 or 1 changes the graph, its value otherwise does not.
+_REL_TOL, _ABS_TOL = 1e-5, 1e-8
+
+
+def scalar_class(value: float) -> str:
+    """"zero", "one" or "other": which scalar constant the optimizer's no-op rules take `value` for."""
+    for name, target in (("zero", 0.0), ("one", 1.0)):
+        if math.isclose(value, target, rel_tol=_REL_TOL, abs_tol=_ABS_TOL):
+            return name
+    return "other"
 
 
 @dataclass(frozen=True)
@@ -79,11 +87,7 @@ def _attribute(value):
 def _scalar_class(t: torch.Tensor) -> str | None:
     if t.numel() != 1 or t.is_meta or t.is_complex():
         return None
-    v = float(t.detach().reshape(()).to(torch.float32).cpu())
-    for name, target in (("zero", 0.0), ("one", 1.0)):
-        if math.isclose(v, target, rel_tol=_REL_TOL, abs_tol=_ABS_TOL):
-            return name
-    return "other"
+    return scalar_class(float(t.detach().reshape(()).to(torch.float32).cpu()))
 
 
 def module_signature(module: nn.Module) -> str:

@@ -45,6 +45,7 @@ LAYER_KEY = "gdn_export.stamp.layer"  # node metadata in a template: the represe
 ROLE_KEY = "gdn_export.stamp.role"  # initializer metadata in a template: "param" | "recipe" | "const"
 OWNER_KEY = "gdn_export.stamp.owner"  # initializer metadata: the layer position that owns it ("" skeleton)
 EMBED_KEY = "gdn_export.stamp.embedding"  # initializer metadata: "1" on the token embedding's weight
+SCALAR_KEY = "gdn_export.stamp.scalar"  # initializer metadata: a one-element weight's scalar class
 EMBEDDING = "model.embed_tokens.weight"
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _LAYER_SCOPE = re.compile(r"^model\.layers\.(\d+)(?:\.|$)")
@@ -471,6 +472,9 @@ class Template:
                     recipe_nodes.append(node)
             recipe_outputs.append(name)
         recipes = _recipe_graph(recipe_nodes, recipe_outputs, model, folds, tensors)
+        for v in g.initializers.values():  # what the optimizer's no-op rules saw in the representative
+            if v.metadata_props[ROLE_KEY] != CONST and v.const_value is not None and v.const_value.size == 1:
+                v.metadata_props[SCALAR_KEY] = _scalar_class_of(_numpy(v.const_value))
         template = cls(model, recipes)
         template._check_recipes(tensors)
         return template
@@ -576,7 +580,12 @@ class Template:
         initializers = []
 
         def add_init(v: ir.Value, name: str, tensor) -> ir.Value:
-            meta = {k: val for k, val in v.metadata_props.items() if k not in (ROLE_KEY, OWNER_KEY, EMBED_KEY)}
+            meta = {k: val for k, val in v.metadata_props.items()
+                    if k not in (ROLE_KEY, OWNER_KEY, EMBED_KEY, SCALAR_KEY)}
+            want = v.metadata_props.get(SCALAR_KEY)
+            if want is not None and _scalar_class_of(_numpy(tensor)) != want:
+                raise StampError(f"{name} is a scalar {_scalar_class_of(_numpy(tensor))} where the traced "
+                                 f"layer's is {want} (the optimizer rewrites x * 1 and x + 0)")
             new = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor,
                            metadata_props=meta)
             initializers.append(new)
@@ -694,6 +703,12 @@ def _read_layer(node: ir.Node) -> int | None:
     if len(found) > 1:
         raise StampError(f"node {node.name} ({node.op_type}) reads values of layers {sorted(found)}")
     return next(iter(found)) if found else None
+
+
+def _scalar_class_of(array: np.ndarray) -> str:
+    from gdn_export.onnx.kinds import scalar_class
+
+    return scalar_class(float(np.asarray(array, dtype=np.float64).reshape(())))
 
 
 def _owner_of(name: str) -> str:

@@ -150,8 +150,17 @@ def test_stamped_fp8_with_fp8_kv_cache_is_the_whole_trace(tmp_path, cache):
     """FP8 weights and activations; FP8 K/V caches whose per-layer scales the graph holds as
     constants: each attention layer is a kind of its own, the GDN layers share one."""
     model = _quantized(tmp_path, "fp8", [L, F, L, F], kv_cache="fp8")
-    assert kinds_module.layer_kinds(model).kind_of == (0, 1, 0, 2)
+    kinds = kinds_module.layer_kinds(model)
+    assert kinds.kind_of == (0, 1, 0, 2)
     assert_stamped_is_whole(model, kinds_expected=3)
+    # A scalar the optimizer's no-op rules would take for 1 where the representative's is not: the
+    # layer is a kind of its own, and a template made for the other kind refuses it.
+    template = trace_cache.load(trace_cache.cache_key(model, kinds, 24))
+    with torch.no_grad():
+        model.model.layers[2].mlp.up_proj.input_scale.fill_(1.0)
+    assert kinds_module.layer_kinds(model).kind_of == (0, 1, 2, 3)
+    with pytest.raises(stamp.StampError, match="is a scalar one where the traced layer's is other"):
+        template.instantiate(model, [0, 1, 0, 2])
 
 
 @pytest.mark.slow
