@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 
 import pytest
@@ -57,6 +58,10 @@ def _build_torchlib_registry_once() -> None:
 
 
 _build_torchlib_registry_once()
+
+# The stamped export's trace cache (gdn_export.onnx.trace_cache): one folder for every worker and
+# session on this machine (its keys hash gdn_export's sources), not the user's ~/.cache.
+os.environ.setdefault("GDN_EXPORT_CACHE", os.path.join(tempfile.gettempdir(), "gdn-export-trace-cache"))
 
 if os.environ.get("GDN_EXPORT_LOG"):  # where the suite's time goes: one line per whole-model trace
     import hashlib

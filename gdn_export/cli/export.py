@@ -33,6 +33,10 @@ def add_parser(sub) -> None:
                    help="also write the graphs of speculative decoding with the checkpoint's MTP head "
                    "beside the model: NAME.verify.onnx (K + 1 tokens a row, every GDN state kept) and "
                    "NAME.mtp.onnx (the head) (gdn_export.onnx.speculative; default: off)")
+    p.add_argument("--whole-trace", action="store_true",
+                   help="trace every decoder layer (the default traces one layer of each kind, or none "
+                   "when the trace cache holds the architecture, and stamps it for every layer of its "
+                   "kind: the same graph; docs/export-time.md)")
     add_overwrite(p, "the .onnx file (and its .data sidecar)")
     add_export_flags(p)
     add_quiet(p)
@@ -111,7 +115,7 @@ def run(args) -> int:
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(args.dtype))
     model.layout = layout
     path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops,
-                       overwrite=args.overwrite)
+                       overwrite=args.overwrite, whole_trace=args.whole_trace)
     print(f"wrote {path}")
     if extra:
         from gdn_export.onnx.speculative import export_mtp, export_verify

@@ -38,7 +38,8 @@ def export_vlm_if_composite(args, layout, progress) -> tuple | None:
                  "language model alone")
         return None
     return export_vlm(args.checkpoint, args.output, dtype=torch_dtype(args.dtype), layout=layout,
-                      opset=args.opset, progress=progress, onnx_ops=args.onnx_ops, overwrite=args.overwrite)
+                      opset=args.opset, progress=progress, onnx_ops=args.onnx_ops, overwrite=args.overwrite,
+                      whole_trace=getattr(args, "whole_trace", False))
 
 
 # ------------------------------------------------------------------------------- run / validate

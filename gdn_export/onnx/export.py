@@ -7,12 +7,15 @@
 The model's `layout` (gdn_export.layout) decides the K/V cache form: in place (default; the
 graph's opset is 24 for TensorScatter) or concatenated (opset 18..21, as older TensorRT parses).
 
-The torch dynamo exporter traces the model once with example sizes B=2, T=3 (and P=5 for the
-concat layout): torch.export specialises any dim whose example is 0 or 1, so prefill-only (P = 0)
-or decode-only (T = 1) examples would bake those sizes in. The gdn ops become bare gdn.* nodes through the translations
-in gdn_export/ops/*/onnx.py. The result is checked (onnx.checker full_check, strict shape
-inference, TensorRT plugin mapping) in a temporary folder beside the target, then renamed into
-place; a failure leaves nothing behind.
+The torch dynamo exporter traces the model with example sizes B=2, T=3 (and P=5 for the concat
+layout): torch.export specialises any dim whose example is 0 or 1, so prefill-only (P = 0) or
+decode-only (T = 1) examples would bake those sizes in. It traces one decoder layer of each kind, or
+none when the trace cache holds the architecture, and stamps that layer's subgraph for every layer
+of its kind (gdn_export.onnx.stamp, docs/export-time.md: the graph of a trace of the whole model,
+node for node); `whole_trace` traces every layer. The gdn ops become bare gdn.* nodes through the
+translations in gdn_export/ops/*/onnx.py. The result is checked (onnx.checker full_check, which
+includes strict shape inference, and the TensorRT plugin mapping) in a temporary folder beside the
+target, then renamed into place; a failure leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -113,10 +116,11 @@ def _dynamic_shapes(specs):
 MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
-def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: int):
+def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: int, optimize: bool = True):
     """torch.onnx.export (dynamo, our translations) -> onnx_ir.Model with local functions inlined
     and no machine-specific node metadata; the exporter's chatter swallowed. RuntimeError when the
-    graph's I/O names are not `input_names` / `output_names`."""
+    graph's I/O names are not `input_names` / `output_names`. optimize False: the exporter's graph
+    before its optimizer (gdn_export.onnx.stamp runs the optimizer's passes itself)."""
     import torch
 
     chatter = io.StringIO()
@@ -131,7 +135,7 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
             program = torch.onnx.export(
                 model, args, dynamo=True, dynamic_shapes=dynamic_shapes,
                 input_names=list(input_names), output_names=list(output_names), opset_version=opset,
-                custom_translation_table=custom_translation_table(), optimize=True, verbose=False,
+                custom_translation_table=custom_translation_table(), optimize=optimize, verbose=False,
             )
     finally:
         registry_log.setLevel(level)
@@ -151,12 +155,16 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
     return ir_model
 
 
-def _trace(model, specs, opset: int):
-    """run_exporter on the model's forward(input_ids, past_lengths, seq_lens, *states)."""
-    input_names = [*TOKEN_INPUTS, *(s.name for s in specs)]
-    output_names = [LOGITS, *(s.output_name for s in specs)]
-    ir_model = run_exporter(model, _example_inputs(model, specs), _dynamic_shapes(specs), input_names,
-                            output_names, opset)
+def _trace(model, specs, opset: int, *, whole: bool = False, say: Callable[[str], None] = lambda _m: None):
+    """The optimized graph of the model's forward(input_ids, past_lengths, seq_lens, *states)
+    (`optimized_graph`), its INT4 weights folded."""
+
+    def trace(m, optimize: bool):
+        s = m.state_specs()
+        return run_exporter(m, _example_inputs(m, s), _dynamic_shapes(s), _input_names(s), _output_names(s), opset,
+                            optimize=optimize)
+
+    ir_model = optimized_graph(model, opset, trace, whole=whole, say=say)
     if ir_model.opset_imports.get("") != opset:
         raise RuntimeError(f"asked the exporter for opset {opset}, got {ir_model.opset_imports}")
     from gdn_export.ops.moe_quant.onnx import fold_int4_expert_weights
@@ -167,24 +175,86 @@ def _trace(model, specs, opset: int):
     return ir_model
 
 
+def _input_names(specs) -> list[str]:
+    return [*TOKEN_INPUTS, *(s.name for s in specs)]
+
+
+def _output_names(specs) -> list[str]:
+    return [LOGITS, *(s.output_name for s in specs)]
+
+
+def optimized_graph(model, opset: int, trace: Callable, *, whole: bool = False,
+                    say: Callable[[str], None] = lambda _m: None):
+    """The optimized onnx_ir graph of `model` (a HybridForCausalLM or subclass), stamped from a trace of
+    one layer of each kind (gdn_export.onnx.stamp; the trace cached by gdn_export.onnx.trace_cache)
+    or, with `whole` or where stamping cannot serve the model (said through `say`), traced whole.
+    trace(m, optimize) -> onnx_ir.Model: run_exporter on model `m` (the model or a reduced copy of it)
+    with its graph I/O, the exporter's optimizer on or off. Either way every dynamic dim is read
+    from the first graph input that has it."""
+    from gdn_export.onnx import stamp
+
+    layers = len(model.config.layer_kinds)
+    if not whole:
+        try:
+            return _stamped(model, opset, trace, say)
+        except stamp.StampError as exc:
+            say(f"stamping does not serve this model ({exc}): tracing all {layers} layers")
+    else:
+        say(f"tracing all {layers} layers (whole trace)")
+    ir_model = trace(model, True)
+    if stamp.canonical_dim_sources(ir_model):
+        stamp.eliminate_common_subexpressions(ir_model)
+    return ir_model
+
+
+def _stamped(model, opset: int, trace: Callable, say: Callable[[str], None]):
+    """The model's graph stamped from a template (gdn_export.onnx.stamp): the cached one for this
+    architecture, else one traced now from a reduced model. StampError where the model is not one
+    the template can express."""
+    from gdn_export.onnx import kinds as kinds_module, stamp, trace_cache
+
+    stamp.check_supported(model)
+    kinds = kinds_module.layer_kinds(model)
+    key = trace_cache.cache_key(model, kinds, opset)
+    template = trace_cache.load(key)
+    if template is None:
+        stamp.check_optimizer()
+        reduced = kinds_module.reduced_model(model, kinds.representatives)
+        say(f"tracing {kinds.describe()} (layers {', '.join(map(str, kinds.representatives))})")
+        raw = trace(reduced, False)
+        folds = stamp.FoldLog()
+        stamp.optimize_layers(raw, folds)
+        stamp.canonical_dim_sources(raw)
+        tensors = dict(reduced.named_parameters(remove_duplicate=False))
+        tensors.update(reduced.named_buffers(remove_duplicate=False))
+        template = stamp.Template.build(raw, folds, tensors)
+        cached = False
+    else:
+        say(f"{kinds.describe()}: graph of each kind from the trace cache ({trace_cache.describe(key)})")
+        cached = True
+    say(f"stamping {len(kinds.kind_of)} layers")
+    ir_model = template.instantiate(model, list(kinds.kind_of))
+    if not cached:
+        trace_cache.store(key, template)
+    stamp.optimize_across_layers(ir_model)
+    return ir_model
+
+
 def _initializer_bytes(ir_model) -> int:
     return sum(v.const_value.nbytes for v in ir_model.graph.initializers.values()
                if v.const_value is not None)
 
 
 def _verify(onnx_path: Path, external: bool) -> None:
-    """onnx.checker full_check, strict shape inference and the plugin-mapping check."""
+    """onnx.checker full_check (which includes strict, type-checked shape inference) and the
+    plugin-mapping check, on the file as written (a sidecar's data is not read)."""
     register_schemas()
-    onnx.checker.check_model(str(onnx_path), full_check=True)
-    if external:
-        inferred = onnx_path.with_name(onnx_path.name + ".inferred")
-        onnx.shape_inference.infer_shapes_path(str(onnx_path), str(inferred), check_type=True,
-                                               strict_mode=True)
-        inferred.unlink()
+    if external:  # the path form also checks the sidecar it names
+        onnx.checker.check_model(str(onnx_path), full_check=True)
         proto = onnx.load(str(onnx_path), load_external_data=False)
     else:
         proto = onnx.load(str(onnx_path))
-        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+        onnx.checker.check_model(proto, full_check=True)
     check_plugin_mappable(proto)
 
 
@@ -228,7 +298,7 @@ def check_export_target(path: str | os.PathLike, opset: int | None = None, layou
 
 def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
                 progress: Callable[[str], None] | None = None, onnx_ops: str = "gdn",
-                overwrite: bool = True) -> Path:
+                overwrite: bool = True, whole_trace: bool = False) -> Path:
     """Export `model` (HybridForCausalLM, any dtype, shaped by `model.layout`) to `path`; returns
     the written path. `opset` defaults to 24 for the in-place layout, 18 for the concat layout.
 
@@ -240,6 +310,9 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
     VarlenCausalConvWithState / GatedRMSNorm (gdn_export.onnx.ort_form).
     overwrite False: a file that appeared at `path` (or its sidecar) while the export ran is kept
     and the export ends in an OutputError (gdn_export.paths.publish_files).
+    whole_trace: trace the whole model instead of one layer per kind stamped for every layer of its
+    kind (gdn_export.onnx.stamp; the same graph, node for node); the stamped path also falls back to
+    it, saying why, for a model it cannot express.
     """
     from gdn_export.onnx.forms import check_form
 
@@ -257,9 +330,9 @@ def export_onnx(model, path: str | os.PathLike, *, opset: int | None = None,
                              f"Q/DQ of opset >= {QUANT_OPSET}")
     model.eval()
     specs = model.state_specs()
-    say(f"tracing {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}, "
+    say(f"exporting {len(model.config.layer_kinds)} layers ({len(specs)} state tensors), opset {opset}, "
         f"{layout.describe()}")
-    ir_model = _trace(model, specs, opset)
+    ir_model = _trace(model, specs, opset, whole=whole_trace, say=say)
     ir_model.metadata_props.update(metadata.make_metadata(
         version=__version__, family=model.config.family,
         dtype=metadata.torch_dtype_name(model.dtype), opset=opset,

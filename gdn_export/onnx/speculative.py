@@ -144,7 +144,8 @@ def export_verify(model, path, k: int, opset: int | None = None, overwrite: bool
     specs = model.state_specs()
     batch = Dim(BATCH, min=1)
     dynamic = ({0: batch}, {0: batch}, {0: batch}, tuple({0: batch} for _ in specs))
-    say(f"tracing the verify form: {k + 1} tokens a row, every GDN state kept, opset {opset}")
+    say(f"tracing the verify form: {k + 1} tokens a row, every GDN state kept, opset {opset}; all "
+        f"{len(model.config.layer_kinds)} layers (the stamped export serves the model graph only)")
     ir_model = run_exporter(VerifyForm(model), verify_inputs(model, k), dynamic,
                             [*TOKEN_INPUTS, *(s.name for s in specs)], verify_output_names(model), opset)
     ir_model.metadata_props.update(_metadata(model, opset, "verify", k))

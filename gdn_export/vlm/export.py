@@ -10,7 +10,8 @@ text graph. Vision graph: pixel_values [num_patches, C*Tp*P*P] (model dtype), gr
 [num_grids, 3] int64 -> visual_embeds [num_merged, hidden] (gdn_export.models.vision).
 
 Both are traced by the torch dynamo exporter at opset 24 (every example size > 1, so that no
-dynamic axis is specialised), checked as the text graph is (onnx.checker full_check, strict shape
+dynamic axis is specialised; the language graph from one layer of each kind, stamped for every
+layer as the text graph is: gdn_export.onnx.stamp), checked as the text graph is (onnx.checker full_check, strict shape
 inference, plugin mapping), written under temporary names in the target folder and renamed into
 place only when both passed: a failure leaves neither file behind. Metadata keys
 `gdn_export.vlm.*` tie the two files (`VLM_KEYS`); the language file also carries the text graph's
@@ -69,8 +70,9 @@ def _export(model, args, dynamic_shapes, input_names, output_names, opset: int):
     return ir_model
 
 
-def trace_language(lm, opset: int):
-    """The language graph of HybridVLForCausalLM `lm` (module docstring) as an onnx_ir.Model."""
+def trace_language(lm, opset: int, optimize: bool = True):
+    """The language graph of HybridVLForCausalLM `lm` (module docstring) as an onnx_ir.Model, traced
+    whole (optimize False: before the exporter's optimizer)."""
     import torch
     from torch.export import Dim
 
@@ -93,7 +95,20 @@ def trace_language(lm, opset: int):
     names_in = [*TOKEN_INPUTS, *VISUAL_INPUTS, *(s.name for s in specs)]
     names_out = [LOGITS, *(s.output_name for s in specs)]
     lm.eval()
-    return _export(lm, (ids, past, lens, positions, embeds, index, *states), dynamic, names_in, names_out, opset)
+    from gdn_export.onnx.export import run_exporter
+
+    return run_exporter(lm, (ids, past, lens, positions, embeds, index, *states), dynamic, names_in, names_out, opset,
+                        optimize=optimize)
+
+
+def language_graph(lm, opset: int, whole: bool = False, say: Callable[[str], None] = lambda _m: None):
+    """The optimized language graph of `lm`: stamped from one layer of each kind, or traced whole
+    (gdn_export.onnx.export.optimized_graph)."""
+    from gdn_export.onnx.export import optimized_graph
+
+    ir_model = optimized_graph(lm, opset, lambda m, optimize: trace_language(m, opset, optimize), whole=whole, say=say)
+    ir_model.producer_name, ir_model.producer_version = "gdn-export", __version__
+    return ir_model
 
 
 def trace_vision(vision, opset: int):
@@ -111,16 +126,11 @@ def trace_vision(vision, opset: int):
 
 
 def _verify_plain(path: Path, external: bool) -> None:
-    """onnx.checker full_check and strict shape inference (the vision graph has no gdn nodes)."""
+    """onnx.checker full_check, which includes strict, type-checked shape inference (the vision
+    graph has no gdn nodes)."""
     import onnx
 
-    onnx.checker.check_model(str(path), full_check=True)
-    if external:
-        inferred = path.with_name(path.name + ".inferred")
-        onnx.shape_inference.infer_shapes_path(str(path), str(inferred), check_type=True, strict_mode=True)
-        inferred.unlink()
-    else:
-        onnx.shape_inference.infer_shapes(onnx.load(str(path)), check_type=True, strict_mode=True)
+    onnx.checker.check_model(str(path) if external else onnx.load(str(path)), full_check=True)
 
 
 def _save_checked(ir_model, tmp_path: Path, say, plugins: bool = True) -> bool:
@@ -140,13 +150,14 @@ def _save_checked(ir_model, tmp_path: Path, say, plugins: bool = True) -> bool:
 
 def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtype=None, layout=None,
                opset: int | None = None, progress: Callable[[str], None] | None = None,
-               onnx_ops: str = "gdn", overwrite: bool = True) -> tuple[Path, Path]:
+               onnx_ops: str = "gdn", overwrite: bool = True, whole_trace: bool = False) -> tuple[Path, Path]:
     """Export the composite checkpoint's language graph to `output` and its vision encoder to
     `vision_path(output)` (module docstring); returns both paths. dtype: torch dtype of both graphs
     (default: the checkpoint's); layout: the language graph's DeployLayout (default layout);
     onnx_ops: the form of the language graph's GDN layers (gdn_export.onnx.forms); overwrite False:
     files that appeared at the outputs while the export ran are kept and the export ends in an
-    OutputError (gdn_export.paths.publish_files)."""
+    OutputError (gdn_export.paths.publish_files); whole_trace: trace every layer of the language
+    model instead of stamping one layer of each kind (gdn_export.onnx.export.optimized_graph)."""
     import torch
 
     from gdn_export.layout import DEFAULT_LAYOUT
@@ -174,8 +185,8 @@ def export_vlm(checkpoint: str | os.PathLike, output: str | os.PathLike, *, dtyp
     print_ = fingerprint(checkpoint)
     dtype_name = metadata.torch_dtype_name(lm.dtype)
     specs = lm.state_specs()
-    say(f"tracing the language graph: {len(lm.config.layer_kinds)} layers, opset {opset}, {layout.describe()}")
-    language = trace_language(lm, opset)
+    say(f"language graph: {len(lm.config.layer_kinds)} layers, opset {opset}, {layout.describe()}")
+    language = language_graph(lm, opset, whole_trace, say)
     language.metadata_props.update(metadata.make_metadata(
         version=__version__, family=lm.config.family, dtype=dtype_name, opset=opset,
         vocab_size=lm.config.vocab_size, states=metadata.layouts_from_specs(specs), layout=layout))

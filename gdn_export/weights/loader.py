@@ -20,6 +20,7 @@ With tie_word_embeddings, lm_head shares model.embed_tokens.weight (a stored lm_
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -84,8 +85,27 @@ def _plan(directory: Path, reader: CheckpointReader, config: HybridConfig, model
     return plan
 
 
+# The initializers torch.nn's layers call in their constructors. On the meta device they run
+# torch._refs, whose first call imports torch._dynamo (~1.2 s); a meta tensor has no values to set.
+_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+          "xavier_normal_", "constant_", "zeros_", "ones_")
+
+
+@contextlib.contextmanager
+def _no_init():
+    """torch.nn.init's in-place initializers as no-ops (for building modules on the meta device)."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITS}
+    try:
+        for name in _INITS:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 def _meta_model(config: HybridConfig, dtype: torch.dtype | None = None, model_class=HybridForCausalLM):
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = model_class(config)
         return model.to(dtype) if dtype is not None else model
 

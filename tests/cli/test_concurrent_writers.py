@@ -52,7 +52,7 @@ def test_export_keeps_a_file_that_appeared(cli, tmp_path, tiny_ckpt, tiny_onnx, 
     import onnx_ir
 
     out = tmp_path / "m.onnx"
-    monkeypatch.setattr(export_module, "_trace", lambda model, specs, opset: onnx_ir.load(tiny_onnx))
+    monkeypatch.setattr(export_module, "_trace", lambda model, specs, opset, **_: onnx_ir.load(tiny_onnx))
     _race(monkeypatch, export_module, "publish_files", lambda: out.write_bytes(b"another run's export"))
     r = cli("export", tiny_ckpt, "-o", out, "-q", *(["--overwrite"] if overwrite else []))
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]

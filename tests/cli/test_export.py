@@ -112,7 +112,7 @@ def test_late_failure_leaves_the_old_file_and_no_temp(cli, tmp_path, tiny_ckpt, 
         assert path.exists() and path.parent != tmp_path  # checked in a temp folder, not in place
         raise GdnExportError("injected checker failure")
 
-    monkeypatch.setattr(export_module, "_trace", lambda model, specs, opset: onnx_ir.load(tiny_onnx))
+    monkeypatch.setattr(export_module, "_trace", lambda model, specs, opset, **_: onnx_ir.load(tiny_onnx))
     monkeypatch.setattr(export_module, "_verify", reject)
     (tmp_path / "m.onnx").write_bytes(b"the previous export")
     message = cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "-q", "--overwrite").error_line("export")
@@ -184,3 +184,22 @@ def test_broken_moe_checkpoint(cli, tmp_path, case):
     message = cli("export", tmp_path / "ckpt", "-o", out / "m.onnx", "-q").error_line("export")
     assert all(f in message for f in fragments), message
     assert list(out.iterdir()) == []
+
+
+class _Traced(Exception):
+    pass
+
+
+def test_whole_trace_flag_reaches_the_export(cli, tiny_ckpt, tmp_path, monkeypatch):
+    """`--whole-trace` traces every layer; without it the export stamps (tests/onnx/test_stamp.py)."""
+    got = []
+
+    def fake_trace(model, specs, opset, *, whole=False, say=None):
+        got.append(whole)
+        raise _Traced
+
+    monkeypatch.setattr(export_module, "_trace", fake_trace)
+    for flags in ([], ["--whole-trace"]):
+        with pytest.raises(_Traced):
+            cli("export", tiny_ckpt, "-o", tmp_path / "m.onnx", "--overwrite", *flags)
+    assert got == [False, True]

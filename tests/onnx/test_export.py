@@ -199,7 +199,7 @@ def test_streaming_export_matches_torch_far_past_the_window(tiny_root, sinks, wi
 def retrace_free(monkeypatch, tiny_root):
     """export_onnx with the tracing replaced by a reload of the qwen3_5 export (saves seconds)."""
     model, path = tiny_export("qwen3_5", tiny_root)
-    monkeypatch.setattr(export_module, "_trace", lambda *_args: onnx_ir.load(path))
+    monkeypatch.setattr(export_module, "_trace", lambda *_args, **_kwargs: onnx_ir.load(path))
     return model, path
 
 
