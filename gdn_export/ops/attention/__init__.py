@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.ops import backends
+# the decode kernel's limits without importing Triton (decode_shaped runs while torch.compile traces)
+from kernels.attention.limits import max_rows as decode_max_rows
 
 KV_UPDATE_OP = "gdn::kv_cache_update"
 KV_WRITE_OP = "gdn::write_kv_cache_"
@@ -215,15 +217,7 @@ def decode_shaped(q: torch.Tensor, key: torch.Tensor) -> bool:
     B, H, S, D = q.shape
     Hkv, L = key.shape[1], key.shape[2]
     return (L >= DECODE_MIN_SLOTS and 16 <= D <= 256 and not D & (D - 1) and Hkv > 0 and H % Hkv == 0
-            and (H // Hkv) * S <= _decode_max_rows(D))
-
-
-@torch.compiler.assume_constant_result
-def _decode_max_rows(D: int) -> int:
-    """The decode kernel's most query rows per kv head at head dim D, 0 without Triton (a constant
-    to torch.compile: it imports nothing while tracing)."""
-    decode = _triton_kernel("decode")
-    return 0 if decode is None else decode.max_rows(D)
+            and (H // Hkv) * S <= decode_max_rows(D))
 
 
 def prefill_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_lengths: torch.Tensor,

@@ -43,9 +43,7 @@ from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 from kernels.triton_utils import dot
 
 DTYPES = (torch.float16, torch.bfloat16)
-MIN_ROWS = 16  # tl.dot needs M >= 16
-MAX_ROWS = 64  # G * S beyond this: SDPA's query-parallel kernels have enough blocks anyway
-MAX_TILE = 32 * 256  # query rows x D: the fp32 accumulator (32 KiB) stays in registers at 8 warps
+from kernels.attention.limits import MAX_ROWS, MAX_TILE, MIN_ROWS, max_rows  # noqa: E402,F401
 MIN_KEYS = 64  # slots per split: at 64 the fp32 partials (M x D x 4 B) are M / 64 of its K + V bytes
 WAVES = 4  # aim for this many programs per SM (latency hiding comes from many loads in flight)
 DEFAULT_SMS = 132  # H200; the SM count where there is no CUDA device (Triton's interpreter)
@@ -177,11 +175,6 @@ def check_kv_scales(who: str, key: torch.Tensor, k_scale, v_scale) -> bool:
         raise ValueError(f"{who}: a {key.dtype} cache with k_scale {k_scale}, v_scale {v_scale} (float8_e4m3fn "
                          f"caches, and only they, take both scales)")
     return fp8
-
-
-def max_rows(D: int) -> int:
-    """The most query rows (G * S) per kv head the kernel takes at head dim D."""
-    return min(MAX_ROWS, MAX_TILE // D)
 
 
 def inputs_fit(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
