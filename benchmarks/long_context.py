@@ -111,29 +111,23 @@ def kernels(out: Path, budget: float) -> list[dict]:
         routes = {}
         if flash.takes(q, key, value, 0):
             routes["flash2-varlen"] = lambda: flash.flash_prefill(q, key, value, past, scale)
-        for name, cfg in PP.CONFIGS.items():
-            if name.startswith(f"d{max(16, 1 << (D - 1).bit_length())}"):
-                def run(cfg=cfg):
-                    old = dict(PP.CONFIGS)
-                    PP.CONFIGS.update({k: cfg for k in PP.CONFIGS})
-                    try:
-                        return PP.attention_prefill_positions(q, key, value, past, scale)
-                    finally:
-                        PP.CONFIGS.update(old)
-                routes[f"triton-positions {cfg}"] = run
-        for bm, bn, w, st in ((128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)):
-            cfg = (bm, bn, w, st)
-            if D == 256 and cfg not in PP.CONFIGS.values():
-                def run(cfg=cfg):
-                    old = dict(PP.CONFIGS)
-                    PP.CONFIGS.update({k: cfg for k in PP.CONFIGS})
-                    try:
-                        return PP.attention_prefill_positions(q, key, value, past, scale)
-                    finally:
-                        PP.CONFIGS.update(old)
-                routes[f"triton-positions {cfg}"] = run
-        if S * L <= 2**31:
-            mask = visibility(past, S, L)
+
+        def with_config(cfg):
+            def run():
+                old = dict(PP.CONFIGS)
+                PP.CONFIGS.update({k: cfg for k in PP.CONFIGS})
+                try:
+                    return PP.attention_prefill_positions(q, key, value, past, scale)
+                finally:
+                    PP.CONFIGS.update(old)
+            return run
+
+        configs = [cfg for name, cfg in PP.CONFIGS.items() if name.startswith(f"d{max(16, 1 << (D - 1).bit_length())}")]
+        if D == 256:  # the other launches the sm_90 compile report admits
+            configs += [c for c in ((128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)) if c not in configs]
+        for cfg in configs:
+            routes[f"triton-positions {cfg}"] = with_config(cfg)
+        if S * L <= 2**31:  # the route before builds the [1, 1, S, L] mask each call, as the model did
             routes["mask-triton (before)"] = lambda: _attention_cuda(q, key, value, visibility(past, S, L), scale)
         if P == 0:
             def cudnn():
