@@ -16,6 +16,11 @@ Rows: decode B = 1, 8, 64 and prefill T = 4096 tokens. Columns (median ms):
                       bandwidth (the decode target is 1.5x this)
     x / target        time / (1.5 x weight read) at decode, / (2 x dense GEMM) at prefill: <= 1 meets
                       the issue's targets
+With --quant (issue 39: quantized experts, decode <= 0.7x bf16), a second table at the decode rows:
+the routed experts through gdn::moe (bf16, triton) beside gdn::moe_fp8 (per-channel FP8 weights as
+`gdn-export quantize` writes them, weight-only and with static per-expert FP8 activation scales)
+and gdn::moe_int4 (RTN group 128), each checked against its fp32 reference first (relative RMS <=
+2e-2) and timed the same way; ratios to bf16.
 Graph-capturable paths are timed as CUDA-graph replays (no launch gaps); the others (transformers'
 loop syncs on nonzero) with CUDA events around eager calls. Before timing, every implementation
 is checked against the fp32 reference (relative RMS <= 1e-2); a failed check is printed and its
@@ -106,6 +111,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="decode rows only")
+    ap.add_argument("--quant", action="store_true", help="also the quantized experts (FP8, INT4) at the decode rows")
+    ap.add_argument("--quant-only", action="store_true", help="only the quantized-experts table")
     args = ap.parse_args(argv)
     args.out = out_dir(args.out, "moe_bench")
     out_dir = Path(args.out)
@@ -116,6 +123,14 @@ def main(argv=None) -> int:
     dense = dense_weights(gate_up, down)
     bandwidth = copy_bandwidth()
     print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    quant_rows = _quant(block, gate_up, down) if args.quant or args.quant_only else []
+    if args.quant_only:
+        table = _quant_table(quant_rows)
+        (out_dir / "moe_quant_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+                                                                   "rows": quant_rows}, indent=1))
+        (out_dir / "moe_quant_bench.md").write_text(table + "\n")
+        print(table)
+        return 0
     results = []
     for label, n in ROWS[:3] if args.quick else ROWS:
         torch.manual_seed(n)
@@ -152,9 +167,77 @@ def main(argv=None) -> int:
     (out_dir / "moe_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
                                                          "copy_bandwidth_Bps": bandwidth, "rows": results}, indent=1))
     table = _table(results)
+    if quant_rows:
+        table += "\n\n" + _quant_table(quant_rows)
     (out_dir / "moe_bench.md").write_text(table + "\n")
     print(table)
     return 0
+
+
+QUANT_BOUND = 2e-2
+
+
+def _quant(block, gate_up, down) -> list[dict]:
+    """Decode rows: bf16 gdn::moe against gdn::moe_fp8 (weight-only and static activations) and
+    gdn::moe_int4, weights quantized as `gdn-export quantize` does (gdn_export.quantize.experts)."""
+    from gdn_export.ops.moe_quant import moe_fp8, moe_int4
+    from gdn_export.ops.moe_quant import naive as quant_ref
+    from gdn_export.quantize.experts import _fp8_weight, _int4_weight
+
+    gu8, gu8_s = _fp8_weight(gate_up.float())
+    dn8, dn8_s = _fp8_weight(down.float())
+    gu4, gu4_s = _int4_weight(gate_up.float(), DT)
+    dn4, dn4_s = _int4_weight(down.float(), DT)
+    rows = []
+    for label, n in ROWS[:3]:
+        torch.manual_seed(n)
+        x = torch.randn(n, H, device="cuda", dtype=DT)
+        with torch.no_grad():
+            logits = F.linear(x, block.gate.weight)
+        # static per-expert activation scales from this batch's ranges (calibration's max rule)
+        in_gu = torch.full((E,), x.float().abs().amax().item() / 448, device="cuda")
+        act = F.silu(x.float() @ gate_up.float()[:, :I].transpose(1, 2)) * (x.float() @ gate_up.float()[:, I:].transpose(1, 2))
+        in_dn = act.abs().amax(dim=(1, 2)).clamp(min=1e-6) / 448
+        del act
+        forms = {
+            "bf16": (lambda: _with("triton", x, logits, gate_up, down),
+                     lambda: reference(x.float(), logits.float(), gate_up.float(), down.float(), TOP_K, True)),
+            "fp8": (lambda: moe_fp8(x, logits, gu8, gu8_s, dn8, dn8_s, None, None, TOP_K, True),
+                    lambda: quant_ref.moe_fp8(x.float(), logits.float(), gu8, gu8_s, dn8, dn8_s, None, None, TOP_K,
+                                              True)),
+            "fp8 static": (lambda: moe_fp8(x, logits, gu8, gu8_s, dn8, dn8_s, in_gu, in_dn, TOP_K, True),
+                           lambda: quant_ref.moe_fp8(x.float(), logits.float(), gu8, gu8_s, dn8, dn8_s, in_gu, in_dn,
+                                                     TOP_K, True)),
+            "int4": (lambda: moe_int4(x, logits, gu4, gu4_s, dn4, dn4_s, TOP_K, True, 128),
+                     lambda: quant_ref.moe_int4(x.float(), logits.float(), gu4, gu4_s.float(), dn4, dn4_s.float(),
+                                                TOP_K, True, 128)),
+        }
+        row = {"case": label, "tokens": n}
+        for name, (fn, ref) in forms.items():
+            try:
+                with torch.no_grad():
+                    err = rel_rms(fn().float(), ref().float())
+                ok = err <= (BOUND if name == "bf16" else QUANT_BOUND)
+                print(f"{label:16s} {name:12s} rel RMS vs its fp32 reference {err:.2e} {'ok' if ok else 'FAIL'}")
+                row[f"{name}_ms"] = graph_ms(fn) if ok else None
+            except Exception as exc:  # noqa: BLE001  (one failing form must not hide the others)
+                print(f"{label:16s} {name:12s} ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                row[f"{name}_ms"] = None
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _quant_table(rows) -> str:
+    forms = ("bf16", "fp8", "fp8 static", "int4")
+    lines = ["| case | " + " | ".join(f"{f} ms" for f in forms) + " | " + " | ".join(f"{f} / bf16" for f in forms[1:])
+             + " |", "|---" * (2 * len(forms)) + "|"]
+    for r in rows:
+        ms = ["FAIL" if r.get(f"{f}_ms") is None else f"{r[f'{f}_ms']:.4f}" for f in forms]
+        base = r.get("bf16_ms")
+        ratio = ["-" if base is None or r.get(f"{f}_ms") is None else f"{r[f'{f}_ms'] / base:.2f}x" for f in forms[1:]]
+        lines.append(f"| {r['case']} | " + " | ".join(ms + ratio) + " |")
+    return "\n".join(lines)
 
 
 def _layers(row, label, cfg, block, x) -> None:

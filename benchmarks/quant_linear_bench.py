@@ -12,7 +12,8 @@ last token only).
 Columns (kernels.quant_linear.gpu): bf16 `F.linear` (cuBLAS); fp8 / fp8 block / int4 as routed by
 default (the Triton GEMMs of fp8.py / int4.py for M <= 32, _scaled_mm for fp8 with N >= 6144 or M >
 32; int4 with its AWQ pre_scale, a separate multiply there); `skinny`: M <= 64 through the skinny
-GEMM of triton/skinny.py (gpu.SKINNY_DECODE; int4's pre_scale applied in the kernel); fp8
+GEMM of triton/skinny.py (gpu.SKINNY_DECODE; int4's pre_scale applied in the kernel); `shifts`:
+int4 nibbles by shifts and conversions instead of common.int4_nibbles' PTX (common.NIBBLE_PTX off); fp8
 _scaled_mm: x quantized by one Triton pass, then torch._scaled_mm rowwise.
 
 Each op is captured in a CUDA graph that calls it once for each of R weight copies (R copies hold
@@ -133,6 +134,17 @@ class GpuBench:
                     gpu.SKINNY_DECODE = False
             return run
 
+        def shifts(fn):  # the nibbles by shifts and conversions rather than common.int4_nibbles' PTX
+            from kernels.quant_linear.triton import common
+
+            def run(x, W, s):
+                common.NIBBLE_PTX = False
+                try:
+                    return fn(x, W, s)
+                finally:
+                    common.NIBBLE_PTX = True
+            return run
+
         def scaled_mm(x, W, s):
             xq, rs = tf8.quantize_tensor(x, s)
             return torch._scaled_mm(xq, W["w8"].t(), scale_a=rs, scale_b=W["ws"].view(1, -1), out_dtype=x.dtype)
@@ -146,6 +158,9 @@ class GpuBench:
             "fp8_block_skinny": ("fp8_block", skinny(lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]))),
             "int4": ("int4", lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"])),
             "int4_skinny": ("int4", skinny(lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"]))),
+            "int4_shifts": ("int4", shifts(lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"]))),
+            "int4_skinny_shifts": ("int4", shifts(skinny(
+                lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"])))),
         }
 
     def time_method(self, fn, x, copies, s_in):
@@ -216,8 +231,8 @@ class GpuBench:
                 s_in = (x.float().abs().amax() / 448).reshape(())
                 res = {}
                 for meth, (fmt, fn) in methods.items():
-                    if meth.endswith("_skinny") and M > self.skinny.MAX_M:
-                        continue  # same route as the new one
+                    if ("_skinny" in meth and M > self.skinny.MAX_M) or (meth == "int4_shifts" and M <= 64):
+                        continue  # the same route as another column
                     try:
                         res[meth] = self.time_method(fn, x, copies, s_in)
                     except Exception as exc:  # one failed method must not cost the table
@@ -236,9 +251,11 @@ class GpuBench:
         print(table(rows, list(methods), copy, name))
         return 0
 
-    SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d) for bn, bk, w, st, d in [
-        (128, 128, 4, 3, True), (64, 128, 4, 3, True), (128, 128, 4, 4, True), (64, 128, 4, 4, True),
-        (128, 128, 8, 3, True)]]
+    SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d, min_tiles=mt)
+             for bn, bk, w, st, d, mt in [
+                 (64, 128, 4, 3, True, 1), (64, 128, 4, 3, True, 4), (64, 128, 4, 4, True, 8),
+                 (128, 128, 4, 3, True, 1), (64, 128, 4, 4, True, 1), (128, 128, 4, 4, True, 4),
+                 (128, 128, 8, 3, True, 1)]]
 
     def sweep_skinny(self, copy):
         """Skinny-GEMM launch parameters (triton/skinny.py CFG) per format at M = 1 and 32."""

@@ -170,7 +170,8 @@ def linear_cases():
     from kernels.quant_linear.triton import common
     from kernels.quant_linear.triton.fp8 import fp8_gemm_kernel, quant_group_kernel, quant_tensor_kernel
     from kernels.quant_linear.triton.gemv import CFG, FP8_BLOCK, FP8_TENSOR, INT4, gemv_kernel
-    from kernels.quant_linear.triton.int4 import int4_dequant_kernel, int4_gemm_kernel, tile_k
+    from kernels.quant_linear.triton import skinny
+    from kernels.quant_linear.triton.int4 import DEQUANT, int4_dequant_kernel, int4_gemm_kernel, tile_k
 
     for act in ("bf16", "fp16", "fp32"):
         x = ACT.get(act, "*fp32")
@@ -229,8 +230,27 @@ def linear_cases():
                dict(EXACT=exact, SOFT=False, BK=1024), 4, 3)
         yield (f"quant_group {act}", quant_group_kernel, dict(x=x, xq="*fp8e4nv", xs="*fp32"),
                dict(EXACT=exact, SOFT=False, G=16), 4, 3)
-        yield (f"int4_dequant {act}", int4_dequant_kernel, dict(qw="*u8", sc=x, w=x),
-               dict(GS=128, BN=16, BH=64), 4, 3)
+        if not exact:
+            d = DEQUANT
+            yield (f"int4_dequant {act} {d['BN']}x{d['BH']}", int4_dequant_kernel, dict(qw="*u8", sc=x, w=x),
+                   dict(GS=128, UP=False, PTX=True, BN=d["BN"], BH=d["BH"]), d["warps"], 3)
+        # the skinny GEMM (decode, M <= 64, every format) with its default launch parameters
+        for fmt, fname in ((skinny.FP8_TENSOR, "fp8-tensor"), (skinny.FP8_BLOCK, "fp8-block"), (skinny.INT4, "int4")):
+            cfg = skinny.CFG[fmt]
+            for M in (1, 32, 64):
+                for partial in (True, False):
+                    for pre in ((False, True) if fmt == skinny.INT4 else (False,)):
+                        BK = skinny.block_k(fmt, 2048, 128, cfg)
+                        types = dict(x=x, w="*u8" if fmt == skinny.INT4 else "*fp8e4nv",
+                                     ws=x if fmt == skinny.INT4 else "*fp32", s_in="*fp32", pre=x, bias=x, y=x,
+                                     part="*fp32" if partial else x, counter="*i32" if partial else "*fp32")
+                        c = dict(FMT=fmt, GS=128, SOFT=False, UP=False, DOT_FP8=cfg["dot_fp8"] and not exact, PTX=True,
+                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, BN=cfg["BN"], BM=max(16, M), BK=BK)
+                        if fmt == skinny.FP8_TENSOR:
+                            c["G"] = 1
+                        yield (f"skinny {act} {fname} M={M} BN={cfg['BN']} BK={BK} split={int(partial)}"
+                               f"{' pre' if pre else ''}", skinny.skinny_kernel, types, c, cfg["warps"],
+                               cfg["stages"])
 
 
 def main() -> int:

@@ -16,6 +16,9 @@
 #     transformers==5.24.0
 # Writes OUT/gpu.txt, train.log, train_small.json, quant.log, quant_accuracy.md / .json; the
 # checkpoint stays in CK (default /tmp/trained_gpu_ck) on the device machine only.
+# SPEC_SECONDS (default 0: off) runs benchmarks/spec_bench.py on the checkpoint (its MTP head) for at
+# most that long between the training and the accuracy table (issue 44's speed table: spec_bench.md
+# / .json, spec.log).
 # BUDGET (default 540 s) bounds the whole script: quant_accuracy.py starts no format past
 # BUDGET - 70 s and is stopped at BUDGET - 10 s (the table keeps the formats measured by then).
 # A CPU check of the script (no wheels, the tiny preset, a few steps):
@@ -28,6 +31,7 @@ DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:+--steps $STEPS}
 THREADS=${THREADS:+--threads $THREADS}
 BUDGET=${BUDGET:-540}
+SPEC_SECONDS=${SPEC_SECONDS:-0}
 CK=${CK:-/tmp/trained_gpu_ck}
 WHEELS="nvidia_modelopt-0.47.0 omegaconf-2.4.0 pulp-3.3.2 pydantic-2.14.4 pydantic_core-2.50.5 annotated_types-0.8.0
         typing_inspection-0.4.5 typing_extensions-4.16.0 regex-2026.12.2 transformers-5.24.0"
@@ -54,6 +58,12 @@ timeout $(( BUDGET - 60 - $(el) )) python3 benchmarks/train_small.py "$CK" --pre
   --minutes "$MINUTES" $STEPS $THREADS --device "$DEVICE" --overwrite 2>&1 | tee "$OUT/train.log" | shown \
   || { echo "trained_gpu.sh: train_small.py failed (see $OUT/train.log)" >&2; exit 1; }
 cp "$CK/train_small.json" "$OUT/"
+if [ "$SPEC_SECONDS" -gt 0 ]; then
+  echo "[$(el)s] spec_bench (<= $SPEC_SECONDS s)" >&2
+  timeout "$SPEC_SECONDS" python3 benchmarks/spec_bench.py "$CK" --device "$DEVICE" --out "$OUT" \
+    > "$OUT/spec.log" 2>&1 || echo "trained_gpu.sh: spec_bench.py did not finish (see $OUT/spec.log)" >&2
+  tail -n 25 "$OUT/spec.log" >&2
+fi
 LEFT=$(( BUDGET - $(el) ))
 echo "[$(el)s] quant_accuracy ($LEFT s left)" >&2
 timeout $(( LEFT - 10 )) python3 benchmarks/quant_accuracy.py "$CK" --device "$DEVICE" --out "$OUT" --prompts 32 \

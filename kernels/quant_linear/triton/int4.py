@@ -1,8 +1,10 @@
 """Triton kernel of the W4A16 linear op (contract: gdn_export/ops/quant_linear/__init__.py, int4_linear).
 
 qweight [N, ceil(K/2)] uint8 holds int4 (n, k) at byte k // 2, low nibble for even k, high for odd,
-two's complement; scales [N, ceil(K/group_size)]. Each tile unpacks [BN, BK/2] bytes into [BN, BK]
-int4 values in registers (sign-extended by shifts, interleaved low / high), widened to x's dtype
+two's complement; scales [N, ceil(K/group_size)]. int4_dequant (the prefill's pass) converts the
+nibbles by magic-number arithmetic in registers (common.int4_nibbles). The GEMM's tiles unpack
+[BN, BK/2] bytes into [BN, BK] int4 values in registers (sign-extended by shifts, interleaved low /
+high), widened to x's dtype
 (exact), one tensor-core dot with x's [BM, BK] tile in fp32 accumulation, then the group's scale per
 column (BK divides group_size, so a K tile lies in one group): y = sum_g scale[n, g] * (x . int4).
 Skinny launches (decode, M <= 32) split K across programs (partials summed in the same launch by
@@ -16,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton.common import (
-    SKINNY_M, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, skinny_block_m, split_k)
+    SKINNY_M, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, int4_nibbles, skinny_block_m, split_k)
 from kernels.quant_linear.triton import common
 from kernels.triton_utils import cdiv, to_state_dtype
 
@@ -67,7 +69,8 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, counter, M, N, K, KH, G, stride_x
 
 
 @triton.jit
-def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
+def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, UP: tl.constexpr, PTX: tl.constexpr,
+                        BN: tl.constexpr, BH: tl.constexpr):
     """w [N, K] in w's dtype = int4(qw) * sc[n, k // GS], the product in fp32 and rounded once to
     nearest even (to_state_dtype rounds bf16 on the bits, so the interpreter rounds as the GPU does)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
@@ -75,8 +78,8 @@ def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, BN: tl.constex
     o_h = i_h * BH + tl.arange(0, BH)
     m = (o_n < N)[:, None] & (o_h < KH)[None, :]
     b_q = tl.load(qw + o_n.to(tl.int64)[:, None] * KH + o_h[None, :], mask=m, other=0)
-    b_lo = ((b_q << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float32)
-    b_hi = (b_q.to(tl.int8, bitcast=True) >> 4).to(tl.float32)
+    b_lo, b_hi = int4_nibbles(b_q, w.dtype.element_ty, UP, PTX)
+    b_lo, b_hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
     o_k = tl.interleave(2 * o_h, 2 * o_h + 1)
     b_v = tl.interleave(b_lo, b_hi)  # [BN, 2 BH], column k = 2 h + (0 low, 1 high)
     m_k = (o_n < N)[:, None] & (o_k < K)[None, :]
@@ -97,7 +100,8 @@ def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size
     BN, BH = DEQUANT["BN"], DEQUANT["BH"]
     if N and K:
         int4_dequant_kernel[(cdiv(N, BN), cdiv(KH, BH))](qweight, scales, w, N, K, KH, scales.shape[1],
-                                                        GS=group_size, BN=BN, BH=BH, num_warps=DEQUANT["warps"])
+                                                        GS=group_size, UP=UPCAST, PTX=common.NIBBLE_PTX, BN=BN,
+                                                        BH=BH, num_warps=DEQUANT["warps"])
     return w
 
 

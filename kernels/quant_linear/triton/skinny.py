@@ -17,7 +17,9 @@ same launch by the last program of each column tile (common.finish_split).
     FP8_BLOCK   weight e4m3 [N, K], ws [ceil(N/128), ceil(K/128)]: x quantized in the tile per token
                 and group of 128 (BK = 128: one group a tile), each tile's product scaled by both
     INT4        weight uint8 [N, ceil(K/2)] (low nibble even k, two's complement), ws = scales
-                [N, ceil(K/GS)] in x's dtype; nibbles widened to x's dtype (exact); optional AWQ
+                [N, ceil(K/GS)] in x's dtype; nibbles to x's dtype (exact) by magic-number
+                arithmetic in registers (common.int4_nibbles), the low ones dotted with x's even
+                columns and the high ones with its odd columns (no interleave); optional AWQ
                 pre_scale [K]: x * pre_scale rounded to x's dtype in the tile, as the module's
                 separate multiply would (no pass over x)
 
@@ -33,7 +35,7 @@ import triton.language as tl
 
 from kernels.quant_linear.triton import common
 from kernels.quant_linear.triton.common import (
-    SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, to_e4m3)
+    SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, int4_nibbles, to_e4m3)
 from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
@@ -41,7 +43,8 @@ FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
 MAX_M = 64
 # Launch parameters per format: BN weight rows a program, BK of K a tile, warps, pipeline stages,
 # at most per_sm programs a multiprocessor (None: as many as its registers and shared memory hold),
-# fp8 x fp8 MMAs (fp8 formats); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives
+# fp8 x fp8 MMAs (fp8 formats), min_tiles (optional, default 1): K tiles a program streams at least
+# (a cap on the split); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives
 # (H100, Triton 3.6, 2026-12-06: BN 64 the fastest of three at M = 1 and 32 on the 1.66B shapes,
 # e.g. 16.8 against 18.6 us for the fused GDN projection at M = 32).
 CFG = {
@@ -66,7 +69,8 @@ def _quantize(b_x, s, r, SOFT: tl.constexpr):
 @triton.jit
 def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, stride_xm, SPLIT, TILES_PER_SPLIT,
                   FMT: tl.constexpr, GS: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr,
-                  DOT_FP8: tl.constexpr, HAS_PRE: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  DOT_FP8: tl.constexpr, PTX: tl.constexpr, HAS_PRE: tl.constexpr, PARTIAL: tl.constexpr,
+                  HAS_BIAS: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """Program (column tile i_n, K split i_s): acc [BN, BM] = W[tile rows, K range] x[:, K range]^T."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
@@ -92,18 +96,18 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
         m_k = o_k < K
         b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         if FMT == 2:
+            # byte h of a weight row holds k = 2 h (low nibble) and 2 h + 1 (high): the low nibbles
+            # meet x's even columns and the high ones its odd columns, two dots of BK / 2
             o_h = t * (BK // 2) + tl.arange(0, BK // 2)
             b_q = tl.load(p_w + r_n[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :], other=0)
-            b_lo = (b_q << 4).to(tl.int8, bitcast=True) >> 4
-            b_hi = b_q.to(tl.int8, bitcast=True) >> 4
-            b_w = tl.interleave(b_lo, b_hi)  # [BN, BK], column k = 2 j + (0 low, 1 high)
+            b_lo, b_hi = int4_nibbles(b_q, tl.float32 if UP else xdt, UP, PTX)
             if HAS_PRE:
                 b_p = tl.load(pre + o_k, mask=m_k, other=0.0).to(tl.float32)
                 b_x = to_state_dtype(b_x.to(tl.float32) * b_p[None, :], xdt)
-            if UP:  # the interpreter: widen to fp32 (its int8 -> bf16 cast gives NaN)
-                b_d = exact_dot(b_w.to(tl.float32), tl.trans(b_x.to(tl.float32)), UP)
-            else:
-                b_d = exact_dot(b_w.to(xdt), tl.trans(b_x), UP)
+            if UP:
+                b_x = b_x.to(tl.float32)
+            b_xe, b_xo = tl.split(tl.reshape(b_x, [BM, BK // 2, 2]))  # [BM, BK / 2]: x's even, odd columns
+            b_d = exact_dot(b_lo, tl.trans(b_xe), UP) + exact_dot(b_hi, tl.trans(b_xo), UP)
             b_s = tl.load(ws + o_n64 * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
             b_acc += b_d * b_s[:, None]
         else:
@@ -170,7 +174,8 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
     tiles, k_tiles = cdiv(N, BN), cdiv(K, BK)
     G = ws.shape[1] if fmt != FP8_TENSOR else 1
     consts = dict(FMT=fmt, GS=group_size, SOFT=SOFT_FP8, UP=UPCAST,
-                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32, HAS_PRE=pre_scale is not None,
+                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32, PTX=common.NIBBLE_PTX,
+                  HAS_PRE=pre_scale is not None,
                   HAS_BIAS=bias is not None, BN=BN, BM=BM, BK=BK, num_warps=cfg["warps"], num_stages=cfg["stages"])
     args = [x2, w, ws, s_in if s_in is not None else ws, pre_scale if pre_scale is not None else ws,
             bias if bias is not None else ws, y]
@@ -188,7 +193,7 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
     resident = _resident(x2, w, consts, lambda: launch(2, grid_only=True))
     if cfg.get("per_sm"):
         resident = min(resident, cfg["per_sm"])
-    launch(max(1, min(k_tiles, resident * device_sms(x2) // tiles)))
+    launch(max(1, min(k_tiles // cfg.get("min_tiles", 1), resident * device_sms(x2) // tiles)))
     return y
 
 

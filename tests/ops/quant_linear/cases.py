@@ -205,3 +205,17 @@ def check(case: Case, dtype, y: torch.Tensor, want: torch.Tensor, tight: bool = 
     bound = 1e-6 if tight and dtype == torch.float32 else TOL[dtype]
     err = rel_rms(y.cpu(), want)
     assert err <= bound, f"{case.name}: relative RMS {err:.3g} > {bound:g} ({dtype})"
+
+
+def every_byte_int4(dtype, K: int = 64):
+    """(qweight [256, K/2] uint8 whose row n holds byte (n + 37 h) % 256 at column h, so every byte value
+    sits at every column; scales [256, K/32] of ones in dtype; x [16, K] in dtype, row m the unit vector
+    of column 4 m + m % 2 (even and odd k)). With group size 32, y [16, 256] = x @ W^T is exactly the
+    int4 value at (n, 4 m + m % 2): one term, no rounding, the nibble conversion alone under test."""
+    KH = K // 2
+    qw = ((torch.arange(256)[:, None] + 37 * torch.arange(KH)[None, :]) % 256).to(torch.uint8)
+    sc = torch.ones(256, K // 32, dtype=dtype)
+    cols = torch.tensor([4 * m + m % 2 for m in range(16)])
+    x = torch.zeros(16, K, dtype=dtype)
+    x[torch.arange(16), cols] = 1
+    return qw, sc, x, cols

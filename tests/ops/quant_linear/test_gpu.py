@@ -120,6 +120,24 @@ def test_skinny_route_gpu(M, dtype, monkeypatch):
                ref_int4_linear(x, qw, sc, b, 128, pre), dtype, (M, N), "skinny int4")
 
 
+@pytest.mark.parametrize("ptx", [True, False], ids=["ptx", "shifts"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_every_byte_exact_gpu(dtype, ptx, monkeypatch):
+    """Every byte value's two nibbles, exactly, through int4_dequant and the skinny GEMM (the low / high
+    nibble dots against x's even / odd columns), with the PTX nibble conversion (16-bit) and without."""
+    monkeypatch.setattr(triton_common, "NIBBLE_PTX", ptx)
+    from kernels.quant_linear.triton import skinny
+    from tests.ops.quant_linear.cases import every_byte_int4, unpack_int4
+    qw, sc, x, cols = every_byte_int4(dtype)
+    K = x.shape[1]
+    expected = unpack_int4(qw, K)
+    if dtype != torch.float32:
+        w = triton_int4.int4_dequant(qw.cuda(), sc.cuda(), K, 32, dtype).cpu()
+        torch.testing.assert_close(w, expected.to(dtype), rtol=0, atol=0)
+    y = skinny.skinny(skinny.INT4, x.cuda(), qw.cuda(), sc.cuda(), None, None, 32).cpu()
+    torch.testing.assert_close(y, expected[:, cols].t().to(dtype), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("group_size", [32, 64, 256, 48], ids=lambda g: f"g{g}")
 def test_int4_group_sizes_gpu(group_size):
     M, K, N, dtype = 40, 1000, 300, torch.float16

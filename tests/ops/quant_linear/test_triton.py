@@ -157,6 +157,23 @@ def test_int4_dequant_kernel_exact(dtype):
     torch.testing.assert_close(w, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_every_byte_exact(dtype):
+    """Every byte value's two nibbles, exactly, through int4_dequant and the skinny GEMM (even and odd k
+    through the low / high nibble dots): the nibble conversion of common.int4_nibbles."""
+    from kernels.quant_linear.triton import skinny
+    from kernels.quant_linear.triton.int4 import int4_dequant
+    from tests.ops.quant_linear.cases import every_byte_int4, unpack_int4
+    qw, sc, x, cols = every_byte_int4(dtype)
+    K = x.shape[1]
+    expected = unpack_int4(qw, K)
+    if dtype != torch.float32:
+        w = on_device(int4_dequant)(qw, sc, K, 32, dtype)
+        torch.testing.assert_close(w, expected.to(dtype), rtol=0, atol=0)
+    y = on_device(skinny.skinny)(skinny.INT4, x, qw, sc, None, None, 32)
+    torch.testing.assert_close(y, expected[:, cols].t().to(dtype), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("KN", [(200, 63), (384, 130), (1000, 1)], ids=lambda kn: f"K{kn[0]}-N{kn[1]}")
