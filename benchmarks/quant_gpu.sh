@@ -43,6 +43,7 @@ VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
 RUNS=${RUNS:-fp8-b1 fp8-b1-skinny int4-awq-b1 int4-awq-b1-skinny fp8lm-b1 fp8-b32 fp8-b32-skinny int4-awq-b32 fp8-b1-compile}
 CK=${CK:-/tmp/quant_gpu_ck}
 KM=${KM:-1 32 4096}                                    # the kernel table's rows M
+KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
 TESTS=${TESTS:-tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
@@ -87,7 +88,7 @@ part_kernels() {
   echo "[$(el)s] kernels" >&2
   TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
   timeout $(( $(left) > 130 ? 130 : $(left) )) python3 benchmarks/quant_linear_bench.py --m $KM --json "$OUT/kernels.json" \
-    $TUNED > "$OUT/kernels.md" 2> "$OUT/kernels.log"
+    ${KSHAPES:+--shapes $KSHAPES} $TUNED > "$OUT/kernels.md" 2> "$OUT/kernels.log"
   echo "[$(el)s] kernels exit $?" >&2
 }
 
@@ -196,7 +197,8 @@ k = os.path.join(out, "kernels.json")
 if os.path.exists(k):
     d = json.load(open(k))
     print(f"\nKernels: per 1.66B decode step (fused shapes x counts), us, ratio to bf16; copy {d['copy_tbps']:.2f} TB/s")
-    meths = ["bf16", "fp8", "fp8_skinny", "fp8_scaled_mm", "fp8_block", "fp8_block_skinny", "int4", "int4_skinny"]
+    meths = ["bf16", "fp8", "fp8_skinny", "fp8_scaled_mm", "fp8_block", "fp8_block_skinny", "int4", "int4_skinny",
+             "int4_skinny_shifts", "int4_shifts"]
     print("| M | " + " | ".join(meths) + " |\n|---|" + "---|" * len(meths))
     for M in sorted({r["M"] for r in d["rows"]}):
         sel = [r for r in d["rows"] if r["M"] == M]
