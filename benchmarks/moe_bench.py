@@ -115,8 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quant-only", action="store_true", help="only the quantized-experts table")
     args = ap.parse_args(argv)
     args.out = out_dir(args.out, "moe_bench")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = Path(args.out)
+    out_path.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     cfg, block = hf_block()
     gate_up, down = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
@@ -126,9 +126,9 @@ def main(argv=None) -> int:
     quant_rows = _quant(block, gate_up, down) if args.quant or args.quant_only else []
     if args.quant_only:
         table = _quant_table(quant_rows)
-        (out_dir / "moe_quant_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+        (out_path / "moe_quant_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
                                                                    "rows": quant_rows}, indent=1))
-        (out_dir / "moe_quant_bench.md").write_text(table + "\n")
+        (out_path / "moe_quant_bench.md").write_text(table + "\n")
         print(table)
         return 0
     results = []
@@ -164,12 +164,12 @@ def main(argv=None) -> int:
             row["dense_gemm_ms"] = graph_ms(lambda: (x @ w1)[:, : TOP_K * I] @ w2)
         results.append(row)
         torch.cuda.empty_cache()
-    (out_dir / "moe_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+    (out_path / "moe_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
                                                          "copy_bandwidth_Bps": bandwidth, "rows": results}, indent=1))
     table = _table(results)
     if quant_rows:
         table += "\n\n" + _quant_table(quant_rows)
-    (out_dir / "moe_bench.md").write_text(table + "\n")
+    (out_path / "moe_bench.md").write_text(table + "\n")
     print(table)
     return 0
 

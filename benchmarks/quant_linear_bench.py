@@ -13,7 +13,7 @@ Columns (kernels.quant_linear.gpu): bf16 `F.linear` (cuBLAS); fp8 / fp8 block / 
 default (the Triton GEMMs of fp8.py / int4.py for M <= 32, _scaled_mm for fp8 with N >= 6144 or M >
 32; int4 with its AWQ pre_scale, a separate multiply there); `skinny`: M <= 64 through the skinny
 GEMM of triton/skinny.py (gpu.SKINNY_DECODE; int4's pre_scale applied in the kernel); `shifts`:
-int4 nibbles by shifts and conversions instead of common.int4_nibbles' PTX (common.NIBBLE_PTX off); fp8
+int4 nibbles by shifts and conversions instead of triton_utils.int4_nibbles' PTX (NIBBLE_PTX off); fp8
 _scaled_mm: x quantized by one Triton pass, then torch._scaled_mm rowwise.
 
 Each op is captured in a CUDA graph that calls it once for each of R weight copies (R copies hold
@@ -134,15 +134,15 @@ class GpuBench:
                     gpu.SKINNY_DECODE = False
             return run
 
-        def shifts(fn):  # the nibbles by shifts and conversions rather than common.int4_nibbles' PTX
-            from kernels.quant_linear.triton import common
+        def shifts(fn):  # the nibbles by shifts and conversions rather than triton_utils.int4_nibbles' PTX
+            from kernels import triton_utils
 
             def run(x, W, s):
-                common.NIBBLE_PTX = False
+                triton_utils.NIBBLE_PTX = False
                 try:
                     return fn(x, W, s)
                 finally:
-                    common.NIBBLE_PTX = True
+                    triton_utils.NIBBLE_PTX = True
             return run
 
         def scaled_mm(x, W, s):

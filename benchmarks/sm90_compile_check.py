@@ -153,14 +153,15 @@ def moe_cases():
                     types = dict(x=ACT.get(act, "*fp32"), gate_up=w, scale=sc, in_scale="*fp32", rows="*i32",
                                  counts="*i32", act=ACT.get(act, "*fp32"))
                     c = dict(K=top_k, BE=next_pow2(E), BM=t["BM"], BN=t["BN1"], BK=t["BK1"], QUANT=quant,
-                             STATIC=static, IEEE=ieee)
+                             STATIC=static, IEEE=ieee, IN_GROUP=True, PTX=True)
                     if per_channel:
                         c["G"] = 1
                     name = f"moe.gate_up {act} {form} static={int(static)} pairs={pairs}"
                     yield name, moe_q_gate_up_kernel, types, c, 4, t["stages"]
                 types = dict(act=ACT.get(act, "*fp32"), down=w, scale=sc, weights="*fp32", rows="*i32",
                              counts="*i32", y=ACT.get(act, "*fp32"))
-                c = dict(BE=next_pow2(E), BM=t["BM"], BN=t["BN2"], BK=t["BK2"], QUANT=quant, IEEE=ieee)
+                c = dict(BE=next_pow2(E), BM=t["BM"], BN=t["BN2"], BK=t["BK2"], QUANT=quant, IEEE=ieee, IN_GROUP=True,
+                         PTX=True)
                 if per_channel:
                     c["G"] = 1
                 yield f"moe.down {act} {form} pairs={pairs}", moe_q_down_kernel, types, c, 4, t["stages"]

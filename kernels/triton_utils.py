@@ -299,3 +299,52 @@ def dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
     else:
         return tl.dot(a, b, input_precision="tf32")
+
+
+# PTX of int4_nibbles' register path, 4 bytes an instance: prmt spreads bytes (b0, b1) and (b2, b3)
+# into the low bytes of two 16-bit lanes; lop3 (a & 0x000F000F) ^ MAGIC (immLut 0x6A) keeps a nibble
+# per lane, flips its sign bit (two's complement -> offset 8) and ORs in the exponent of 2^7 (bf16)
+# or 2^10 (fp16), whose mantissa unit is 1: the lane reads 128 + (q + 8) (bf16) or 1024 + (q + 8)
+# (fp16); one packed FMA subtracts 136 / 1032 (exact). 14 instructions for 8 values, no I2F.
+_NIBBLE_ASM = """{
+.reg .b32 t0, t1, s0, s1, one, off;
+mov.b32 one, ONE;
+mov.b32 off, OFF;
+prmt.b32 t0, $4, 0, 0x4140;
+prmt.b32 t1, $4, 0, 0x4342;
+shr.b32 s0, t0, 4;
+shr.b32 s1, t1, 4;
+lop3.b32 t0, t0, 0x000F000F, MAGIC, 0x6A;
+lop3.b32 t1, t1, 0x000F000F, MAGIC, 0x6A;
+lop3.b32 s0, s0, 0x000F000F, MAGIC, 0x6A;
+lop3.b32 s1, s1, 0x000F000F, MAGIC, 0x6A;
+fma.rn.TY $0, t0, one, off;
+fma.rn.TY $1, t1, one, off;
+fma.rn.TY $2, s0, one, off;
+fma.rn.TY $3, s1, one, off;
+}"""
+# The launchers' PTX argument of int4_nibbles (the INT4 skinny GEMM, int4_dequant, the quantized
+# MoE experts); off: the shift-and-convert path (benchmarks/quant_linear_bench.py times both).
+NIBBLE_PTX = True
+NIBBLE_ASM_BF16 = tl.constexpr(_NIBBLE_ASM.replace("MAGIC", "0x43084308").replace("ONE", "0x3F803F80")
+                   .replace("OFF", "0xC308C308").replace("TY", "bf16x2"))
+NIBBLE_ASM_FP16 = tl.constexpr(_NIBBLE_ASM.replace("MAGIC", "0x64086408").replace("ONE", "0x3C003C00")
+                   .replace("OFF", "0xE408E408").replace("TY", "f16x2"))
+
+
+@triton.jit
+def int4_nibbles(b_q, dt: tl.constexpr, UP: tl.constexpr, PTX: tl.constexpr):
+    """uint8 bytes [..., H] -> (lo, hi) [..., H] in dt: the two's-complement int4 values of each byte's
+    low and high nibble (exact in fp16 / bf16 / fp32). With PTX (the launchers pass NIBBLE_PTX) on the
+    GPU with a 16-bit dt, magic-number arithmetic in registers (_NIBBLE_ASM); otherwise (fp32, the
+    interpreter, PTX off) sign-extending shifts and an int8 -> fp32 conversion."""
+    if UP or dt == tl.float32 or not PTX:
+        lo = ((b_q << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float32).to(dt)
+        hi = (b_q.to(tl.int8, bitcast=True) >> 4).to(tl.float32).to(dt)
+    elif dt == tl.bfloat16:
+        lo, hi = tl.inline_asm_elementwise(NIBBLE_ASM_BF16, "=r,=r,=r,=r,r", [b_q], dtype=(tl.bfloat16, tl.bfloat16),
+                                           is_pure=True, pack=4)
+    else:
+        lo, hi = tl.inline_asm_elementwise(NIBBLE_ASM_FP16, "=r,=r,=r,=r,r", [b_q], dtype=(tl.float16, tl.float16),
+                                           is_pure=True, pack=4)
+    return lo, hi

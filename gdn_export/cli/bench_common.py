@@ -58,7 +58,10 @@ def table(result: dict, rows) -> str:
                      f"(drafts accepted {spec['acceptance_rate']:.1%}); round {spec['round_ms']:.3f} ms (draft "
                      f"{spec['draft_ms']:.3f} + verify {spec['verify_ms']:.3f}) against a plain step "
                      f"{result['decode_ms_per_step']:.3f} ms (verify / plain {spec['verify_over_plain_step']:.2f}); "
-                     f"tokens equal plain greedy: {spec['tokens_equal_plain']}")
+                     f"tokens equal plain greedy: {spec['tokens_equal_plain']}"
+                     + ("" if spec.get("first_difference") is None else
+                        f" ({spec['rows_equal_plain']} rows equal, the first difference at token "
+                        f"{spec['first_difference']})"))
     acc = result.get("accuracy")
     if acc:
         lines.append(f"accuracy vs the fp32 model ({acc['steps']} forced steps): ours {result['dtype']} rel RMS "

@@ -107,6 +107,16 @@ def _time(decoder: SpeculativeDecoder, fn: Callable[[], None], iters: int) -> fl
         return (time.perf_counter() - t0) * 1e3 / iters
 
 
+def agreement(got: np.ndarray, want: np.ndarray) -> dict:
+    """Speculative tokens got [B, N] against plain greedy decoding's want [B, N]: "tokens_equal_plain"
+    (all equal), "rows_equal_plain" (rows equal throughout) and "first_difference" (the earliest
+    position at which a row differs, None when none does)."""
+    diff = got != want
+    rows = diff.any(1)
+    return {"tokens_equal_plain": bool(not rows.any()), "rows_equal_plain": int((~rows).sum()),
+            "first_difference": int(diff.argmax(1)[rows].min()) if rows.any() else None}
+
+
 def measure_speculative(checkpoint, runner, model, prompts: np.ndarray, k: int, setup, result: dict) -> dict:
     """`bench --speculative K`: greedy speculative decoding with the checkpoint's MTP head on the timed
     runner (`bench_speculative`), whether its tokens are plain greedy decoding's, its speedup over the
@@ -124,7 +134,7 @@ def measure_speculative(checkpoint, runner, model, prompts: np.ndarray, k: int, 
     picked, _, _ = runner.decode_greedy(first, np.full(len(prompts), prompts.shape[1], np.int64), states,
                                         setup.decode_steps)
     plain = np.concatenate([first.cpu().numpy(), picked.cpu().numpy()], 1)
-    out["tokens_equal_plain"] = bool((out.pop("generated") == plain).all())
+    out.update(agreement(out.pop("generated"), plain))
     out["speedup"] = out["decode_tokens_per_s"] / result["decode_tokens_per_s"]
     out["verify_over_plain_step"] = out["verify_ms"] / result["decode_ms_per_step"]
     return out

@@ -78,3 +78,18 @@ def test_bench_speculative_errors(cli, mtp_ckpt, extra, message):
 
 def test_bench_speculative_needs_a_head(cli, tiny_ckpt):
     assert "declares no multi-token-prediction head" in cli("bench", tiny_ckpt, "--speculative", 2).error_line("bench")
+
+
+def test_agreement_names_rows_and_first_difference():
+    """spec_bench.agreement: all equal, or how many rows are and where the earliest difference is."""
+    import numpy as np
+
+    from gdn_export.runtime.spec_bench import agreement
+
+    want = np.arange(12).reshape(3, 4)
+    assert agreement(want.copy(), want) == {"tokens_equal_plain": True, "rows_equal_plain": 3,
+                                            "first_difference": None}
+    got = want.copy()
+    got[1, 3] = -1
+    got[2, 2] = -1
+    assert agreement(got, want) == {"tokens_equal_plain": False, "rows_equal_plain": 1, "first_difference": 2}

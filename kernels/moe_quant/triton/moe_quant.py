@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import triton_utils
 from kernels.moe.triton.moe import _expert_block, route
-from kernels.triton_utils import UPCAST_DOT, cdiv, dot, to_state_dtype
+from kernels.triton_utils import UPCAST_DOT, cdiv, dot, int4_nibbles, to_state_dtype
 
 FP8, INT4 = 0, 1
 
@@ -39,6 +40,36 @@ def _weight_tile(p_rows, p_scale, o_k, m_w, GS, QUANT: tl.constexpr):
 
 
 @triton.jit
+def _tile_product(b_x, p_rows, p_scale, k0, KD, W_ROW, m_n, GS, dt: tl.constexpr, QUANT: tl.constexpr,
+                  IN_GROUP: tl.constexpr, PTX: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                  BK: tl.constexpr):
+    # b_x [BM, BK] (columns k0 .. k0 + BK of the KD-wide input, in dt: the activation dtype on the GPU,
+    # fp32 under the interpreter or for fp32 inputs) times the dequantized weight tile of the rows p_rows
+    # [1, BN] (scales p_scale [1, BN]) -> fp32 [BM, BN].
+    # IN_GROUP (the K tile lies in one scale group): the stored values are the dot's operands (e4m3 and
+    # int4 values are exact in 16 bits) and the scales a column factor of the fp32 product; INT4 as two
+    # dots, low nibbles against x's even columns and high nibbles against its odd ones
+    # (triton_utils.int4_nibbles). Otherwise each element is dequantized first (_weight_tile).
+    o_k = k0 + tl.arange(0, BK)
+    m_k = o_k < KD
+    if IN_GROUP:
+        b_s = tl.load(p_scale + k0 // GS, mask=m_n, other=0.0).to(tl.float32)
+        if QUANT == 0:
+            b_w = tl.load(p_rows + o_k[:, None], mask=m_k[:, None] & m_n, other=0.0).to(dt)
+            b_d = dot(b_x, b_w, IEEE)
+        else:
+            o_h = k0 // 2 + tl.arange(0, BK // 2)
+            b_q = tl.load(p_rows + o_h[:, None], mask=(o_h < W_ROW)[:, None] & m_n, other=0)
+            b_lo, b_hi = int4_nibbles(b_q, dt, UPCAST_DOT, PTX)
+            b_xe, b_xo = tl.split(tl.reshape(b_x, [BM, BK // 2, 2]))
+            b_d = dot(b_xe, b_lo, IEEE) + dot(b_xo, b_hi, IEEE)
+        return b_d * b_s
+    else:
+        b_w = _weight_tile(p_rows, p_scale, o_k, m_k[:, None] & m_n, GS, QUANT)
+        return dot(b_x, b_w.to(dt), IEEE)
+
+
+@triton.jit
 def _fake_fp8(b_x, s):
     # fp32 tile -> e4m3(clamp(x / s, -448, 448)) * s in fp32. The e4m3 rounding (to nearest even, 3
     # mantissa bits, subnormals below 2^-6 in steps of 2^-9) is done in fp32 arithmetic: exact, and
@@ -54,7 +85,8 @@ def _fake_fp8(b_x, s):
 @triton.jit
 def moe_q_gate_up_kernel(x, gate_up, scale, in_scale, rows, counts, act, N, H, I, E, W_ROW, G, GS,
                          K: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, QUANT: tl.constexpr, STATIC: tl.constexpr, IEEE: tl.constexpr):
+                         BK: tl.constexpr, QUANT: tl.constexpr, STATIC: tl.constexpr, IEEE: tl.constexpr,
+                         IN_GROUP: tl.constexpr, PTX: tl.constexpr):
     i_b, i_i = tl.program_id(0), tl.program_id(1)
     i_e, r0 = _expert_block(counts, E, i_b, BE, BM)
     if i_e < E:
@@ -71,20 +103,17 @@ def moe_q_gate_up_kernel(x, gate_up, scale, in_scale, rows, counts, act, N, H, I
             s_in = tl.load(in_scale + i_e)
         b_g = tl.zeros([BM, BN], dtype=tl.float32)
         b_u = tl.zeros([BM, BN], dtype=tl.float32)
+        # the dot's operand dtype: the activation's on the GPU (tensor cores), fp32 under the interpreter
+        dt: tl.constexpr = tl.float32 if UPCAST_DOT else act.dtype.element_ty
         for k0 in range(0, H, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < H
             b_x = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0)
             if STATIC:
                 b_x = _fake_fp8(b_x.to(tl.float32), s_in)
-            m_w = m_k[:, None] & m_n[None, :]
-            b_wg = _weight_tile(p_g, s_g, o_k, m_w, GS, QUANT)
-            b_wu = _weight_tile(p_u, s_u, o_k, m_w, GS, QUANT)
-            if not UPCAST_DOT:  # the GPU: operands in the activation dtype (tensor cores)
-                b_x, b_wg, b_wu = (b_x.to(act.dtype.element_ty), b_wg.to(act.dtype.element_ty),
-                                   b_wu.to(act.dtype.element_ty))
-            b_g += dot(b_x, b_wg, IEEE)
-            b_u += dot(b_x, b_wu, IEEE)
+            b_x = b_x.to(dt)
+            b_g += _tile_product(b_x, p_g, s_g, k0, H, W_ROW, m_n[None, :], GS, dt, QUANT, IN_GROUP, PTX, IEEE, BM, BK)
+            b_u += _tile_product(b_x, p_u, s_u, k0, H, W_ROW, m_n[None, :], GS, dt, QUANT, IN_GROUP, PTX, IEEE, BM, BK)
         b_a = b_g * tl.sigmoid(b_g) * b_u
         if STATIC:  # the down projection's input, rounded by this expert's down scale (in fp32)
             b_a = _fake_fp8(b_a, tl.load(in_scale + E + i_e))
@@ -95,7 +124,7 @@ def moe_q_gate_up_kernel(x, gate_up, scale, in_scale, rows, counts, act, N, H, I
 @triton.jit
 def moe_q_down_kernel(act, down, scale, weights, rows, counts, y, N, H, I, E, W_ROW, G, GS,
                       BE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      QUANT: tl.constexpr, IEEE: tl.constexpr):
+                      QUANT: tl.constexpr, IEEE: tl.constexpr, IN_GROUP: tl.constexpr, PTX: tl.constexpr):
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     i_e, r0 = _expert_block(counts, E, i_b, BE, BM)
     if i_e < E:
@@ -107,17 +136,21 @@ def moe_q_down_kernel(act, down, scale, weights, rows, counts, y, N, H, I, E, W_
         row = i_e.to(tl.int64) * H + o_n[None, :].to(tl.int64)
         p_d, s_d = down + row * W_ROW, scale + row * G
         b_y = tl.zeros([BM, BN], dtype=tl.float32)
+        dt: tl.constexpr = tl.float32 if UPCAST_DOT else act.dtype.element_ty
         for k0 in range(0, I, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < I
             b_a = tl.load(act + b_pair[:, None] * I + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0)
-            b_w = _weight_tile(p_d, s_d, o_k, m_k[:, None] & m_n[None, :], GS, QUANT)
-            if not UPCAST_DOT:
-                b_w = b_w.to(act.dtype.element_ty)
-            b_y += dot(b_a, b_w, IEEE)
+            b_y += _tile_product(b_a.to(dt), p_d, s_d, k0, I, W_ROW, m_n[None, :], GS, dt, QUANT, IN_GROUP, PTX, IEEE,
+                                 BM, BK)
         b_y *= tl.load(weights + b_pair, mask=m_m, other=0)[:, None]
         tl.store(y + b_pair[:, None] * H + o_n[None, :], to_state_dtype(b_y, y.dtype.element_ty),
                  mask=m_m[:, None] & m_n[None, :])
+
+
+def _in_group(scale: torch.Tensor, group_size: int, BK: int) -> bool:
+    """Whether every K tile of BK lies in one scale group: one group a row, or BK dividing the group."""
+    return scale.shape[2] == 1 or group_size % BK == 0
 
 
 def _run(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, in_scales, top_k, norm_topk_prob,
@@ -134,14 +167,16 @@ def _run(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, in_sca
         BE, t, blocks = r.BE, r.tiles, r.blocks
         ieee = dtype == torch.float32
         static = in_scales is not None
+        ptx = triton_utils.NIBBLE_PTX
         moe_q_gate_up_kernel[(blocks, cdiv(I, t["BN1"]))](
             x, gate_up, gate_up_scale, in_scales if static else weights, rows, counts, act, N, H, I, E,
             gate_up.shape[2], gate_up_scale.shape[2], gs1, K=top_k, BE=BE, BM=t["BM"], BN=t["BN1"],
-            BK=t["BK1"], QUANT=quant, STATIC=static, IEEE=ieee, num_warps=4, num_stages=t["stages"])
+            BK=t["BK1"], QUANT=quant, STATIC=static, IEEE=ieee, IN_GROUP=_in_group(gate_up_scale, gs1, t["BK1"]),
+            PTX=ptx, num_warps=4, num_stages=t["stages"])
         moe_q_down_kernel[(blocks, cdiv(H, t["BN2"]))](
             act, down, down_scale, weights, rows, counts, y, N, H, I, E, down.shape[2], down_scale.shape[2], gs2,
-            BE=BE, BM=t["BM"], BN=t["BN2"], BK=t["BK2"], QUANT=quant, IEEE=ieee, num_warps=4,
-            num_stages=t["stages"])
+            BE=BE, BM=t["BM"], BN=t["BN2"], BK=t["BK2"], QUANT=quant, IEEE=ieee,
+            IN_GROUP=_in_group(down_scale, gs2, t["BK2"]), PTX=ptx, num_warps=4, num_stages=t["stages"])
     return y.view(N, top_k, H).sum(1, dtype=torch.float32).to(hidden.dtype)
 
 

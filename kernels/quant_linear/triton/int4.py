@@ -2,7 +2,7 @@
 
 qweight [N, ceil(K/2)] uint8 holds int4 (n, k) at byte k // 2, low nibble for even k, high for odd,
 two's complement; scales [N, ceil(K/group_size)]. int4_dequant (the prefill's pass) converts the
-nibbles by magic-number arithmetic in registers (common.int4_nibbles). The GEMM's tiles unpack
+nibbles by magic-number arithmetic in registers (triton_utils.int4_nibbles). The GEMM's tiles unpack
 [BN, BK/2] bytes into [BN, BK] int4 values in registers (sign-extended by shifts, interleaved low /
 high), widened to x's dtype
 (exact), one tensor-core dot with x's [BM, BK] tile in fp32 accumulation, then the group's scale per
@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton.common import (
-    SKINNY_M, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, int4_nibbles, skinny_block_m, split_k)
+    SKINNY_M, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, skinny_block_m, split_k)
 from kernels.quant_linear.triton import common
-from kernels.triton_utils import cdiv, to_state_dtype
+from kernels import triton_utils
+from kernels.triton_utils import cdiv, int4_nibbles, to_state_dtype
 
 
 @triton.jit
@@ -100,7 +101,7 @@ def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size
     BN, BH = DEQUANT["BN"], DEQUANT["BH"]
     if N and K:
         int4_dequant_kernel[(cdiv(N, BN), cdiv(KH, BH))](qweight, scales, w, N, K, KH, scales.shape[1],
-                                                        GS=group_size, UP=UPCAST, PTX=common.NIBBLE_PTX, BN=BN,
+                                                        GS=group_size, UP=UPCAST, PTX=triton_utils.NIBBLE_PTX, BN=BN,
                                                         BH=BH, num_warps=DEQUANT["warps"])
     return w
 

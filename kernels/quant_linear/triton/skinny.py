@@ -18,7 +18,7 @@ same launch by the last program of each column tile (common.finish_split).
                 and group of 128 (BK = 128: one group a tile), each tile's product scaled by both
     INT4        weight uint8 [N, ceil(K/2)] (low nibble even k, two's complement), ws = scales
                 [N, ceil(K/GS)] in x's dtype; nibbles to x's dtype (exact) by magic-number
-                arithmetic in registers (common.int4_nibbles), the low ones dotted with x's even
+                arithmetic in registers (triton_utils.int4_nibbles), the low ones dotted with x's even
                 columns and the high ones with its odd columns (no interleave); optional AWQ
                 pre_scale [K]: x * pre_scale rounded to x's dtype in the tile, as the module's
                 separate multiply would (no pass over x)
@@ -35,8 +35,9 @@ import triton.language as tl
 
 from kernels.quant_linear.triton import common
 from kernels.quant_linear.triton.common import (
-    SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, int4_nibbles, to_e4m3)
-from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
+    SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, to_e4m3)
+from kernels import triton_utils
+from kernels.triton_utils import cdiv, int4_nibbles, next_pow2, to_state_dtype
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
 # Rows of x this kernel takes (gpu.py routes M <= MAX_M here).
@@ -174,7 +175,7 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
     tiles, k_tiles = cdiv(N, BN), cdiv(K, BK)
     G = ws.shape[1] if fmt != FP8_TENSOR else 1
     consts = dict(FMT=fmt, GS=group_size, SOFT=SOFT_FP8, UP=UPCAST,
-                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32, PTX=common.NIBBLE_PTX,
+                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32, PTX=triton_utils.NIBBLE_PTX,
                   HAS_PRE=pre_scale is not None,
                   HAS_BIAS=bias is not None, BN=BN, BM=BM, BK=BK, num_warps=cfg["warps"], num_stages=cfg["stages"])
     args = [x2, w, ws, s_in if s_in is not None else ws, pre_scale if pre_scale is not None else ws,

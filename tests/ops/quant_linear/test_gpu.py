@@ -16,6 +16,7 @@ from tests.ops.quant_linear.cases import (
 pytestmark = GPU_ONLY
 
 if torch.cuda.is_available():
+    from kernels import triton_utils
     from kernels.quant_linear import gpu
     from kernels.quant_linear.triton import common as triton_common, fp8 as triton_fp8, int4 as triton_int4
 
@@ -125,7 +126,7 @@ def test_skinny_route_gpu(M, dtype, monkeypatch):
 def test_int4_every_byte_exact_gpu(dtype, ptx, monkeypatch):
     """Every byte value's two nibbles, exactly, through int4_dequant and the skinny GEMM (the low / high
     nibble dots against x's even / odd columns), with the PTX nibble conversion (16-bit) and without."""
-    monkeypatch.setattr(triton_common, "NIBBLE_PTX", ptx)
+    monkeypatch.setattr(triton_utils, "NIBBLE_PTX", ptx)
     from kernels.quant_linear.triton import skinny
     from tests.ops.quant_linear.cases import every_byte_int4, unpack_int4
     qw, sc, x, cols = every_byte_int4(dtype)

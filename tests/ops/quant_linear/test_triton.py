@@ -160,7 +160,7 @@ def test_int4_dequant_kernel_exact(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int4_every_byte_exact(dtype):
     """Every byte value's two nibbles, exactly, through int4_dequant and the skinny GEMM (even and odd k
-    through the low / high nibble dots): the nibble conversion of common.int4_nibbles."""
+    through the low / high nibble dots): the nibble conversion of triton_utils.int4_nibbles."""
     from kernels.quant_linear.triton import skinny
     from kernels.quant_linear.triton.int4 import int4_dequant
     from tests.ops.quant_linear.cases import every_byte_int4, unpack_int4
