@@ -148,9 +148,16 @@ def moe_q_down_kernel(act, down, scale, weights, rows, counts, y, N, H, I, E, W_
                  mask=m_m[:, None] & m_n[None, :])
 
 
-def _in_group(scale: torch.Tensor, group_size: int, BK: int) -> bool:
-    """Whether every K tile of BK lies in one scale group: one group a row, or BK dividing the group."""
-    return scale.shape[2] == 1 or group_size % BK == 0
+def _k_tile(scale: torch.Tensor, group_size: int, BK: int) -> tuple[int, bool]:
+    """(K tile, whether every tile lies in one scale group): BK where one group spans a row or BK divides
+    the group, else the largest power of two down to 32 that divides it (32-wide groups of a 128-wide
+    tile), else BK and the per-element path."""
+    if scale.shape[2] == 1:
+        return BK, True
+    bk = BK
+    while group_size % bk and bk > 32:
+        bk //= 2
+    return (bk, True) if group_size % bk == 0 else (BK, False)
 
 
 def _run(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, in_scales, top_k, norm_topk_prob,
@@ -168,15 +175,17 @@ def _run(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, in_sca
         ieee = dtype == torch.float32
         static = in_scales is not None
         ptx = triton_utils.NIBBLE_PTX
+        bk1, in1 = _k_tile(gate_up_scale, gs1, t["BK1"])
+        bk2, in2 = _k_tile(down_scale, gs2, t["BK2"])
         moe_q_gate_up_kernel[(blocks, cdiv(I, t["BN1"]))](
             x, gate_up, gate_up_scale, in_scales if static else weights, rows, counts, act, N, H, I, E,
             gate_up.shape[2], gate_up_scale.shape[2], gs1, K=top_k, BE=BE, BM=t["BM"], BN=t["BN1"],
-            BK=t["BK1"], QUANT=quant, STATIC=static, IEEE=ieee, IN_GROUP=_in_group(gate_up_scale, gs1, t["BK1"]),
-            PTX=ptx, num_warps=4, num_stages=t["stages"])
+            BK=bk1, QUANT=quant, STATIC=static, IEEE=ieee, IN_GROUP=in1, PTX=ptx, num_warps=4,
+            num_stages=t["stages"])
         moe_q_down_kernel[(blocks, cdiv(H, t["BN2"]))](
             act, down, down_scale, weights, rows, counts, y, N, H, I, E, down.shape[2], down_scale.shape[2], gs2,
-            BE=BE, BM=t["BM"], BN=t["BN2"], BK=t["BK2"], QUANT=quant, IEEE=ieee,
-            IN_GROUP=_in_group(down_scale, gs2, t["BK2"]), PTX=ptx, num_warps=4, num_stages=t["stages"])
+            BE=BE, BM=t["BM"], BN=t["BN2"], BK=bk2, QUANT=quant, IEEE=ieee, IN_GROUP=in2, PTX=ptx, num_warps=4,
+            num_stages=t["stages"])
     return y.view(N, top_k, H).sum(1, dtype=torch.float32).to(hidden.dtype)
 
 

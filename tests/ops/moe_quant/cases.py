@@ -18,7 +18,7 @@ ALL = (torch.float32, torch.bfloat16, torch.float16)
 # gdn_export.ops.moe_quant (an e4m3 rounding-boundary flip of the down input adds ~5e-4 in fp32).
 BOUND = {(False, torch.float32): 1e-5, (False, torch.float16): 1e-2, (False, torch.bfloat16): 1e-2,
          (True, torch.float32): 5e-3, (True, torch.float16): 2e-2, (True, torch.bfloat16): 2e-2}
-FORMS = ("fp8-static", "fp8-channel", "fp8-block", "int4-g128", "int4-g32")
+FORMS = ("fp8-static", "fp8-channel", "fp8-block", "int4-g128", "int4-g32", "int4-g6")  # g6: no K tile lies in one group
 
 
 @dataclass(frozen=True)
