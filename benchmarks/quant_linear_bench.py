@@ -125,25 +125,23 @@ class GpuBench:
     def methods(self):
         torch, gpu, tf8 = self.torch, self.gpu, self.triton_fp8
 
-        def skinny(fn):
-            def run(x, W, s):
-                gpu.SKINNY_DECODE = True
-                try:
-                    return fn(x, W, s)
-                finally:
-                    gpu.SKINNY_DECODE = False
-            return run
+        from kernels import triton_utils
 
-        def shifts(fn):  # the nibbles by shifts and conversions rather than triton_utils.int4_nibbles' PTX
-            from kernels import triton_utils
+        def with_flag(module, name, value):
+            """fn run with module.name = value (restored to its opposite after each call)."""
+            def wrap(fn):
+                def run(x, W, s):
+                    setattr(module, name, value)
+                    try:
+                        return fn(x, W, s)
+                    finally:
+                        setattr(module, name, not value)
+                return run
+            return wrap
 
-            def run(x, W, s):
-                triton_utils.NIBBLE_PTX = False
-                try:
-                    return fn(x, W, s)
-                finally:
-                    triton_utils.NIBBLE_PTX = True
-            return run
+        skinny = with_flag(gpu, "SKINNY_DECODE", True)
+        # the nibbles by shifts and conversions rather than triton_utils.int4_nibbles' PTX
+        shifts = with_flag(triton_utils, "NIBBLE_PTX", False)
 
         def scaled_mm(x, W, s):
             xq, rs = tf8.quantize_tensor(x, s)
