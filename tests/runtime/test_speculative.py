@@ -64,7 +64,7 @@ class PatternDraft:
         self.round, self.asked, self.lengths = 0, np.zeros(len(reference), np.int64), set()
 
     def __call__(self, s):
-        emitted, limit = s.emitted.numpy(), s.limit.numpy()
+        emitted, limit = s.emitted.cpu().numpy(), s.limit.cpu().numpy()
         drafts = np.zeros((len(emitted), self.k), np.int64)
         for b, e in enumerate(emitted):
             right = self.reference[b, e:e + self.k]

@@ -42,6 +42,26 @@ def test_graph_rounds_give_plain_greedy_tokens(tmp_path_factory, family, dtype, 
         np.testing.assert_array_equal(decoder.generate(PROMPTS, 12).generated, want)
 
 
+@pytest.mark.parametrize("op_backend", ["triton", "cuda"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_graph_runner_rolls_back_every_acceptance_length(tmp_path_factory, k, op_backend):
+    """The GraphRunner's verify and roll-back (fused projections, the GPU kernels' every-step states)
+    at every acceptance length, rows accepting different lengths in the same round: a stub draft
+    that knows plain greedy's tokens drafts exactly a correct ones (a = 0 .. K, cycling over rows and
+    rounds; eager rounds, a stub has no graph), fp32."""
+    from tests.runtime.test_speculative import PatternDraft
+
+    path = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
+    model = load_checkpoint(path, dtype=torch.float32, device="cuda")
+    model.layout = DeployLayout.make(cache_len=64)
+    runner = GraphRunner(model, device="cuda", op_backend=op_backend)
+    reference = generate(runner, PROMPTS, 12 + 2 * k).generated
+    stub = PatternDraft(reference, k, runner.vocab_size)
+    got = SpeculativeDecoder(runner, load_mtp(path, model), k, draft=stub).generate(PROMPTS, 12).generated
+    assert stub.lengths == set(range(k + 1))
+    np.testing.assert_array_equal(got, reference[:, :12])
+
+
 def test_sampling_runs_seeded(tmp_path_factory):
     path = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
     _, a = _decoder(path, torch.bfloat16, "triton", 2, temperature=0.8, seed=3)
