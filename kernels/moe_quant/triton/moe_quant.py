@@ -2,9 +2,13 @@
 
 The routing and the row-block schedule are those of the 16-bit kernels (kernels.moe.triton.moe:
 `route`, `_expert_block`); the gate_up and down kernels read the expert weights in their
-stored form, FP8 E4M3 bytes or packed INT4 nibbles, and dequantize each [BK, BN] tile in registers
-(weight * scale of its row and K group) before the dot, so only the quantized bytes and their scales
-cross memory. With static FP8 activation scales, each row tile of the expert's tokens is rounded to
+stored form, FP8 E4M3 bytes or packed INT4 nibbles, so only the quantized bytes and their scales
+cross memory. Where a K tile lies in one scale group (per-channel scales, or groups the tile
+divides: the K tile narrows to a group of 32 or 64), the stored values are the dot's operands (e4m3
+and int4 values are exact in 16 bits; INT4 converted by triton_utils.int4_nibbles, the low nibbles
+dotted with the activations' even columns and the high ones with the odd ones) and the scales a
+column factor of the fp32 product; otherwise each [BK, BN] tile is dequantized in registers
+(weight * scale of its row and K group) before the dot. With static FP8 activation scales, each row tile of the expert's tokens is rounded to
 e4m3 by that expert's scale (clamp to +-448, round to nearest even) before the dot, as the contract's
 fake quantization says. fp32 inputs use IEEE fp32 dots; fp16 / bf16 inputs dot in their dtype with
 fp32 accumulation (under the CPU interpreter, whose fp32 -> bf16 conversion truncates, the

@@ -4,9 +4,9 @@ qweight [N, ceil(K/2)] uint8 holds int4 (n, k) at byte k // 2, low nibble for ev
 two's complement; scales [N, ceil(K/group_size)]. int4_dequant (the prefill's pass) converts the
 nibbles by magic-number arithmetic in registers (triton_utils.int4_nibbles). The GEMM's tiles unpack
 [BN, BK/2] bytes into [BN, BK] int4 values in registers (sign-extended by shifts, interleaved low /
-high), widened to x's dtype
-(exact), one tensor-core dot with x's [BM, BK] tile in fp32 accumulation, then the group's scale per
-column (BK divides group_size, so a K tile lies in one group): y = sum_g scale[n, g] * (x . int4).
+high), widened to x's dtype (exact), one tensor-core dot with x's [BM, BK] tile in fp32
+accumulation, then the group's scale per column (BK divides group_size, so a K tile lies in one
+group): y = sum_g scale[n, g] * (x . int4).
 Skinny launches (decode, M <= 32) split K across programs (partials summed in the same launch by
 the last program of each tile) so that the weight stream fills the GPU.
 """
