@@ -48,19 +48,31 @@ def roll_back(model, step_states, kept: torch.Tensor, out: list[torch.Tensor] | 
     step_states: the call's returned states; kept [B] int64 on their device. With `out` (the
     states the call started from, e.g. a runner's static buffers) the results are written into
     those tensors and returned; the K/V caches are already in place either way. No host sync: a
-    CUDA graph can hold it.
+    CUDA graph can hold it. One gather a GDN state, straight into `out` where the dtypes agree:
+    the index tensors are made once for all layers.
     """
     specs = model.state_specs()
     width = model.config.linear_conv_kernel_dim - 1
+    index: dict = {}
     result = []
     for i, (spec, t) in enumerate(zip(specs, step_states)):
+        target = out[i] if out is not None else None
+        if target is not None and (target.dtype != t.dtype or not target.is_contiguous()):
+            target = None  # gathered first, then copied (converted) into out[i]
         if spec.kind == "conv":  # [B, C, K-1+T] -> [B, C, K-1]
             B, C, _ = t.shape
-            index = (kept[:, None, None] + torch.arange(width, device=t.device)).expand(B, C, width)
-            new = torch.gather(t, 2, index)
+            key = ("conv", C)
+            if key not in index:
+                index[key] = (kept[:, None, None] + torch.arange(width, device=t.device)).expand(B, C, width)
+            new = torch.gather(t, 2, index[key], out=target) if target is not None else torch.gather(t, 2, index[key])
         elif spec.kind == "recurrent":  # [B, T, Hv, Dk, Dv] -> [B, Hv, Dk, Dv]
-            rows = torch.arange(t.shape[0], device=t.device)
-            new = t[rows, (kept - 1).clamp(min=0)]
+            B, T = t.shape[:2]
+            key = ("recurrent", T)
+            if key not in index:
+                index[key] = torch.arange(B, device=t.device) * T + (kept - 1).clamp(min=0)
+            flat = t.reshape(B * T, *t.shape[2:])
+            new = (torch.index_select(flat, 0, index[key], out=target) if target is not None
+                   else torch.index_select(flat, 0, index[key]))
         else:
             new = t
         if out is not None and new is not out[i]:
