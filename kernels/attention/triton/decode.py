@@ -51,15 +51,20 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc):
-    """One K / V tile of a masked flash-attention row block (shared with attention_prefill):
-    scores q k^T * qk_scale (base 2), masked by b_m, folded into the running max m_i, sum l_i and
+def online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc, MASKED: tl.constexpr = True):
+    """One K / V tile of a flash-attention row block (shared with attention_prefill and the
+    positional prefill): scores q k^T * qk_scale (base 2), masked by b_m (MASKED; otherwise every row
+    reads every slot of the tile and b_m is not read), folded into the running max m_i, sum l_i and
     fp32 accumulator acc; P is rounded to V's dtype for P V. Returns (m_i, l_i, acc)."""
     b_s = dot(b_q, tl.trans(b_k), False) * qk_scale
-    b_s = tl.where(b_m, b_s, float("-inf"))
+    if MASKED:
+        b_s = tl.where(b_m, b_s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(b_s, 1))
-    # rows with nothing readable yet keep m = -inf; subtracting 0 instead keeps exp2 at 0, not NaN
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if MASKED:
+        # rows with nothing readable yet keep m = -inf; subtracting 0 instead keeps exp2 at 0, not NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new  # finite after a tile every row reads in full
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(b_s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)

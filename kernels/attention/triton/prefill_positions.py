@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernels.attention.triton.decode import DTYPES, _sm80, check_kv_scales, dequantize_tiles, online_softmax_step
 from kernels.attention.triton.prefill import MAX_D, _sm90
-from kernels.triton_utils import cdiv, dot, next_pow2, to_state_dtype
+from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
 LOG2E = 1.4426950408889634
 
@@ -49,16 +49,7 @@ def _tile(b_q, k_ptr, v_ptr, cols, stride_kl, stride_kd, stride_vl, stride_vd, d
     b_v = tl.load(v_ptr + cols[:, None] * stride_vl + d[None, :] * stride_vd, mask=load_ok, other=0.0)
     if KV_FP8:
         b_k, b_v = dequantize_tiles(b_k, b_v, k_scale, v_scale, b_q.dtype)
-    if MASKED:
-        return online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc)
-    # every row reads every slot of the tile: no mask, and the running max is finite after it
-    b_s = dot(b_q, tl.trans(b_k), False) * qk_scale
-    m_new = tl.maximum(m_i, tl.max(b_s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(b_s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + dot(p.to(b_v.dtype), b_v, False)
-    return m_new, l_i, acc
+    return online_softmax_step(b_q, b_k, b_v, b_m, qk_scale, m_i, l_i, acc, MASKED)
 
 
 @triton.jit
