@@ -19,10 +19,11 @@ namespace
 {
 // Creators live as long as the library: TensorRT keeps pointers to them after getCreators().
 gdn::plugin::GatedDeltaRulePluginCreator gGatedDeltaRuleCreator;
+gdn::plugin::GatedDeltaRuleStepsPluginCreator gGatedDeltaRuleStepsCreator;
 gdn::plugin::CausalConv1dPluginCreator gCausalConv1dCreator;
 gdn::plugin::MoEPluginCreator gMoECreator;
 nvinfer1::IPluginCreatorInterface* const gCreators[]
-    = {&gGatedDeltaRuleCreator, &gCausalConv1dCreator, &gMoECreator};
+    = {&gGatedDeltaRuleCreator, &gGatedDeltaRuleStepsCreator, &gCausalConv1dCreator, &gMoECreator};
 } // namespace
 
 GDN_PLUGINS_API void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept

@@ -116,17 +116,30 @@ def run(args) -> int:
     model.layout = layout
     path = export_onnx(model, args.output, opset=args.opset, progress=progress, onnx_ops=args.onnx_ops,
                        overwrite=args.overwrite, whole_trace=args.whole_trace)
-    print(f"wrote {path}")
-    if extra:
-        from gdn_export.onnx.speculative import export_mtp, export_verify
-        from gdn_export.weights.mtp import load_mtp
-
-        mtp = load_mtp(args.checkpoint, model)
-        verify = export_verify(model, extra[0], args.speculative, opset=args.opset, progress=progress,
-                               overwrite=args.overwrite)
-        print(f"wrote {verify}")
-        print(f"wrote {export_mtp(mtp, extra[1], opset=args.opset, progress=progress, overwrite=args.overwrite)}")
+    for written in _export_speculative(args, model, path, extra, progress) if extra else [path]:
+        print(f"wrote {written}")
     return 0
+
+
+def _export_speculative(args, model, path: Path, extra: tuple[Path, Path], progress) -> list[Path]:
+    """The verify form and the MTP head beside `path` (the model's graph); returns the three paths.
+    Where either fails, the files this command wrote (the model's graph included) are removed
+    before the error goes on."""
+    from gdn_export.onnx.speculative import export_mtp, export_verify
+    from gdn_export.weights.mtp import load_mtp
+
+    written = [path]
+    try:
+        mtp = load_mtp(args.checkpoint, model)
+        written.append(export_verify(model, extra[0], args.speculative, opset=args.opset, progress=progress,
+                                     overwrite=args.overwrite))
+        written.append(export_mtp(mtp, extra[1], opset=args.opset, progress=progress, overwrite=args.overwrite))
+    except BaseException:
+        for done in written:
+            Path(done).unlink(missing_ok=True)
+            _sidecar(done).unlink(missing_ok=True)
+        raise
+    return written
 
 
 def _check_speculative(args, layout, output) -> tuple[Path, Path]:

@@ -152,7 +152,8 @@ using TensorsOrProblem = std::tuple<Tensors, std::string>;
     } while (0)
 #define GDN_REQUIRE(cond, ...) GDN_RETURN_PROBLEM((cond) ? std::string() : cat(__VA_ARGS__))
 
-// ((o, final_state), "") or ({}, the problem in one line). o_out / final_state_out, when given,
+// ((o, final_state), "") or ({}, the problem in one line); steps: ((o, states [B, T, Hv, Dk, Dv]), "")
+// with the state after every token (the recurrent kernel, any T). o_out / final_state_out, when given,
 // receive the results (final_state_out may be initial_state itself: in-place decode). path: 0 auto,
 // 1 recurrent, 2 chunked, 3-6 chunked with its sequential pass pinned (gdn::GatedDeltaRulePath: 3 wmma
 // walk, 4 / 5 / 6 mma.sync walk on 1 / 2 / 4 warps). smem_limit > 0: shared memory a block may use,
@@ -160,7 +161,7 @@ using TensorsOrProblem = std::tuple<Tensors, std::string>;
 TensorsOrProblem gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v, at::Tensor const& g,
     at::Tensor const& beta, std::optional<at::Tensor> const& initialState, double scale, bool useQkL2norm,
     std::optional<at::Tensor> const& cuSeqlens, std::optional<at::Tensor> const& oOut,
-    std::optional<at::Tensor> const& finalStateOut, int64_t path, int64_t smemLimit)
+    std::optional<at::Tensor> const& finalStateOut, int64_t path, int64_t smemLimit, bool steps)
 {
     GDN_REQUIRE(q.dim() == 4, "q must be [B, T, Hk, Dk], got ", q.sizes());
     GDN_REQUIRE(v.dim() == 4, "v must be [B, T, Hv, Dv], got ", v.sizes());
@@ -216,12 +217,15 @@ TensorsOrProblem gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Te
     GDN_REQUIRE(path >= 0 && path <= 6,
         "path must be 0 (auto), 1 (recurrent), 2 (chunked) or 3-6 (chunked, walk pinned), got ", path);
     GDN_RETURN_PROBLEM(int32Problem(smemLimit, "smem_limit"));
+    GDN_REQUIRE(!steps || ((path == 0 || path == 1) && !finalStateOut.has_value()),
+        "every token's state (steps) runs the recurrent kernel (path 0 or 1) and has no final_state_out");
 
     c10::cuda::CUDAGuard const guard(device);
     at::Tensor const o = oOut.has_value() ? *oOut : at::empty({B, T, Hv, Dv}, v.options());
-    at::Tensor const finalState = finalStateOut.has_value()
-        ? *finalStateOut
-        : at::empty({N, Hv, Dk, Dv}, v.options().dtype(stateDtype));
+    // steps: the state after every token [B, T, Hv, Dk, Dv] in place of the final state
+    at::Tensor const finalState = finalStateOut.has_value() ? *finalStateOut
+        : steps ? at::empty({B, T, Hv, Dk, Dv}, v.options().dtype(stateDtype))
+                : at::empty({N, Hv, Dk, Dv}, v.options().dtype(stateDtype));
     gdn::GatedDeltaRuleParams p;
     p.dtype = toDataType(dtype);
     p.batch = static_cast<int32_t>(B);
@@ -241,7 +245,8 @@ TensorsOrProblem gatedDeltaRule(at::Tensor const& q, at::Tensor const& k, at::Te
     p.beta = beta.data_ptr();
     p.initialState = initialState.has_value() ? initialState->data_ptr() : nullptr;
     p.o = o.data_ptr();
-    p.finalState = finalState.data_ptr();
+    p.finalState = steps ? nullptr : finalState.data_ptr();
+    p.stepStates = steps ? finalState.data_ptr() : nullptr;
     p.stateType = toDataType(stateDtype);
 
     auto const which = static_cast<gdn::GatedDeltaRulePath>(path);
@@ -386,7 +391,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("initial_state"), py::arg("scale"),
         py::arg("use_qk_l2norm"), py::arg("cu_seqlens"), py::arg("o_out") = py::none(),
-        py::arg("final_state_out") = py::none(), py::arg("path") = 0, py::arg("smem_limit") = 0);
+        py::arg("final_state_out") = py::none(), py::arg("path") = 0, py::arg("smem_limit") = 0,
+        py::arg("steps") = false);
     m.def("causal_conv1d", &causalConv1d, "causal depthwise conv1d (y, new_conv_state)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("conv_state"), py::arg("silu"), py::arg("y_out") = py::none(),
         py::arg("new_conv_state_out") = py::none(), py::arg("seq_lens") = py::none());

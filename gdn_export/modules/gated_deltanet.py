@@ -37,7 +37,7 @@ from gdn_export.modules.dtypes import as_dtype
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
-from gdn_export.ops import causal_conv1d, gated_delta_rule
+from gdn_export.ops import backends, causal_conv1d, gated_delta_rule
 from gdn_export.ops.gated_delta_rule import gated_delta_rule_
 from gdn_export.ops.gated_delta_rule.steps import gated_delta_rule_steps
 
@@ -146,10 +146,17 @@ class GatedDeltaNet(nn.Module):
             # The verify form: the conv state after any prefix of the T tokens is a slice of this
             # window [B, C, K-1+T] (gdn_export.models.verify.roll_back picks it).
             conv_window = torch.cat((as_dtype(conv_state, mixed.dtype), mixed.transpose(1, 2)), dim=-1)
-        mixed, new_conv_state = causal_conv1d(
-            mixed, self.conv1d.weight[:, 0, :], None, as_dtype(conv_state, mixed.dtype), silu=True,
-            seq_lens=as_dtype(step.seq_lens, torch.int32),
-        )
+        if step.capture_steps and backends.exporting():
+            # The verify graph: the conv over the window as a grouped Conv (standard ONNX), whose
+            # state input no in-place plugin also updates (TensorRT cannot copy an aliased
+            # network input that another layer reads).
+            mixed = F.silu(F.conv1d(conv_window, self.conv1d.weight.to(mixed.dtype), groups=mixed.shape[-1]))
+            mixed = mixed.transpose(1, 2)
+        else:
+            mixed, new_conv_state = causal_conv1d(
+                mixed, self.conv1d.weight[:, 0, :], None, as_dtype(conv_state, mixed.dtype), silu=True,
+                seq_lens=as_dtype(step.seq_lens, torch.int32),
+            )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(B, T, self.num_k_heads, self.head_k_dim)

@@ -68,7 +68,9 @@ def check_plugin_mappable(model: onnx.ModelProto) -> Counter:
         names = [f"{f.domain}.{f.name}" for f in model.functions]
         raise ExportCheckError(f"exported file must hold no local functions, found {names}")
     opsets = {e.domain: e.version for e in model.opset_import}
-    if opsets.get(DOMAIN) != DOMAIN_VERSION:
+    # A graph without gdn nodes (the MTP head of a dense model: attention and MLP only) may lack the domain.
+    has_gdn = any(node.domain == DOMAIN for node in _walk(model.graph))
+    if (has_gdn or DOMAIN in opsets) and opsets.get(DOMAIN) != DOMAIN_VERSION:
         raise ExportCheckError(f"opset_import must have {DOMAIN!r}: {DOMAIN_VERSION}, got {opsets}")
     default = opsets.get("", opsets.get("ai.onnx"))
     if default is None or not MIN_OPSET <= default <= MAX_OPSET:

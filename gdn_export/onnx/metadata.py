@@ -51,6 +51,8 @@ KEY_KV_CACHE_FORMAT = PREFIX + "kv_cache_format"
 KEY_KV_CACHE_SCALES = PREFIX + "kv_cache_scales"
 VLM_PREFIX = PREFIX + "vlm."  # the keys of a vision-language export (gdn_export.vlm.export)
 KEY_VLM_ROLE = VLM_PREFIX + "role"  # "language" | "vision"
+KEY_SPECULATIVE_ROLE = PREFIX + "speculative"  # "verify" | "mtp": the graphs of `export --speculative K`
+KEY_SPECULATIVE_K = PREFIX + "speculative_k"
 
 
 def kv_cache_metadata(scales: dict | None) -> dict[str, str]:

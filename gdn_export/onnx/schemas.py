@@ -12,16 +12,17 @@ from types import ModuleType
 
 from gdn_export.ops.causal_conv1d import onnx as causal_conv1d_onnx
 from gdn_export.ops.gated_delta_rule import onnx as gated_delta_rule_onnx
+from gdn_export.ops.gated_delta_rule import onnx_steps as gated_delta_rule_steps_onnx
 from gdn_export.ops.moe import onnx as moe_onnx
 from gdn_export.ops.onnx_common import DOMAIN_VERSION  # noqa: F401  (the gdn domain's version)
 
 # Every op of the gdn domain, as its ONNX contract module.
-OP_MODULES: tuple[ModuleType, ...] = (gated_delta_rule_onnx, causal_conv1d_onnx, moe_onnx)
+OP_MODULES: tuple[ModuleType, ...] = (gated_delta_rule_onnx, gated_delta_rule_steps_onnx, causal_conv1d_onnx, moe_onnx)
 DOMAIN = gated_delta_rule_onnx.ONNX_DOMAIN
 
 
 def register_schemas() -> None:
-    """Register gdn.GatedDeltaRule, gdn.CausalConv1d and gdn.MoE, and the com.microsoft ops of the
+    """Register gdn.GatedDeltaRule, gdn.GatedDeltaRuleSteps, gdn.CausalConv1d and gdn.MoE, and the com.microsoft ops of the
     ort form (gdn_export.onnx.ort_form.schemas); a no-op when already registered."""
     from gdn_export.onnx.ort_form.schemas import register_schemas as register_ort_form
 

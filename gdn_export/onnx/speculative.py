@@ -7,14 +7,15 @@ ONNX file beside the model's (`gdn-export export --speculative K`).
              model's graph (gdn_export.onnx.export)
     outputs  logits [batch, K+1, V] fp32, hidden [batch, K+1, hidden] (after the final norm: the MTP
              head's input), then per layer in state order
-               linear_attention  present.{i}.conv_window     [batch, C, 2K]        (K-1+K+1 columns)
+               linear_attention  present.{i}.conv_window     [batch, C, W-1+K+1]   (W the conv width)
                                  present.{i}.recurrent_steps [batch, K+1, Hv, Dk, Dv]
                full_attention    present.{i}.key / value     (the cache, K+1 slots written)
 
 Each row then keeps its state after kept[b] tokens (gdn_export.models.verify.roll_back: conv
-columns kept .. kept + K-2 of the window, recurrent step kept - 1; the K/V caches by length). The
-per-token states are K + 1 gdn.GatedDeltaRule nodes of one token each, which ONNX Runtime and the
-TensorRT plugin run as they are (gdn_export.ops.gated_delta_rule.steps).
+columns kept .. kept + W-2 of the window, recurrent step kept - 1; the K/V caches by length). Each
+GDN layer's recurrence is one gdn.GatedDeltaRuleSteps node (gdn_export.ops.gated_delta_rule.steps;
+the TensorRT plugin of that name) and its conv a grouped Conv over the window, so no state input is
+updated in place (TensorRT-RTX fails to build the copy an aliased input read elsewhere needs).
 
 `<name>.mtp.onnx` (export_mtp): the head, its own K/V cache (layer N = num_hidden_layers)
 
@@ -45,8 +46,8 @@ from gdn_export.onnx.export import (BATCH, EXAMPLE_BATCH, INPUT_IDS, LOGITS, SEQ
                                     default_opset, run_exporter, write_checked)
 
 HIDDEN, MTP_HIDDEN = "hidden", "mtp_hidden"
-KEY_ROLE = metadata.PREFIX + "speculative"  # "verify" | "mtp"
-KEY_K = metadata.PREFIX + "speculative_k"
+KEY_ROLE = metadata.KEY_SPECULATIVE_ROLE  # "verify" | "mtp"
+KEY_K = metadata.KEY_SPECULATIVE_K
 _STEP_NAMES = {"conv": "conv_window", "recurrent": "recurrent_steps"}
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from gdn_export.ops.causal_conv1d.cuda import causal_conv1d
 from gdn_export.ops.gated_delta_rule.cuda import (gated_delta_rule, gated_delta_rule_fast, gated_delta_rule_inplace,
-                                                  gated_delta_rule_inplace_fast)
+                                                  gated_delta_rule_inplace_fast, gated_delta_rule_steps)
 from gdn_export.ops.moe.cuda import moe
 
 __all__ = ["causal_conv1d", "gated_delta_rule", "gated_delta_rule_fast", "gated_delta_rule_inplace",
-           "gated_delta_rule_inplace_fast", "moe"]
+           "gated_delta_rule_inplace_fast", "gated_delta_rule_steps", "moe"]

@@ -121,12 +121,13 @@ def check_exported(onnx_path: str | os.PathLike, what: str | None = None) -> Non
     I/O names alone (no weights read): metadata_props carry gdn_export.version, the inputs start with
     input_ids, past_lengths, seq_lens and the first output is logits (what `run` and `validate`
     need of an engine). A vision-language export's vision graph is named as such: build its
-    model.onnx, which builds both engines. `build_engine` itself builds any ONNX graph."""
+    model.onnx, which builds both engines. The graphs of `export --speculative K` (verify form and
+    MTP head, told by their metadata) pass as they are. `build_engine` itself builds any ONNX graph."""
     import onnx
 
     from gdn_export.errors import InputError
     from gdn_export.onnx.export import LOGITS, TOKEN_INPUTS
-    from gdn_export.onnx.metadata import KEY_VERSION, KEY_VLM_ROLE
+    from gdn_export.onnx.metadata import KEY_SPECULATIVE_ROLE, KEY_VERSION, KEY_VLM_ROLE
 
     what = what or str(onnx_path)
     try:
@@ -143,6 +144,8 @@ def check_exported(onnx_path: str | os.PathLike, what: str | None = None) -> Non
     if meta.get(KEY_VLM_ROLE) == "vision":
         raise InputError(f"{what}: the vision graph of a vision-language export; build its language graph "
                          f"(model.onnx), which builds both engines")
+    if meta.get(KEY_SPECULATIVE_ROLE) in ("verify", "mtp"):
+        return
     if tuple(inputs[:len(TOKEN_INPUTS)]) != TOKEN_INPUTS or outputs[:1] != [LOGITS]:
         raise InputError(f"{what}: not a gdn-export graph of this release: inputs {', '.join(inputs[:3]) or 'none'}"
                          f" and output {', '.join(outputs[:1]) or 'none'}, where `run` and `validate` need inputs "

@@ -20,6 +20,14 @@
  *   field          type      meaning
  *   scale          kFLOAT32  multiplies q (usually Dk ** -0.5)
  *   use_qk_l2norm  kINT32    0/1: L2-normalise q and k over Dk first
+ *
+ * GatedDeltaRuleSteps (version "1", namespace "gdn"): the same op keeping the state after every
+ * token (gdn::gated_delta_rule_steps; the verify step of speculative decoding keeps the state of
+ * each row's accepted prefix). Inputs and fields as GatedDeltaRule; nothing aliased:
+ *
+ *   out 0  o               [B, T, Hv, Dv]      T
+ *   out 1  states          [B, T, Hv, Dk, Dv]  S      states[:, t] = the state after token t, rounded
+ *                                                     to S, the next token started from it
  */
 #pragma once
 
@@ -35,11 +43,12 @@ namespace plugin
 constexpr char const* kGDR_PLUGIN_NAME{"GatedDeltaRule"};
 constexpr char const* kGDR_PLUGIN_VERSION{"1"};
 constexpr char const* kGDR_PLUGIN_NAMESPACE{"gdn"};
+constexpr char const* kGDRS_PLUGIN_NAME{"GatedDeltaRuleSteps"};
 constexpr char const* kGDR_FIELD_SCALE{"scale"};
 constexpr char const* kGDR_FIELD_USE_QK_L2NORM{"use_qk_l2norm"};
 
-//! Named input / output indices of GatedDeltaRule (see the table above).
-struct GatedDeltaRuleIO
+//! The inputs GatedDeltaRule and GatedDeltaRuleSteps share (see the table above).
+struct GatedDeltaRuleInputs
 {
     static constexpr int32_t kQ = 0;
     static constexpr int32_t kK = 1;
@@ -49,6 +58,12 @@ struct GatedDeltaRuleIO
     static constexpr int32_t kINITIAL_STATE = 5;
     static constexpr int32_t kNB_INPUTS = 6;
 
+    static char const* inputName(int32_t i) noexcept;
+};
+
+//! Named input / output indices of GatedDeltaRule (see the table above).
+struct GatedDeltaRuleIO : GatedDeltaRuleInputs
+{
     static constexpr int32_t kO = 0;
     static constexpr int32_t kFINAL_STATE = 1;
     static constexpr int32_t kNB_OUTPUTS = 2;
@@ -58,8 +73,21 @@ struct GatedDeltaRuleIO
     //! q sets T; the recurrent state's storage dtype S is its own choice (final_state follows it).
     static constexpr int32_t kFREE_TYPES[] = {kQ, kINITIAL_STATE};
 
-    //! Name of input `i` / output `i` for messages.
-    static char const* inputName(int32_t i) noexcept;
+    //! Name of output `i` for messages.
+    static char const* outputName(int32_t i) noexcept;
+};
+
+//! Named output indices of GatedDeltaRuleSteps; its inputs are GatedDeltaRule's.
+struct GatedDeltaRuleStepsIO : GatedDeltaRuleInputs
+{
+    static constexpr int32_t kO = 0;
+    static constexpr int32_t kSTATES = 1;
+    static constexpr int32_t kNB_OUTPUTS = 2;
+
+    //! Nothing in place: initial_state is read, every step's state written to its own output.
+    static constexpr int32_t kALIASED_INPUTS[kNB_OUTPUTS] = {-1, -1};
+    static constexpr int32_t kFREE_TYPES[] = {kQ, kINITIAL_STATE};
+
     static char const* outputName(int32_t i) noexcept;
 };
 
@@ -98,6 +126,27 @@ public:
 };
 
 using GatedDeltaRulePluginCreator = PluginCreator<GatedDeltaRulePlugin>;
+
+class GatedDeltaRuleStepsPlugin
+    : public PluginBase<GatedDeltaRuleStepsPlugin, GatedDeltaRuleStepsIO, GatedDeltaRuleFields>
+{
+public:
+    static constexpr char const* kNAME = kGDRS_PLUGIN_NAME;
+    static constexpr char const* kVERSION = kGDR_PLUGIN_VERSION;
+    static constexpr char const* kNAMESPACE = kGDR_PLUGIN_NAMESPACE;
+
+    explicit GatedDeltaRuleStepsPlugin(Fields const& fields);
+
+    // ---------------------------------------------------------------- hooks called by PluginBase
+    static void checkInputDims(nvinfer1::Dims const* in);
+    nvinfer1::DataType typeAt(int32_t pos, nvinfer1::DataType const* types) const;
+    void inferOutputShapes(
+        nvinfer1::DimsExprs const* in, nvinfer1::DimsExprs* out, nvinfer1::IExprBuilder& exprBuilder) const;
+    void launch(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) const;
+};
+
+using GatedDeltaRuleStepsPluginCreator = PluginCreator<GatedDeltaRuleStepsPlugin>;
 
 } // namespace plugin
 } // namespace gdn

@@ -1,5 +1,5 @@
 /*
- * pluginHostTest: drives the GatedDeltaRule and CausalConv1d plugins of libgdn_plugins.so through
+ * pluginHostTest: drives the GatedDeltaRule(Steps), CausalConv1d and MoE plugins of libgdn_plugins.so through
  * the calls TensorRT makes, without TensorRT (headers only), and checks the outputs against CPU
  * references in double precision.
  *
@@ -216,7 +216,47 @@ struct GdrCase
     bool inPlace;
     bool l2norm;
     DType state{DType::kF32}; //!< the recurrent state's storage dtype (free of the activations')
+    bool steps{false};        //!< GatedDeltaRuleSteps: every token's state [B, T, Hv, Dk, Dv], nothing in place
 };
+
+//! GatedDeltaRuleSteps' reference: T one-token calls of the double reference, each token's state
+//! rounded to the storage dtype before the next (the op's rounding rule, token by token).
+void stepsReference(gdn::test::GdrShape const& s, std::vector<float> const& q, std::vector<float> const& k,
+    std::vector<float> const& v, std::vector<float> const& g, std::vector<float> const& beta,
+    std::vector<float> const& s0, float scale, bool l2norm, DType state, std::vector<double>& o,
+    std::vector<double>& states, int32_t threads)
+{
+    gdn::test::GdrShape one = s;
+    one.T = 1;
+    size_t const nS = static_cast<size_t>(s.B) * s.Hv * s.Dk * s.Dv;
+    o.assign(static_cast<size_t>(s.B) * s.T * s.Hv * s.Dv, 0.0);
+    states.assign(nS * s.T, 0.0);
+    // token t of a [B, T, ...] tensor with `inner` elements a token
+    auto token = [&](std::vector<float> const& x, int32_t t, size_t inner) {
+        std::vector<float> out(static_cast<size_t>(s.B) * inner);
+        for (int32_t b = 0; b < s.B; ++b)
+        {
+            std::copy_n(x.begin() + (static_cast<size_t>(b) * s.T + t) * inner, inner, out.begin() + b * inner);
+        }
+        return out;
+    };
+    size_t const qk = static_cast<size_t>(s.Hk) * s.Dk, vv = static_cast<size_t>(s.Hv) * s.Dv, gg = s.Hv;
+    size_t const perRow = static_cast<size_t>(s.Hv) * s.Dk * s.Dv;
+    std::vector<float> current = s0;
+    for (int32_t t = 0; t < s.T; ++t)
+    {
+        std::vector<double> ot, st;
+        gdn::test::gatedDeltaRuleReference(one, token(q, t, qk), token(k, t, qk), token(v, t, vv), token(g, t, gg),
+            token(beta, t, gg), current, scale, l2norm, ot, st, threads);
+        std::vector<float> rounded(st.begin(), st.end());
+        current = gdn::test::roundTo(state, rounded);
+        for (int32_t b = 0; b < s.B; ++b)
+        {
+            std::copy_n(ot.begin() + b * vv, vv, o.begin() + (static_cast<size_t>(b) * s.T + t) * vv);
+            std::copy_n(current.begin() + b * perRow, perRow, states.begin() + (static_cast<size_t>(b) * s.T + t) * perRow);
+        }
+    }
+}
 
 //! Relative RMS allowed for the final state: a 16-bit state is rounded once where it is stored,
 //! which alone costs ~1e-3 (bf16) / ~1.5e-4 (fp16) against the float64 reference.
@@ -256,7 +296,7 @@ Row runGdr(GdrCase const& c, int32_t threads)
     using IO = gdn::plugin::GatedDeltaRuleIO;
     auto const& s = c.s;
     Row row;
-    row.op = "GatedDeltaRule";
+    row.op = c.steps ? "GatedDeltaRuleSteps" : "GatedDeltaRule";
     row.dtype = gdn::test::dtypeName(c.dtype);
     std::ostringstream sh;
     sh << "B=" << s.B << " T=" << s.T << " Hk=" << s.Hk << " Hv=" << s.Hv << " Dk=" << s.Dk << " Dv=" << s.Dv;
@@ -268,14 +308,15 @@ Row runGdr(GdrCase const& c, int32_t threads)
     {
         float const scale = 1.F / std::sqrt(static_cast<float>(s.Dk));
         // ---- build phase
-        IPluginCreatorV3One* creator = findCreator(gdn::plugin::kGDR_PLUGIN_NAME);
+        char const* const pluginName = c.steps ? gdn::plugin::kGDRS_PLUGIN_NAME : gdn::plugin::kGDR_PLUGIN_NAME;
+        IPluginCreatorV3One* creator = findCreator(pluginName);
         int32_t const useL2 = c.l2norm ? 1 : 0;
         PluginField fieldArr[] = {PluginField("scale", &scale, PluginFieldType::kFLOAT32, 1),
             PluginField("use_qk_l2norm", &useL2, PluginFieldType::kINT32, 1)};
         PluginFieldCollection fc{2, fieldArr};
         std::unique_ptr<IPluginV3> plugin(creator->createPlugin("gdr_test", &fc, TensorRTPhase::kBUILD));
         HOST_CHECK(plugin != nullptr, "createPlugin(kBUILD) failed: " << gLoggerFinder.mLogger.last());
-        Caps caps = capabilities(plugin.get(), gdn::plugin::kGDR_PLUGIN_NAME);
+        Caps caps = capabilities(plugin.get(), pluginName);
         HOST_CHECK(caps.build->getNbOutputs() == 2, "getNbOutputs " << caps.build->getNbOutputs());
 
         DataType const t = trtType(c.dtype);
@@ -289,6 +330,8 @@ Row runGdr(GdrCase const& c, int32_t threads)
         std::vector<Dims> inDims = {makeDims({s.B, s.T, s.Hk, s.Dk}), makeDims({s.B, s.T, s.Hk, s.Dk}),
             makeDims({s.B, s.T, s.Hv, s.Dv}), makeDims({s.B, s.T, s.Hv}), makeDims({s.B, s.T, s.Hv}),
             makeDims({s.B, s.Hv, s.Dk, s.Dv})};
+        // output 1: the final state [B, Hv, Dk, Dv], or every token's [B, T, Hv, Dk, Dv]
+        Dims const stateOutDims = c.steps ? makeDims({s.B, s.T, s.Hv, s.Dk, s.Dv}) : inDims[IO::kINITIAL_STATE];
         {
             // B and T symbolic, as in a dynamic-shape network.
             gdn::test::FakeExprBuilder eb;
@@ -310,19 +353,28 @@ Row runGdr(GdrCase const& c, int32_t threads)
             HOST_CHECK(out[IO::kO].nbDims == 4 && out[IO::kO].d[0] == symB && out[IO::kO].d[1] == symT
                     && out[IO::kO].d[2] == in[IO::kV].d[2] && out[IO::kO].d[3] == in[IO::kV].d[3],
                 "getOutputShapes: o is not [B, T, Hv, Dv]");
-            HOST_CHECK(out[IO::kFINAL_STATE].nbDims == 4
-                    && std::equal(out[1].d, out[1].d + 4, in[IO::kINITIAL_STATE].d),
-                "getOutputShapes: final_state is not initial_state's shape");
+            if (c.steps)
+            {
+                HOST_CHECK(out[1].nbDims == 5 && out[1].d[0] == symB && out[1].d[1] == symT
+                        && std::equal(out[1].d + 2, out[1].d + 5, in[IO::kINITIAL_STATE].d + 1),
+                    "getOutputShapes: states are not [B, T, Hv, Dk, Dv]");
+            }
+            else
+            {
+                HOST_CHECK(out[IO::kFINAL_STATE].nbDims == 4
+                        && std::equal(out[1].d, out[1].d + 4, in[IO::kINITIAL_STATE].d),
+                    "getOutputShapes: final_state is not initial_state's shape");
+            }
         }
 
         DynamicPluginTensorDesc io[8]{};
         for (int32_t i = 0; i < 8; ++i)
         {
             bool const isIn = i < IO::kNB_INPUTS;
-            Dims const d = isIn ? inDims[i] : (i == 6 ? inDims[IO::kV] : inDims[IO::kINITIAL_STATE]);
+            Dims const d = isIn ? inDims[i] : (i == 6 ? inDims[IO::kV] : stateOutDims);
             io[i].desc.dims = d;
             io[i].desc.dims.d[0] = -1; // B dynamic at build time
-            if (isIn && i != IO::kINITIAL_STATE)
+            if ((isIn && i != IO::kINITIAL_STATE) || i == 6 || (i == 7 && c.steps))
             {
                 io[i].desc.dims.d[1] = -1;
             }
@@ -350,11 +402,13 @@ Row runGdr(GdrCase const& c, int32_t threads)
         // Long prefills take the chunked kernels, which need scratch memory (gatedDeltaRuleKernels.cu):
         // a zero here would make enqueue fail on the GPU.
         // (Head dims off the multiples of 8 take the recurrent kernel, which needs none.)
-        bool const chunked = s.T >= 64 && s.Dk % 8 == 0 && s.Dv % 8 == 0;
+        bool const chunked = !c.steps && s.T >= 64 && s.Dk % 8 == 0 && s.Dv % 8 == 0;
         HOST_CHECK(!chunked || workspaceBytes > 0, "getWorkspaceSize is 0 for a T = " << s.T << " prefill");
-        HOST_CHECK(caps.build->getAliasedInput(IO::kFINAL_STATE) == IO::kINITIAL_STATE
+        HOST_CHECK(caps.build->getAliasedInput(1) == (c.steps ? -1 : IO::kINITIAL_STATE)
                 && caps.build->getAliasedInput(IO::kO) == -1,
             "getAliasedInput");
+        // every token's state: the recurrent kernel, which needs no scratch memory
+        HOST_CHECK(!c.steps || workspaceBytes == 0, "GatedDeltaRuleSteps asks for " << workspaceBytes << " bytes");
 
         // ---- runtime phase
         std::unique_ptr<IPluginV3> attached(roundTrip(creator, caps.runtime, "gdr_test"));
@@ -365,7 +419,7 @@ Row runGdr(GdrCase const& c, int32_t threads)
             inDesc[i] = {inDims[i], inTypes[i], TensorFormat::kLINEAR, -1.F};
         }
         outDesc[IO::kO] = {inDims[IO::kV], t, TensorFormat::kLINEAR, -1.F};
-        outDesc[IO::kFINAL_STATE] = {inDims[IO::kINITIAL_STATE], st, TensorFormat::kLINEAR, -1.F};
+        outDesc[IO::kFINAL_STATE] = {stateOutDims, st, TensorFormat::kLINEAR, -1.F};
         HOST_CHECK(rt->onShapeChange(inDesc, 6, outDesc, 2) == 0, "onShapeChange failed");
         if (gNoGpu)
         {
@@ -418,8 +472,9 @@ Row runGdr(GdrCase const& c, int32_t threads)
         gdn::test::storeAs(c.state, s0, hs0);
         size_t const es = gdn::test::dtypeSize(c.dtype);
         size_t const ss = gdn::test::dtypeSize(c.state);
+        size_t const nSOut = c.steps ? nS * s.T : nS;
         DeviceBuffer dq(nQK * es), dk(nQK * es), dv(nV * es), dg(nG * 4), dbeta(nG * es), ds0(nS * ss), dO(nV * es),
-            dS(c.inPlace ? 4 : nS * ss), dws(workspaceBytes);
+            dS(c.inPlace ? 4 : nSOut * ss), dws(workspaceBytes);
         dq.upload(hq.data());
         dk.upload(hk.data());
         dv.upload(hv.data());
@@ -437,9 +492,16 @@ Row runGdr(GdrCase const& c, int32_t threads)
         auto oBytes = dO.download();
         auto sBytes = c.inPlace ? ds0.download() : dS.download();
         auto oGot = gdn::test::loadAs(c.dtype, oBytes.data(), nV);
-        auto sGot = gdn::test::loadAs(c.state, sBytes.data(), nS);
+        auto sGot = gdn::test::loadAs(c.state, sBytes.data(), nSOut);
         std::vector<double> oRef, sRef;
-        gdn::test::gatedDeltaRuleReference(s, q, k, v, g, beta, s0, scale, c.l2norm, oRef, sRef, threads);
+        if (c.steps)
+        {
+            stepsReference(s, q, k, v, g, beta, s0, scale, c.l2norm, c.state, oRef, sRef, threads);
+        }
+        else
+        {
+            gdn::test::gatedDeltaRuleReference(s, q, k, v, g, beta, s0, scale, c.l2norm, oRef, sRef, threads);
+        }
         row.errOut = gdn::test::relativeRms(oGot, oRef);
         row.errState = gdn::test::relativeRms(sGot, sRef);
         row.pass = row.errOut <= boundFor(c.dtype) && row.errState <= row.bound;
@@ -901,6 +963,7 @@ int main(int argc, char** argv)
             // 16-bit states: the decode kernel of its own at T = 1, the chunked one at T = 65.
             gdrCases.push_back({{3, T, 2, 4, 128, 128}, DType::kBF16, true, true, DType::kBF16});
             gdrCases.push_back({{2, T, 1, 2, 64, 40}, DType::kF32, false, true, DType::kF16});
+            gdrCases.push_back({{2, T == 1 ? 4 : 17, 2, 4, 128, 128}, DType::kBF16, false, true, DType::kBF16, true});
             convCases.push_back({3, T, 64, 4, DType::kF16, true, true, true});
             convCases.push_back({1, T, 64, 4, DType::kF32, false, false, false});
         }
@@ -946,6 +1009,17 @@ int main(int argc, char** argv)
             convCases.push_back({2, T, 96, 2, DType::kF32, true, true, true});
             convCases.push_back({3, T, 95, 3, DType::kBF16, false, true, true});
         }
+    }
+    // GatedDeltaRuleSteps: verify calls of K + 1 = 1..5 tokens, a longer one, every state dtype,
+    // grouped heads, Dk != Dv and an odd Dv (scalar columns).
+    for (int32_t T : {1, 3, 5, 40})
+    {
+        for (DType st : dtypes)
+        {
+            gdrCases.push_back({{3, T, 2, 4, 128, 128}, DType::kBF16, false, true, st, true});
+        }
+        gdrCases.push_back({{2, T, 1, 3, 64, 100}, DType::kF32, false, true, DType::kF32, true});
+        gdrCases.push_back({{1, T, 2, 2, 64, 32}, DType::kF16, false, false, DType::kF16, true});
     }
     // A prefill whose walk grid needs more than one wave of double-buffered 4-warp blocks on any GPU
     // (2 x 48 x 4 = 384 blocks): the launcher runs the single-buffered walk, two blocks a

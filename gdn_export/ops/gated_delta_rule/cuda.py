@@ -8,6 +8,8 @@ entries for this op (gdn_export.ops.cuda_backend).
         S: the state's storage dtype, fp32, fp16 or bf16 (fp32 for None; float64 runs as fp32).
     gated_delta_rule_out(..., o, final_state): into given buffers (final_state may be initial_state)
     gated_delta_rule_inplace(..., state, ...) -> o: the state updated where it lies (decode)
+    gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+        -> (o, states [B, T, Hv, Dk, Dv] S): the state after every token (speculative decoding)
     gated_delta_rule_fast / gated_delta_rule_inplace_fast: the public op's eager entries (None back
         where the checked entries must run)
 
@@ -95,6 +97,19 @@ def gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_s
     o, state = _extension_gdr(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), cu_seqlens,
                               None, None, path, int(smem_limit))
     return o.to(out_dtype), state
+
+
+def gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
+    """gdn::gated_delta_rule_steps in one launch of the recurrent kernel: o [B, T, Hv, Dv] (v's
+    dtype) and states [B, T, Hv, Dk, Dv] in the state's storage dtype, each token's state rounded to
+    it and the next token started from the rounded value (gdn_export.ops.gated_delta_rule.steps)."""
+    out_dtype = v.dtype
+    q, k, v, g, beta, _ = _gdr_args(q, k, v, g, beta, initial_state, None)
+    if initial_state is not None:
+        initial_state = initial_state.to(state_storage_dtype(initial_state)).contiguous()
+    o, states = _extension_gdr(q, k, v, g, beta, initial_state, float(scale), bool(use_qk_l2norm), None,
+                               None, None, PATH_AUTO, 0, True)
+    return o.to(out_dtype), states
 
 
 def gated_delta_rule_out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlens, o, final_state,

@@ -50,20 +50,26 @@ _STATE_TYPES = _ACTIVATION_TYPES  # the storage dtypes of the recurrent state, S
 # ----------------------------------------------------------------------------------- schema
 
 
+def check_ranks(types, op: str) -> None:
+    """ValueError (naming `op`) unless the six input types have the contract's ranks and Hv is a
+    multiple of Hk where both are known; shared by gdn.GatedDeltaRuleSteps (onnx_steps.py)."""
+    q, _, v = types[:3]
+    for name, t, rank in zip(INPUT_NAMES, types, (4, 4, 4, 3, 3, 4)):
+        r = _rank(t)
+        if r is not None and r != rank:
+            raise ValueError(f"{op}: {name} must have rank {rank}, got {r}")
+    hk, hv = _static(_dim(q, 2)), _static(_dim(v, 2))
+    if hk and hv and hv % hk:
+        raise ValueError(f"{op}: value heads ({hv}) must be a multiple of key heads ({hk})")
+
+
 def _infer(ctx) -> None:
     """o [B, T, Hv, Dv] in v's type; final_state [B, Hv, Dk, Dv] in initial_state's type."""
     types = [ctx.get_input_type(i) for i in range(len(INPUT_NAMES))]
     if any(t is None for t in types):
         return
     q, k, v, g, beta, state = types
-    for name, t, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3),
-                          ("initial_state", state, 4)):
-        r = _rank(t)
-        if r is not None and r != rank:
-            raise ValueError(f"{PLUGIN_NAME}: {name} must have rank {rank}, got {r}")
-    hk, hv = _static(_dim(q, 2)), _static(_dim(v, 2))
-    if hk and hv and hv % hk:
-        raise ValueError(f"{PLUGIN_NAME}: value heads ({hv}) must be a multiple of key heads ({hk})")
+    check_ranks(types, PLUGIN_NAME)
     dv = _dim(v, 3)
     ctx.set_output_type(0, _tensor_type(v.tensor_type.elem_type, [_dim(v, i) for i in range(4)]))
     batch = _dim(v, 0) if _dim(v, 0) is not None else _dim(state, 0)
@@ -71,14 +77,19 @@ def _infer(ctx) -> None:
     ctx.set_output_type(1, _tensor_type(state_type, [batch, _dim(v, 2), _dim(q, 3), dv]))
 
 
+def schema_inputs() -> list[tuple[str, str, str]]:
+    """(name, type, shape) of the six inputs, as make_op_schema takes them."""
+    kinds = ("T", "T", "T", "tensor(float)", "T", "S")
+    shapes = ("[B, T, Hk, Dk]", "[B, T, Hk, Dk]", "[B, T, Hv, Dv]", "[B, T, Hv] log decay", "[B, T, Hv]",
+              "[B, Hv, Dk, Dv]")
+    return list(zip(INPUT_NAMES, kinds, shapes))
+
+
 def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.GatedDeltaRule (version DOMAIN_VERSION), with shape inference."""
-    kinds = dict(zip(INPUT_NAMES, ("T", "T", "T", "tensor(float)", "T", "S")))
-    shapes = dict(zip(INPUT_NAMES, ("[B, T, Hk, Dk]", "[B, T, Hk, Dk]", "[B, T, Hv, Dv]",
-                                    "[B, T, Hv] log decay", "[B, T, Hv]", "[B, Hv, Dk, Dv]")))
     return make_op_schema(
         PLUGIN_NAME, ONNX_DOMAIN, "Gated delta rule over T tokens (see gdn_export.ops.gated_delta_rule).",
-        inputs=[(n, kinds[n], shapes[n]) for n in INPUT_NAMES],
+        inputs=schema_inputs(),
         outputs=[(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"), (OUTPUT_NAMES[1], "S", "[B, Hv, Dk, Dv]")],
         type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
                           ("S", list(_STATE_TYPES), "recurrent state storage dtype (math is fp32)")],
@@ -102,12 +113,21 @@ def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlen
     Emits one gdn.GatedDeltaRule node; a None initial_state becomes zeros [B, Hv, Dk, Dv] fp32,
     a given one keeps its dtype (fp32, fp16 or bf16: the state's storage dtype; float64 -> fp32).
     """
-    from onnxscript import ir
-    from onnxscript import opset18 as op
-
     if cu_seqlens is not None:
         raise ValueError("gdn.GatedDeltaRule has no cu_seqlens input: export padded batches (B, T)")
     register_schema()
+    g, initial_state = node_state_inputs(q, v, g, initial_state)
+    return plugin_node(PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, PLUGIN_NAMESPACE,
+                       q, k, v, g, beta, initial_state,
+                       scale=float(scale), use_qk_l2norm=int(bool(use_qk_l2norm)))
+
+
+def node_state_inputs(q, v, g, initial_state):
+    """(g as fp32, initial_state as the node takes it: zeros [B, Hv, Dk, Dv] fp32 for None, a given
+    one in its own dtype, float64 as fp32), in an onnxscript translation."""
+    from onnxscript import ir
+    from onnxscript import opset18 as op
+
     if g.dtype != ir.DataType.FLOAT:
         g = op.Cast(g, to=TensorProto.FLOAT)
     if initial_state is None:
@@ -119,9 +139,7 @@ def translation(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, cu_seqlen
         initial_state = op.ConstantOfShape(shape, value=zero)
     elif initial_state.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         initial_state = op.Cast(initial_state, to=TensorProto.FLOAT)
-    return plugin_node(PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, PLUGIN_NAMESPACE,
-                       q, k, v, g, beta, initial_state,
-                       scale=float(scale), use_qk_l2norm=int(bool(use_qk_l2norm)))
+    return g, initial_state
 
 
 def torch_target():
@@ -139,7 +157,7 @@ def torch_target():
 # o_t = S^T (scale q_t). Written independently of naive.py: time-major tensors, one Loop step
 # per token, rank-1 updates as [Dk, 1] x [1, Dv] MatMuls. The state is fp32 inside the Loop and
 # cast back to initial_state's dtype once after it (the op's rounding rule).
-_FUNCTION_TEXT = """
+FUNCTION_TEXT = """
 <domain: "{domain}", opset_import: ["" : {opset}]>
 {name} <{attrs}> ({inputs}) => ({outputs})
 {{
@@ -229,7 +247,7 @@ _FUNCTION_TEXT = """
 def function_proto(opset: int) -> onnx.FunctionProto:
     """gdn.GatedDeltaRule in standard ONNX (default domain version `opset`), for ONNX Runtime."""
     text = function_text(
-        _FUNCTION_TEXT, domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
+        FUNCTION_TEXT, domain=ONNX_DOMAIN, opset=opset, name=PLUGIN_NAME,
         fields=(FIELD_SCALE, FIELD_USE_QK_L2NORM), inputs=INPUT_NAMES, outputs=OUTPUT_NAMES,
         o=OUTPUT_NAMES[0], state=OUTPUT_NAMES[1],
         l2attr=FIELD_USE_QK_L2NORM, scaleattr=FIELD_SCALE, eps=repr(L2NORM_EPS),

@@ -16,9 +16,10 @@ state that decoding them one by one would give. states[:, -1] is the final state
 
 Implementations: the reference (`naive.recurrent_gated_delta_rule_steps`), the Triton fused
 recurrent kernel (its optional every-step output, kernels/gated_delta_rule/triton/fused_recurrent.py),
-and, for a backend without one (cuda) or under torch.export, T calls of the backend's
-gated_delta_rule of one token each: exported, that is T `gdn.GatedDeltaRule` nodes of T = 1, which
-ONNX Runtime and the TensorRT plugin run as they are.
+the CUDA recurrent kernel (its stepStates output, kernels/gated_delta_rule/cuda/), and, for a
+backend without one, T calls of the backend's gated_delta_rule of one token each (`token_by_token`).
+Exported, the op is one `gdn.GatedDeltaRuleSteps` node (onnx_steps.py), which the TensorRT
+plugin of that name runs (plugins/gatedDeltaRulePlugin) and ONNX Runtime through its function body.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def gated_delta_rule_steps(
     check_inputs(q, k, v, g, beta, initial_state, None)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backends.exporting():
-        return token_by_token(q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm))
+        return torch.ops.gdn.gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm))
     if backends.can_call_directly(q, k, v, g, beta, initial_state):
         return _run(q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm))
     return torch.ops.gdn.gated_delta_rule_steps(q, k, v, g, beta, initial_state, scale, bool(use_qk_l2norm))

@@ -5,6 +5,7 @@
  *
  * Paths:
  *   recurrent  T <= 16 (per sequence when packed, or pure varlen decode), any Dk <= 256, any Dv;
+ *              every T when each token's state is asked for (stepStates);
  *              also the fallback where the chunked kernels do not fit (odd dims, > 128, or a GPU
  *              with too little shared memory per block). No workspace.
  *   chunked    otherwise: Dk, Dv multiples of 8 and <= 128. Workspace: [varlen chunk offsets]
@@ -66,7 +67,7 @@ bool shapesValid(GatedDeltaRuleParams const& p)
 bool paramsValid(GatedDeltaRuleParams const& p)
 {
     bool const pointersOk = p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr
-        && p.o != nullptr && p.finalState != nullptr;
+        && p.o != nullptr && (p.finalState != nullptr || p.stepStates != nullptr);
     return pointersOk && shapesValid(p);
 }
 
@@ -77,7 +78,7 @@ bool chunkShapeOk(GatedDeltaRuleParams const& p)
 
 bool prefersChunked(GatedDeltaRuleParams const& p)
 {
-    if (!chunkShapeOk(p) || p.seqLen <= kRECURRENT_MAX_T)
+    if (!chunkShapeOk(p) || p.seqLen <= kRECURRENT_MAX_T || p.stepStates != nullptr)
     {
         return false;
     }
@@ -184,6 +185,13 @@ void launchDecode16(GatedDeltaRuleParams const& p, cudaStream_t stream)
 template <typename T, typename S, int32_t kDK>
 void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
 {
+    using Tile = kernels::RecurrentTile<S, kDK>;
+    dim3 const grid((p.valueDim + Tile::kBV - 1) / Tile::kBV, p.numValueHeads, numSequences(p));
+    if (p.stepStates != nullptr)
+    {
+        kernels::gatedDeltaRuleRecurrentKernel<T, S, kDK, true><<<grid, Tile::kTHREADS, 0, stream>>>(p);
+        return;
+    }
     if constexpr (sizeof(S) == 2 && kDK >= 16)
     {
         if (p.seqLen == 1 && p.cuSeqlens == nullptr)
@@ -214,8 +222,6 @@ void launchRecurrentTile(GatedDeltaRuleParams const& p, cudaStream_t stream)
             return;
         }
     }
-    using Tile = kernels::RecurrentTile<S, kDK>;
-    dim3 const grid((p.valueDim + Tile::kBV - 1) / Tile::kBV, p.numValueHeads, numSequences(p));
     kernels::gatedDeltaRuleRecurrentKernel<T, S, kDK><<<grid, Tile::kTHREADS, 0, stream>>>(p);
 }
 
@@ -555,6 +561,10 @@ cudaError_t launchTyped(GatedDeltaRuleParams const& p, void* workspace, GatedDel
     cudaStream_t stream)
 {
     bool const pinned = path != GatedDeltaRulePath::kAUTO && path != GatedDeltaRulePath::kRECURRENT;
+    if (pinned && p.stepStates != nullptr)
+    {
+        return cudaErrorInvalidValue; // every token's state: the recurrent kernel only
+    }
     bool chunked = pinned || (path == GatedDeltaRulePath::kAUTO && prefersChunked(p));
     int32_t smemLimit = 0;
     if (chunked)

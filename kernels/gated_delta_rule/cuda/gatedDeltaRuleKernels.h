@@ -10,6 +10,11 @@
  *   initialState  [N, Hv, Dk, Dv]  stateType       nullptr = zeros; may alias finalState (in-place)
  *   o             [B, T, Hv, Dv]   dtype
  *   finalState    [N, Hv, Dk, Dv]  stateType
+ *   stepStates    [B * T, Hv, Dk, Dv] stateType  optional (nullptr = none): the state after every
+ *                 token (token-major as q; packed sequences too), each rounded to stateType where it
+ *                 is stored and the next token started from the stored value (T one-token launches'
+ *                 numbers; speculative decoding's verify step keeps the state of an accepted prefix).
+ *                 Runs the recurrent kernel for any T; finalState may then be nullptr.
  *   N = B, or numSeqs when cuSeqlens [numSeqs + 1] (int32, device) packs sequences (then B == 1).
  *   Per token: S = exp(g) S; u = beta (v - S^T k); S += k u^T; o = scale S^T q.
  *   stateType (fp32, fp16 or bf16, independent of dtype) is storage only: a launch reads the state,
@@ -54,6 +59,7 @@ struct GatedDeltaRuleParams
     void* o{nullptr};
     void* finalState{nullptr};
     DataType stateType{DataType::kFLOAT32}; // of initialState and finalState (storage only; math is fp32)
+    void* stepStates{nullptr};              // [B * T, Hv, Dk, Dv] stateType, optional (see above)
 };
 
 //! Bytes of scratch memory launchGatedDeltaRule needs for these shapes (0 allowed).

@@ -62,8 +62,13 @@ __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, in
 
 // At most 64 registers up to Dk = 128: 1024 threads per multiprocessor keep enough state loads in
 // flight for a bandwidth-bound decode step.
-template <typename T, typename S, int32_t kDK, typename Tile = RecurrentTile<S, kDK>>
-__global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
+// kSTEPS: also store the state after every token to p.stepStates (rounded to S, and the next token
+// starts from the rounded value: T one-token launches' numbers); p.finalState may then be nullptr.
+// Half the resident blocks: the stores' addresses under the 64-register cap spill 132 bytes a thread
+// (fp32 state, Dk = 128, sm_90, ptxas -v, CUDA 13.0); a verify call is a few tokens, not a stream.
+template <typename T, typename S, int32_t kDK, bool kSTEPS = false, typename Tile = RecurrentTile<S, kDK>>
+__global__ void __launch_bounds__(Tile::kTHREADS, kSTEPS ? (Tile::kMIN_BLOCKS + 1) / 2 : Tile::kMIN_BLOCKS)
+    gatedDeltaRuleRecurrentKernel(GatedDeltaRuleParams const p)
 {
     constexpr int32_t kCW = Tile::kCW;
     constexpr int32_t kNW = Tile::kNW;
@@ -294,9 +299,48 @@ __global__ void __launch_bounds__(Tile::kTHREADS, Tile::kMIN_BLOCKS) gatedDeltaR
                 s[i][c] += kr * u[c];
             }
         }
+        if constexpr (kSTEPS)
+        {
+            // [tokens, Hv, Dk, Dv]: token tok's state, as a one-token launch would store it
+            size_t const stepOffset = (static_cast<size_t>(tok) * hv + h) * static_cast<size_t>(dk) * dv;
+#pragma unroll
+            for (int32_t i = 0; i < kROWS; ++i)
+            {
+                int32_t const r = kg + kKGROUPS * i;
+#pragma unroll
+                for (int32_t c = 0; c < kCW; ++c)
+                {
+                    s[i][c] = toFloat(fromFloat<S>(s[i][c]));
+                }
+                if (r >= dk)
+                {
+                    continue;
+                }
+                S* dst = static_cast<S*>(p.stepStates) + stepOffset + static_cast<size_t>(r) * dv + col0;
+                if (vecCols)
+                {
+                    storeVec(dst, s[i]);
+                }
+                else
+                {
+#pragma unroll
+                    for (int32_t c = 0; c < kCW; ++c)
+                    {
+                        if (col0 + c < dv)
+                        {
+                            dst[c] = fromFloat<S>(s[i][c]);
+                        }
+                    }
+                }
+            }
+        }
         __syncthreads(); // the next token overwrites sQ, sK, sV, sScalar and sRed
     }
 
+    if (kSTEPS && p.finalState == nullptr)
+    {
+        return;
+    }
 #pragma unroll
     for (int32_t i = 0; i < kROWS; ++i)
     {

@@ -1,8 +1,8 @@
 """gdn::gated_delta_rule_steps (every token's state, for the verify step of speculative decoding):
 the reference, the Triton fused recurrent kernel's every-step output (under TRITON_INTERPRET=1 on
-a CPU-only machine) and the token-by-token form of backends without one (the reference's, and the
-cuda backend's on a GPU), against T one-token calls of the reference op; padded (identity) tokens
-keep the state."""
+a CPU-only machine), the CUDA recurrent kernel's stepStates output (on a GPU) and the token-by-token
+form of backends without one, against T one-token calls of the reference op; padded (identity)
+tokens keep the state."""
 
 import pytest
 import torch
@@ -17,8 +17,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STATES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _inputs(T, dtype=torch.float32, state="fp32", seed=0, Dk=16, Dv=24):
-    x = gdn_inputs(2, T, 2, 4, Dk, Dv, dtype=dtype, seed=seed, correlated=True)
+def _inputs(T, dtype=torch.float32, state="fp32", seed=0, Dk=16, Dv=24, B=2):
+    x = gdn_inputs(B, T, 2, 4, Dk, Dv, dtype=dtype, seed=seed, correlated=True)
     x["initial_state"] = x["initial_state"].to(STATES[state])
     return {k: v.to(DEVICE) for k, v in x.items()}
 
@@ -47,19 +47,29 @@ def test_reference_is_one_token_calls(state):
         assert_close_rms(states[:, -1], final, torch.float32, "final state")
 
 
-IMPLS = ["reference", "triton", "token-by-token"] + (["cuda"] if torch.cuda.is_available() else [])
+IMPLS = ["reference", "triton", "token-by-token"] + (
+    [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])
+# (dtype, state, T, Dk, Dv, B): verify calls of K + 1 tokens, one token, T past the recurrent
+# kernel's default range (every T runs it), head dims off the kernels' tiles (odd Dv: scalar columns)
+CASES = {
+    "fp32-T5": (torch.float32, "fp32", 5, 16, 24, 2),
+    "bf16-T4": (torch.bfloat16, "bf16", 4, 16, 24, 2),
+    "fp16-state-T1": (torch.float32, "fp16", 1, 16, 24, 2),
+    "fp16-T17-Dk48-Dv20": (torch.float16, "fp32", 17, 48, 20, 3),
+    "bf16-state-T3-Dk128-Dv40": (torch.bfloat16, "bf16", 3, 128, 40, 1),
+}
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype,state,T", [(torch.float32, "fp32", 5), (torch.bfloat16, "bf16", 4),
-                                           (torch.float32, "fp16", 1)], ids=["fp32", "bf16", "fp16-state-T1"])
-def test_every_backend_matches_one_token_calls(impl, dtype, state, T):
-    x = _inputs(T, dtype=dtype, state=state, seed=T)
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_backend_matches_one_token_calls(impl, case):
+    dtype, state, T, Dk, Dv, B = CASES[case]
+    x = _inputs(T, dtype=dtype, state=state, seed=T, Dk=Dk, Dv=Dv, B=B)
     want_o, want_states = _one_by_one(x)
     o_ref = torch.full_like(want_o, float("nan"))
     if impl == "token-by-token":
         with use_backend("reference"):
-            o, states = token_by_token(**x, scale=16 ** -0.5, use_qk_l2norm=True)
+            o, states = token_by_token(**x, scale=Dk ** -0.5, use_qk_l2norm=True)
     else:
         with use_backend(impl):
             o, states = gated_delta_rule_steps(**x, use_qk_l2norm=True)
@@ -70,7 +80,7 @@ def test_every_backend_matches_one_token_calls(impl, dtype, state, T):
         assert_close_rms(states[:, t].float(), want_states[:, t].float(), STATES[state], f"state {t}")
 
 
-@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "token-by-token"])
 def test_padded_tokens_keep_the_state(impl):
     """Rows of a ragged verify call: g = 0, beta = 0 past a row's end leaves its state as it is."""
     x = _inputs(4, seed=3)
