@@ -52,6 +52,11 @@ def add_parser(sub) -> None:
                    "(default: on with a CUDA --device)")
     g.add_argument("--compile", action="store_true", help="torch.compile the decode step before capturing it")
     add_seed(g, "the sampling of requests that give no seed (one generator for the server's life)")
+    g.add_argument("--speculative", type=int, default=None, metavar="K",
+                   help="decode by speculative rounds: the checkpoint's MTP head drafts K tokens a row, one "
+                   "model call verifies them (greedy requests get the tokens of plain decoding, faster "
+                   "where the head agrees; sampling requests keep none of the drafts). K in [1, 16]; "
+                   "docs/speculative.md (default: off)")
     g = p.add_argument_group("limits")
     g.add_argument("--max-model-len", type=int, default=None, metavar="N",
                    help=f"prompt + generated tokens per request: the K/V cache slots of each row "
@@ -84,6 +89,10 @@ def run(args) -> int:
     if max_len > config.max_position_embeddings:
         raise InputError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings})")
+    if args.speculative is not None:
+        from gdn_export.weights.mtp import check_has_mtp
+
+        check_has_mtp(config, args.checkpoint)
     _check_imports()
 
     from gdn_export.cli.runners import check_device
@@ -132,6 +141,8 @@ def _check_flags(args) -> None:
                          f"({args.max_num_seqs})")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InputError("--served-model-name must not be empty")
+    if args.speculative is not None and not 1 <= args.speculative <= 16:
+        raise InputError(f"--speculative must be in [1, 16], got {args.speculative}")
 
 
 def _check_imports() -> None:
@@ -156,31 +167,47 @@ def _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progres
 
     progress(f"loading {args.checkpoint} ({dtype}) on {device}")
     model = load_checkpoint(args.checkpoint, dtype=torch_dtype(dtype))
-    model.layout = DeployLayout.make(cache_len=max_len)
+    k = args.speculative
+    # a speculative round writes up to 2K slots past a request's prompt + max_tokens
+    model.layout = DeployLayout.make(cache_len=max_len + (2 * k if k else 0))
     runner = GraphRunner(model, device=device, op_backend=op_backend, cuda_graph=args.cuda_graph,
                          compile=args.compile)
+    speculation = None
+    if k:
+        from gdn_export.serve.speculation import Speculation
+        from gdn_export.weights.mtp import load_mtp
+
+        speculation = Speculation(runner, load_mtp(args.checkpoint, model), k)
     rows = limits.max_num_seqs + limits.max_prefill_seqs
-    need = rows * _row_bytes(runner)
+    need = rows * _row_bytes(runner, speculation)
     free = available_bytes(device)
     if free is not None and need > free:
         raise InputError(f"{rows} state rows (--max-num-seqs {limits.max_num_seqs} + --max-prefill-seqs "
                          f"{limits.max_prefill_seqs}) of {max_len} cache slots need {size_text(need)}; {device} "
                          f"has {size_text(free)} available: lower --max-num-seqs or --max-model-len")
     sizes = pool_batch_sizes(limits.max_num_seqs, runner.cuda_graph)
-    progress(f"state rows: {rows} x {size_text(_row_bytes(runner))}"
-             + (f"; capturing {len(sizes)} decode graphs (batch {sizes[0]}..{sizes[-1]})" if runner.cuda_graph else ""))
+    if speculation is not None:
+        how = f"; speculative rounds of K = {k} MTP drafts (eager: no decode graphs)"
+    elif runner.cuda_graph:
+        how = f"; capturing {len(sizes)} decode graphs (batch {sizes[0]}..{sizes[-1]})"
+    else:
+        how = ""
+    progress(f"state rows: {rows} x {size_text(_row_bytes(runner, speculation))}{how}")
     engine = Engine(runner, limits, eos_ids=eos_token_ids(args.checkpoint, tokenizer), metrics=ServeMetrics(),
-                    seed=args.seed)
+                    seed=args.seed, speculation=speculation)
     return engine
 
 
-def _row_bytes(runner) -> int:
+def _row_bytes(runner, speculation=None) -> int:
+    """Bytes of one state row: the model's states, and with speculation the head's cache and catch-up."""
     import math
 
     import torch
 
-    return sum(math.prod(s.concrete_shape(1)) * torch.empty((), dtype=s.dtype).element_size()
-               for s in runner.model.state_specs())
+    model = sum(math.prod(s.concrete_shape(1)) * torch.empty((), dtype=s.dtype).element_size()
+                for s in runner.model.state_specs())
+    extra = sum(t.numel() * t.element_size() for t in speculation.extra_states(1)) if speculation else 0
+    return model + extra
 
 
 def _serve(args, engine, tokenizer, sock, progress) -> int:

@@ -27,6 +27,11 @@ A decode row's tokens are the tokens the same prompt gets alone: rows never mix 
 attention reads its own cache under its own mask, its GDN state is its own, padded and free rows are
 inert or ignored). A failing model call fails the requests it held (EngineFailure), never the
 engine. Requests come in through `submit` and `cancel` from any thread.
+
+With `speculation` (gdn_export.serve.speculation: the MTP head's drafts), each row also holds the
+head's cache and catch-up inputs, prefill chunks feed the head too, and step 3 is one speculative
+round over the pool's rows, read back at once (1 .. K + 1 tokens a row) instead of a pipelined
+decode step.
 """
 
 from __future__ import annotations
@@ -90,10 +95,12 @@ class Engine:
     """Continuous batching over `runner` (a gdn_export.runtime.cuda_graph.GraphRunner whose layout
     has an in-place, non-streaming cache) within `limits`. eos_ids: tokens that end a generation
     (unless a request ignores them). `deliver(items)` receives [(sink, Output), ...] once per
-    iteration, from the engine thread; set it before `start()`. metrics: a ServeMetrics or None."""
+    iteration, from the engine thread; set it before `start()`. metrics: a ServeMetrics or None.
+    speculation: a gdn_export.serve.speculation.Speculation over the same runner (decode by
+    speculative rounds; module docstring), or None."""
 
     def __init__(self, runner, limits: Limits = Limits(), eos_ids=(), metrics=None, seed: int | None = None,
-                 deliver: Callable[[list[tuple[Any, Output]]], None] | None = None):
+                 deliver: Callable[[list[tuple[Any, Output]]], None] | None = None, speculation=None):
         layout = runner.layout
         if not layout.inplace or layout.streaming:
             raise InputError(f"serving needs an in-place, non-streaming K/V cache; the model has {layout.describe()}")
@@ -105,13 +112,22 @@ class Engine:
         self.cache_len = layout.cache_len
         self.vocab_size = runner.vocab_size
         self.eos_ids = frozenset(int(t) for t in eos_ids)
-        self.sched = Scheduler(limits, self.cache_len)
+        self.spec = speculation
+        if speculation is not None and speculation.runner is not runner:
+            raise InputError("the speculation was made for another runner")
+        self.sched = Scheduler(limits, self.cache_len, extra_slots=speculation.cache_slots if speculation else 0)
         self.metrics = metrics or _NoMetrics()
         self.deliver = deliver
         model = runner.model
-        self.pool = model.empty_states(limits.max_num_seqs, device=self.device)
-        self.staging = model.empty_states(limits.max_prefill_seqs, device=self.device)
-        runner.bind_states(self.pool, pool_batch_sizes(limits.max_num_seqs, runner.cuda_graph))
+        # each row set: the model's states, then (speculation) the head's cache and catch-up inputs
+        self.pool = list(model.empty_states(limits.max_num_seqs, device=self.device))
+        self.staging = list(model.empty_states(limits.max_prefill_seqs, device=self.device))
+        self.n_model = len(self.pool)
+        if speculation is not None:
+            self.pool += speculation.extra_states(limits.max_num_seqs)
+            self.staging += speculation.extra_states(limits.max_prefill_seqs)
+        else:
+            runner.bind_states(self.pool, pool_batch_sizes(limits.max_num_seqs, runner.cuda_graph))
         seed = int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else seed
         self._shared = torch.Generator(device=self.device).manual_seed(seed)
         self._cond = threading.Condition()
@@ -301,8 +317,12 @@ class Engine:
         check_fits(self.runner.layout, past, lens, width)
         t0 = time.perf_counter()
         dev = self.device
-        logits = self.runner.step(torch.from_numpy(ids).to(dev), torch.from_numpy(past).to(dev),
-                                  torch.from_numpy(lens).to(dev), [t[:m] for t in self.staging])
+        args = (torch.from_numpy(ids).to(dev), torch.from_numpy(past).to(dev), torch.from_numpy(lens).to(dev))
+        states = [t[:m] for t in self.staging[:self.n_model]]
+        if self.spec is not None:
+            logits = self.spec.prefill(*args, states, self.staging[self.n_model:])[:, None]
+        else:
+            logits = self.runner.step(*args, states)
         for s, n in zip(rows, plan.chunks):
             s.prefilled += n
         ready = [i for i, s in enumerate(rows) if s.prefilled == len(s.prompt)]
@@ -311,6 +331,8 @@ class Engine:
             index = to_device(ready, dev)
             tokens = pick_tokens(logits[:, -1].index_select(0, index), [rows[i].params for i in ready],
                                  [rows[i].generator for i in ready], self._shared).tolist()
+            if self.spec is not None:
+                self.spec.first_tokens(self.staging[self.n_model:], ready, tokens)
         else:
             _sync(dev)
         now = time.perf_counter()
@@ -326,7 +348,10 @@ class Engine:
 
     def _decode_step(self, out: list) -> None:
         """Launch a decode step over the pool's rows (if any), then take back the step launched
-        before it (module docstring, steps 3 and 4)."""
+        before it (module docstring, steps 3 and 4); with speculation, one round, taken back at once."""
+        if self.spec is not None:
+            self._spec_round(out)
+            return
         before, self._inflight = self._inflight, None
         with self._cond:
             rows = list(self.sched.decoding)
@@ -334,6 +359,29 @@ class Engine:
             self._inflight = self._launch(rows, before)
         if before is not None:
             self._collect(before, out)
+
+    def _spec_round(self, out: list) -> None:
+        with self._cond:
+            rows = list(self.sched.decoding)
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        new = self.spec.round(rows, self.pool[:self.n_model], self.pool[self.n_model:], self._shared)
+        now = time.perf_counter()
+        self.metrics.on_step("decode", now - t0, len(rows))
+        finished, emitted = [], 0
+        for s, tokens in zip(rows, new):
+            s.launched += len(tokens)
+            for token in tokens.tolist():
+                emitted += 1
+                if self._emit(s, token, now, out):
+                    finished.append(s)
+                    break
+        self.metrics.on_tokens(emitted, now)
+        if finished:
+            with self._cond:
+                moves = self.sched.remove(finished, now)
+            self._apply(moves)
 
     def _launch(self, rows: list[Sequence], before: "_Step | None") -> "_Step":
         dev = self.device

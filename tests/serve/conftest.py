@@ -117,7 +117,7 @@ class LiveServer:
 
     def __init__(self, ckpt: Path, limits: Limits = Limits(max_num_seqs=8, max_prefill_seqs=4, prefill_tokens=64),
                  cache_len: int = CACHE_LEN, name: str = "tiny", api_key: str | None = None,
-                 drain_timeout: float = 30.0, runner=None):
+                 drain_timeout: float = 30.0, runner=None, speculation=None):
         import uvicorn
 
         from gdn_export.serve.app import ServeConfig, create_app
@@ -128,7 +128,8 @@ class LiveServer:
         self.tokenizer = ServeTokenizer.load(ckpt)
         self.runner = runner or fast_runner(ckpt, cache_len)
         self.metrics = ServeMetrics()
-        self.engine = Engine(self.runner, limits, eos_ids=eos_token_ids(ckpt, self.tokenizer), metrics=self.metrics)
+        self.engine = Engine(self.runner, limits, eos_ids=eos_token_ids(ckpt, self.tokenizer), metrics=self.metrics,
+                             speculation=speculation)
         app = create_app(self.engine, self.tokenizer, ServeConfig(model_name=name, checkpoint=str(ckpt),
                                                                   api_key=api_key))
         self.sock = bind_socket("127.0.0.1", 0)

@@ -40,6 +40,8 @@ BAD = [
                  id="beyond-positions"),
     pytest.param(["--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA --device, got cpu", id="graph-on-cpu"),
     pytest.param(["--device", "tpu"], "--device 'tpu' is not a torch device", id="device"),
+    pytest.param(["--speculative", "0"], "--speculative must be in [1, 16], got 0", id="speculative-k"),
+    pytest.param(["--speculative", "2"], "config.json declares no multi-token-prediction head", id="no-mtp-head"),
     pytest.param(["--device", "cpu", "--port", "0", "--max-num-seqs", "2000000", "-q"],
                  "2000008 state rows (--max-num-seqs 2000000 + --max-prefill-seqs 8) of 4096 cache slots need",
                  id="state-memory"),

@@ -1,0 +1,157 @@
+"""Speculative decoding in the engine (`gdn-export serve --speculative K`): the checkpoint's MTP head
+drafts K tokens for every decode row, one verify call of the model checks them, and each row keeps the
+longest prefix the model agrees with plus the model's own token (gdn_export.runtime.speculative, whose
+round this runs on the engine's rows).
+
+Rows. Besides the model's states, each row of the decode pool and of the staging set holds the head's
+K/V cache and its catch-up inputs (the positions the head has not seen yet: their tokens, the model's
+hidden states there, how many, from which position); `extra_states(rows)` makes them, and the engine
+keeps them in its row sets, so they are zeroed, prefilled, promoted and compacted with the rest.
+
+Prefill. Each chunk runs the model keeping its hidden states (the first token comes from the last
+position's logits), then the head over the chunk: position p reads the model's hidden state at p and
+the token at p + 1, so a chunk of tokens a .. a+n-1 feeds the head positions a-1 .. a+n-2 (position
+a-1's hidden state carried over from the chunk before; the first chunk starts at position 0 with
+n - 1 of them). The last prompt position waits for the first generated token: it is the first
+round's catch-up.
+
+Rounds. One round over the pool's n rows emits 1 .. K+1 tokens a row; the engine hands them out one
+by one (a stop token or max_tokens ends the row there; tokens after it are dropped). A greedy request
+gets exactly the tokens of plain greedy decoding. A sampling request keeps none of the drafts: its
+token is drawn from the verify call's first position with its own parameters (temperature, top_p,
+top_k, seed), exactly as a plain decode step would, so it gets no speedup but the model's own
+distribution. Rounds run eagerly (no CUDA graph) and read their tokens back before the next one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+from typing import Sequence as Seq
+
+import numpy as np
+import torch
+
+from gdn_export.errors import InputError
+from gdn_export.runtime.speculative import SpecSession, SpeculativeDecoder
+from gdn_export.serve.sampling import SamplingParams, pick_tokens
+
+
+class _RowDecoder(SpeculativeDecoder):
+    """The runtime's decoder with per-row acceptance: greedy rows as SpeculativeDecoder (temperature
+    0), sampling rows none of the drafts and their own pick at the first position."""
+
+    params: list[SamplingParams] = []
+    generators: list = []
+    shared: torch.Generator | None = None
+
+    def _accept(self, logits, drafts, q):
+        accepted, token = super()._accept(logits, drafts, q)
+        rows = [i for i, p in enumerate(self.params) if not p.greedy]
+        if rows:
+            index = torch.tensor(rows, device=logits.device)
+            picked = pick_tokens(logits[:, 0].index_select(0, index), [self.params[i] for i in rows],
+                                 [self.generators[i] for i in rows], self.shared)
+            accepted = accepted.index_fill(0, index, 0)
+            token = token.index_copy(0, index, picked)
+        return accepted, token
+
+
+class Speculation:
+    """K drafts a round from `mtp` (gdn_export.weights.mtp.load_mtp of the runner's checkpoint) for
+    the engine over `runner` (module docstring). draft: a stand-in for the head's drafts in tests,
+    draft(speculation, session) -> drafts [n, K] int64 (speculation.rows: the round's Sequences)."""
+
+    def __init__(self, runner, mtp, k: int, draft: Callable | None = None):
+        stub = None if draft is None else (lambda session: draft(self, session))
+        self.decoder = _RowDecoder(runner, mtp, k, temperature=0.0, cuda_graph=False, draft=stub)
+        self.runner, self.model, self.mtp, self.k = runner, runner.model, self.decoder.mtp, self.decoder.k
+        self.device = runner.device
+        self.rows: list = []
+
+    @property
+    def cache_slots(self) -> int:
+        """Slots a sequence needs beyond its prompt and max_tokens: a round writes K + 1 past the
+        row's last token, also in its last round (runtime.speculative.cache_slots_needed)."""
+        return 2 * self.k
+
+    def extra_states(self, rows: int) -> list[torch.Tensor]:
+        """Per-row tensors of `rows` rows: the head's K/V cache, then catch_tokens [rows, K+1],
+        catch_hidden [rows, K+1, hidden], catch_count [rows], mtp_past [rows]."""
+        dev, K, H = self.device, self.k, self.model.config.hidden_size
+        return [*self.mtp.empty_states(rows, dev), torch.zeros(rows, K + 1, dtype=torch.int64, device=dev),
+                torch.zeros(rows, K + 1, H, dtype=self.model.dtype, device=dev),
+                torch.zeros(rows, dtype=torch.int64, device=dev), torch.zeros(rows, dtype=torch.int64, device=dev)]
+
+    def _split(self, extra: list[torch.Tensor], n: int):
+        """(head K/V views, catch_tokens, catch_hidden, catch_count, mtp_past) of rows 0..n-1."""
+        *kv, tokens, hidden, count, past = (t[:n] for t in extra)
+        return kv, tokens, hidden, count, past
+
+    def prefill(self, ids: torch.Tensor, past: torch.Tensor, lens: torch.Tensor, states: list[torch.Tensor],
+                extra: list[torch.Tensor]) -> torch.Tensor:
+        """One prefill chunk of m staging rows: ids [m, w], past [m] (prompt tokens already in the
+        cache), lens [m] (>= 1) int64 on the device; states and extra: the rows' views. Returns the
+        logits at each row's last real position [m, V] fp32."""
+        m, w = ids.shape
+        kv, _, carry, count, head_past = self._split(extra, m)
+        with self.runner._backend_context():
+            hidden, *new = self.model.hidden_states(ids, past, lens, *states)
+            SpeculativeDecoder._store(states, new)
+            rows = torch.arange(m, device=self.device)
+            last = hidden[rows, lens - 1]
+            logits = self.model.lm_head(last).float()
+            # the head: tokens a .. a+n-1 at positions a-1 .. a+n-2 (hidden: carried, then this chunk's)
+            first = past == 0
+            shifted_ids = torch.cat((ids[:, 1:], ids[:, :1]), 1)
+            tok = torch.where(first[:, None], shifted_ids, ids)
+            before = torch.cat((carry[:, :1], hidden[:, :w - 1]), 1)
+            hid = torch.where(first[:, None, None], hidden, before)
+            n = lens - first.long()
+            start = torch.where(first, past, past - 1)
+            _, _, *new_kv = self.mtp(tok, hid, start, n, *kv)
+            SpeculativeDecoder._store(kv, new_kv)
+            carry[:, 0] = last
+            head_past.copy_(start + n)
+            count.zero_()
+        return logits
+
+    def first_tokens(self, extra: list[torch.Tensor], rows: Seq[int], tokens: Seq[int]) -> None:
+        """Rows whose prompt is done picked `tokens`: the first round's catch-up is the last prompt
+        position with that token (its hidden state is already in place)."""
+        index = torch.tensor(list(rows), device=self.device)
+        _, catch_tokens, _, count, _ = self._split(extra, len(extra[0]))
+        catch_tokens[:, 0].index_copy_(0, index, torch.tensor(list(tokens), device=self.device))
+        count.index_fill_(0, index, 1)
+
+    def round(self, rows: Seq, states: list[torch.Tensor], extra: list[torch.Tensor],
+              shared: torch.Generator) -> list[np.ndarray]:
+        """One round over pool rows 0..n-1, held by `rows` (gdn_export.serve.scheduler.Sequence, in
+        row order: each one's next_position tokens are in its row's cache, its last generated token
+        is the one to run next); shared: the generator of sampling requests without a seed. Returns
+        each row's new tokens (1 .. K + 1)."""
+        n, dev, K = len(rows), self.device, self.k
+        self.rows = list(rows)
+        params = [s.params for s in rows]
+        generators = [s.generator for s in rows]
+        positions = [s.next_position for s in rows]
+        pending = [s.generated[-1] for s in rows]
+        kv, catch_tokens, catch_hidden, count, head_past = self._split(extra, n)
+        if not (count[:n] >= 1).all():
+            raise InputError("a decode row without its catch-up: rows must be prefilled through Speculation")
+
+        def longs(values=None):
+            if values is None:
+                return torch.zeros(n, dtype=torch.int64, device=dev)
+            return torch.tensor(list(values), dtype=torch.int64, device=dev)
+
+        session = SpecSession(prompts=[], states=[t[:n] for t in states], mtp_states=kv, past=longs(positions),
+                              pending=longs(pending), catch_tokens=catch_tokens, catch_hidden=catch_hidden,
+                              catch_count=count, mtp_past=head_past,
+                              generated=torch.zeros(n, K + 1, dtype=torch.int64, device=dev), emitted=longs(),
+                              limit=torch.ones(n, dtype=torch.int64, device=dev), accepted=longs(), verified=longs())
+        self.decoder.params, self.decoder.generators, self.decoder.shared = list(params), list(generators), shared
+        with self.runner._backend_context():
+            self.decoder._round(session)
+        kept = session.emitted.cpu().numpy()
+        generated = session.generated.cpu().numpy()
+        return [generated[b, :kept[b]] for b in range(n)]
