@@ -227,3 +227,29 @@ def test_streamed_over_http(tmp_path_factory):
     streamed = [t for c in chunks[:-2] for t in c["choices"][0]["token_ids"]]  # no tokenizer: token ids
     assert streamed == plain["choices"][0]["token_ids"] == ref([3, 1, 4, 1, 5], 12)
     assert plain["usage"]["completion_tokens"] == 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["fp8", "int4-awq"])
+def test_quantized_checkpoints(tmp_path_factory, tmp_path, fmt):
+    """`gdn-export quantize` keeps the head in 16 bits; the quantized model's greedy tokens come out
+    of speculative rounds that keep every draft and rounds that keep none."""
+    pytest.importorskip("modelopt")
+    from gdn_export.quantize.pipeline import quantize_checkpoint
+
+    ckpt = quantize_checkpoint(mtp_checkpoint("qwen3_5_moe", tmp_path_factory.getbasetemp()), tmp_path / fmt, fmt,
+                               samples=2, seq_len=16)
+    ref = Reference(ckpt)
+    prompts = [np.random.default_rng(1).integers(0, 200, n) for n in (3, 30, 8)]
+    for draft in (GreedyDrafts(ref, 2), None):
+        runner = _runner(ckpt)
+        spec = Speculation(runner, load_mtp(ckpt, runner.model), 2, draft=draft)
+        engine, got = start_engine(runner, Limits(max_num_seqs=2, max_prefill_seqs=2, prefill_tokens=16),
+                                   speculation=spec)
+        try:
+            for i, p in enumerate(prompts):
+                engine.submit(p, SamplingParams(max_tokens=7), i)
+            got.wait(range(3))
+        finally:
+            engine.stop()
+        assert [got.tokens(i) for i in range(3)] == [ref(p, 7) for p in prompts]
