@@ -352,18 +352,22 @@ class SpeculativeDecoder:
         self._store(s.mtp_states, kv)
         drafts, qs = [], []
         for j in range(K):
-            lg = logits[:, -1]
-            if self.temperature > 0:
-                q = torch.softmax(lg / self.temperature, -1)
+            d, q = self._draft_pick(logits[:, -1])
+            if q is not None:
                 qs.append(q)
-                d = _sample(q, self.generator)
-            else:
-                d = lg.argmax(-1)
             drafts.append(d)
             if j + 1 < K:
                 logits, y, *kv = self.mtp(d[:, None], y, s.past + j, act, *s.mtp_states)
                 self._store(s.mtp_states, kv)
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
+    def _draft_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft per row from the head's logits [B, V] fp32, and the distribution it was drawn
+        from [B, V] (None: greedy, the argmax)."""
+        if self.temperature == 0:
+            return logits.argmax(-1), None
+        q = torch.softmax(logits / self.temperature, -1)
+        return _sample(q, self.generator), q
 
     def _verify(self, s: SpecSession, drafts: torch.Tensor, act: torch.Tensor):
         """The model over [pending, drafts] (K + 1 tokens) of the active rows (act [B] 0 / 1), every
@@ -413,18 +417,28 @@ class SpeculativeDecoder:
             accepted = match.cumprod(1).sum(1)
             return accepted, target.gather(1, accepted[:, None])[:, 0]
         p = torch.softmax(logits / self.temperature, -1)  # [B, K+1, V]
-        p_d = p[:, :K].gather(-1, drafts[..., None])[..., 0]
-        q_d = q.gather(-1, drafts[..., None])[..., 0]
-        u = torch.rand(p_d.shape, generator=self.generator, device=p.device)
-        ok = (u * q_d < p_d).long()  # kept with probability min(1, p / q)
-        accepted = ok.cumprod(1).sum(1)
-        rows = torch.arange(p.shape[0], device=p.device)
-        at = accepted.clamp(max=K - 1)
-        residual = (p[rows, at] - q[rows, at]).clamp(min=0)
-        # p == q at the rejected position leaves nothing to draw from: p itself (probability 0 event)
-        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[rows, at])
-        dist = torch.where((accepted < K)[:, None], residual, p[:, K])
-        return accepted, _sample(dist / dist.sum(-1, keepdim=True), self.generator)
+        u = torch.rand(drafts.shape, generator=self.generator, device=p.device)
+        return rejection_accept(p, q, drafts, u, lambda dist: _sample(dist, self.generator))
+
+
+def rejection_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, u: torch.Tensor,
+                     draw: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The standard rejection rule (module docstring): p [B, K+1, V] the model's distributions at
+    the verified positions, q [B, K, V] the ones the drafts [B, K] were drawn from, u [B, K] uniform
+    draws; draw(dist [B, V], rows summing to 1) -> [B] tokens. Returns (accepted [B], the token after
+    them [B]): the tokens are distributed as p's own sampling."""
+    K = drafts.shape[1]
+    p_d = p[:, :K].gather(-1, drafts[..., None])[..., 0]
+    q_d = q.gather(-1, drafts[..., None])[..., 0]
+    ok = (u * q_d < p_d).long()  # kept with probability min(1, p / q)
+    accepted = ok.cumprod(1).sum(1)
+    rows = torch.arange(p.shape[0], device=p.device)
+    at = accepted.clamp(max=K - 1)
+    residual = (p[rows, at] - q[rows, at]).clamp(min=0)
+    # p == q at the rejected position leaves nothing to draw from: p itself (probability 0 event)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[rows, at])
+    dist = torch.where((accepted < K)[:, None], residual, p[:, K])
+    return accepted, draw(dist / dist.sum(-1, keepdim=True))
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

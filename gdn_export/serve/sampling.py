@@ -59,6 +59,12 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
     """One token per row drawn as the module docstring says: logits [k, V] fp32, params and
     generators per row (none greedy). Returns [k] int64 on the logits' device."""
+    return draw(probabilities(logits, params), generators, shared)
+
+
+def probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from (module docstring): logits [k, V] fp32 divided by the
+    temperature, cut to top_k and top_p, softmaxed; params per row (none greedy). Returns [k, V]."""
     k, vocab = logits.shape
     dev = logits.device
     # (parameters through pinned memory, branches decided on the host: nothing here waits for the device)
@@ -77,10 +83,25 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         drop = (probs.cumsum(-1) - probs) >= top_p[:, None]
         drop[:, 0] = False
         x = x.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
-    probs = x.softmax(-1)
+    return x.softmax(-1)
+
+
+def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
+    """One token per row of probs [k, V] (rows sum to 1) by the exponential race, row i's draws from
+    generators[i] (None: `shared`). Returns [k] int64."""
     race = torch.empty_like(probs).exponential_(generator=shared)
     for i, gen in enumerate(generators):
         if gen is not None:
             race[i].exponential_(generator=gen)
     race.clamp_(min=1e-30)  # a draw of exactly 0 would turn p = 0 into 0 / 0
     return (probs / race).argmax(-1)
+
+
+def uniforms(shape: tuple[int, ...], generators: Sequence[torch.Generator | None], shared: torch.Generator,
+             device: torch.device) -> torch.Tensor:
+    """Uniform [0, 1) draws [k, ...] (k = len(generators)), row i's from generators[i] (None: `shared`)."""
+    u = torch.rand(shape, generator=shared, device=device)
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            u[i] = torch.rand(shape[1:], generator=gen, device=device)
+    return u

@@ -17,10 +17,11 @@ round's catch-up.
 
 Rounds. One round over the pool's n rows emits 1 .. K+1 tokens a row; the engine hands them out one
 by one (a stop token or max_tokens ends the row there; tokens after it are dropped). A greedy request
-gets exactly the tokens of plain greedy decoding. A sampling request keeps none of the drafts: its
-token is drawn from the verify call's first position with its own parameters (temperature, top_p,
-top_k, seed), exactly as a plain decode step would, so it gets no speedup but the model's own
-distribution. Rounds run eagerly (no CUDA graph) and read their tokens back before the next one.
+gets exactly the tokens of plain greedy decoding. A sampling request drafts from the head's
+distribution and keeps drafts by the standard rejection rule, both under its own temperature, top_k
+and top_p and from its own generator (a seed), so its tokens follow the distribution plain sampling
+draws them from (the same filter applied to the model's logits). Rounds run eagerly (no CUDA graph)
+and read their tokens back before the next one.
 """
 
 from __future__ import annotations
@@ -32,27 +33,52 @@ import numpy as np
 import torch
 
 from gdn_export.errors import InputError
-from gdn_export.runtime.speculative import SpecSession, SpeculativeDecoder
-from gdn_export.serve.sampling import SamplingParams, pick_tokens
+from gdn_export.runtime.speculative import SpecSession, SpeculativeDecoder, rejection_accept
+from gdn_export.serve.sampling import SamplingParams, draw, probabilities, uniforms
 
 
 class _RowDecoder(SpeculativeDecoder):
-    """The runtime's decoder with per-row acceptance: greedy rows as SpeculativeDecoder (temperature
-    0), sampling rows none of the drafts and their own pick at the first position."""
+    """The runtime's decoder with each row's own sampling: greedy rows as SpeculativeDecoder at
+    temperature 0; a sampling row drafts from the head's distribution and accepts by the rejection
+    rule, both under its own temperature, top_k and top_p (gdn_export.serve.sampling.probabilities)
+    and with its own generator. Set `params`, `generators` and `shared` before each round."""
 
     params: list[SamplingParams] = []
     generators: list = []
     shared: torch.Generator | None = None
 
+    def _sampling(self) -> list[int]:
+        return [i for i, p in enumerate(self.params) if not p.greedy]
+
+    def _draft_pick(self, logits):
+        d, _ = super()._draft_pick(logits)  # temperature 0: the argmax
+        rows = self._sampling()
+        if not rows:
+            return d, None
+        index = torch.tensor(rows, device=logits.device)
+        q = torch.zeros_like(logits)  # greedy rows: unused
+        q_rows = probabilities(logits.index_select(0, index), [self.params[i] for i in rows])
+        q.index_copy_(0, index, q_rows)
+        d = d.index_copy(0, index, draw(q_rows, [self.generators[i] for i in rows], self.shared))
+        return d, q
+
     def _accept(self, logits, drafts, q):
-        accepted, token = super()._accept(logits, drafts, q)
-        rows = [i for i, p in enumerate(self.params) if not p.greedy]
+        accepted, token = super()._accept(logits, drafts, None)  # temperature 0: greedy
+        rows = self._sampling()
+        if rows and q is None:
+            raise InputError("a stub draft gives no draft distribution: greedy requests only")
         if rows:
             index = torch.tensor(rows, device=logits.device)
-            picked = pick_tokens(logits[:, 0].index_select(0, index), [self.params[i] for i in rows],
-                                 [self.generators[i] for i in rows], self.shared)
-            accepted = accepted.index_fill(0, index, 0)
-            token = token.index_copy(0, index, picked)
+            params = [self.params[i] for i in rows]
+            gens = [self.generators[i] for i in rows]
+            r, k1, vocab = len(rows), logits.shape[1], logits.shape[2]
+            p = probabilities(logits.index_select(0, index).reshape(r * k1, vocab),
+                              [x for x in params for _ in range(k1)]).reshape(r, k1, vocab)
+            u = uniforms((r, self.k), gens, self.shared, logits.device)
+            acc, tok = rejection_accept(p, q.index_select(0, index), drafts.index_select(0, index), u,
+                                        lambda dist: draw(dist, gens, self.shared))
+            accepted = accepted.index_copy(0, index, acc)
+            token = token.index_copy(0, index, tok)
         return accepted, token
 
 

@@ -2,10 +2,13 @@
 tokens of its prompt run alone through the eager runner, whatever shares the batch (arrivals while
 others decode, chunked prompts, a full pool, stop ids, cancellation) and however many drafts a round
 keeps (a stub that knows the right tokens keeps 0 .. K of them, cycling); the head's prefill in
-chunks equals the runtime's one-shot prefill; a sampling request gets the tokens a plain engine gives
-it (same seed); the cache room a round needs is kept free."""
+chunks equals the runtime's one-shot prefill; sampling requests keep the law of plain sampling (the
+rejection rule under each request's own temperature, top_k and top_p) and repeat with their seed;
+the cache room a round needs is kept free."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -15,7 +18,7 @@ from gdn_export.layout import DeployLayout
 from gdn_export.runtime.cuda_graph import GraphRunner
 from gdn_export.runtime.speculative import SpeculativeDecoder
 from gdn_export.serve.errors import BadRequest
-from gdn_export.serve.sampling import SamplingParams
+from gdn_export.serve.sampling import SamplingParams, probabilities
 from gdn_export.serve.scheduler import Limits
 from gdn_export.serve.speculation import Speculation
 from gdn_export.weights import load_checkpoint
@@ -161,21 +164,94 @@ class GreedyDrafts:
         return torch.tensor(rows, dtype=torch.int64)
 
 
-def test_sampling_requests_get_what_a_plain_engine_gives_them(tmp_path_factory):
-    """A seeded sampling request keeps none of the drafts (here the model's own greedy tokens) and
-    draws from the model's distribution with its own generator: the tokens of the same request in an
-    engine without speculation."""
+V, ROWS = 8, 2000
+LAW_PARAMS = SamplingParams(max_tokens=3, temperature=1.0, top_k=6, top_p=0.95)
+
+
+def _exact_law(runner, prompt: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """P(x1, x2, x3) [V, V, V] of sampling three tokens after `prompt` with `params` (the filter of
+    plain sampling, gdn_export.serve.sampling.probabilities, on every position's logits)."""
+    pairs = np.array([[a, b] for a in range(V) for b in range(V)])
+    rows = np.concatenate([np.tile(prompt, (len(pairs), 1)), pairs], 1)
+    model = runner.model
+    with torch.no_grad():
+        hidden, *_ = model.hidden_states(torch.from_numpy(rows), torch.zeros(len(rows), dtype=torch.long),
+                                         torch.full((len(rows),), rows.shape[1]), *model.empty_states(len(rows)))
+        logits = model.lm_head(hidden[:, -3:]).float().reshape(-1, V)
+        p = probabilities(logits, [params] * len(logits)).double().reshape(len(rows), 3, V).numpy()
+    first = p[0, 0]  # [V]
+    second = p[::V, 1]  # [V (x1), V]
+    third = p[:, 2].reshape(V, V, V)
+    return first[:, None, None] * second[:, :, None] * third
+
+
+def _chi_square(samples: np.ndarray, law: np.ndarray) -> tuple[float, float]:
+    """(statistic, bound at p = 1e-3) over the cells expecting >= 5, the others pooled in one."""
+    counts = np.zeros(V ** 3)
+    np.add.at(counts, samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2], 1)
+    expected = law.reshape(-1) * len(samples)
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(obs) - 1
+    z = 3.0902  # upper 1e-3 quantile of N(0, 1); Wilson-Hilferty
+    return stat, df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampling_requests_keep_the_models_law(tmp_path):
+    """2000 sampling rows (temperature 1, top_k 6, top_p 0.95) of one prompt through the engine's
+    prefill and rounds with the head's own drafts: the first three tokens follow plain sampling's
+    law (chi-square at p = 1e-3), and the same samples reject a law a little off (temperature 1.3)."""
+    from gdn_export.serve.sampling import pick_tokens
+    from gdn_export.serve.scheduler import Sequence
+    from gdn_export.weights import make_tiny_checkpoint
+    from tests.onnx._tiny import TWO_LAYERS
+
+    ckpt = make_tiny_checkpoint(tmp_path / "v8", family="qwen3_5", seed=1, mtp_layers=1, vocab_size=V, **TWO_LAYERS)
+    runner = _runner(ckpt, cache_len=16)
+    spec = Speculation(runner, load_mtp(ckpt, runner.model), 2)
+    prompt = np.array([1, 6, 2, 0, 5])
+    shared = torch.Generator().manual_seed(7)
+    states, extra = list(runner.model.empty_states(ROWS)), spec.extra_states(ROWS)
+    with torch.no_grad():
+        ids = torch.from_numpy(np.tile(prompt, (ROWS, 1)))
+        logits = spec.prefill(ids, torch.zeros(ROWS, dtype=torch.long), torch.full((ROWS,), len(prompt)),
+                              states, extra)
+        first = pick_tokens(logits, [LAW_PARAMS] * ROWS, [None] * ROWS, shared).tolist()
+        spec.first_tokens(extra, range(ROWS), first)
+        seqs = []
+        for i, t in enumerate(first):
+            seq = Sequence(i, prompt, LAW_PARAMS, None, prefilled=len(prompt))
+            seq.generated.append(t)
+            seqs.append(seq)
+        kept = []
+        while min(len(s.generated) for s in seqs) < 3:
+            for s, new in zip(seqs, spec.round(seqs, states, extra, shared)):
+                s.launched += len(new)
+                s.generated += new.tolist()
+                kept.append(len(new))
+    assert 1 < np.mean(kept) < 3  # both the acceptance and the rejection paths ran
+    samples = np.array([s.generated[:3] for s in seqs])
+    stat, bound = _chi_square(samples, _exact_law(runner, prompt, LAW_PARAMS))
+    assert stat < bound, (stat, bound)
+    hotter = SamplingParams(max_tokens=3, temperature=1.3, top_k=6, top_p=0.95)
+    stat, bound = _chi_square(samples, _exact_law(runner, prompt, hotter))
+    assert stat > bound, (stat, bound)
+
+
+def test_seeded_sampling_requests_repeat(tmp_path_factory):
+    """A seeded sampling request gets the same tokens again (its drafts, acceptances and draws all come
+    from its own generator), another seed other tokens; a greedy request beside them stays exact."""
     ckpt = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
     ref = Reference(ckpt)
     prompts = [np.random.default_rng(11).integers(0, 200, n) for n in (4, 9, 2)]
-    params = [SamplingParams(max_tokens=8, temperature=0.9, top_p=0.9, top_k=40, seed=5 + i) for i in range(3)]
-    params[1] = SamplingParams(max_tokens=8)  # a greedy request between them
     outputs = []
-    for speculative in (False, True):
+    for seed in (5, 5, 6):
+        params = [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=seed + i) for i in range(3)]
+        params[1] = SamplingParams(max_tokens=10)
         runner = _runner(ckpt)
-        spec = Speculation(runner, load_mtp(ckpt, runner.model), 3, draft=GreedyDrafts(ref, 3)) if speculative \
-            else None
-        engine, got = start_engine(runner, LIMITS, speculation=spec)
+        engine, got = start_engine(runner, LIMITS, speculation=Speculation(runner, load_mtp(ckpt, runner.model), 3))
         try:
             for i, p in enumerate(prompts):
                 engine.submit(p, params[i], i)
@@ -183,8 +259,9 @@ def test_sampling_requests_get_what_a_plain_engine_gives_them(tmp_path_factory):
         finally:
             engine.stop()
         outputs.append([got.tokens(i) for i in range(3)])
-    assert outputs[0] == outputs[1]
-    assert all(len(t) == 8 for t in outputs[1])
+    assert outputs[0] == outputs[1] and outputs[0] != outputs[2]
+    assert outputs[0][1] == outputs[2][1] == ref(prompts[1], 10)
+    assert all(len(t) == 10 for out in outputs for t in out)
 
 
 def test_a_round_always_has_room_in_the_cache(tmp_path_factory):
