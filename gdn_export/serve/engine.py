@@ -369,6 +369,7 @@ class Engine:
         new = self.spec.round(rows, self.pool[:self.n_model], self.pool[self.n_model:], self._shared)
         now = time.perf_counter()
         self.metrics.on_step("decode", now - t0, len(rows))
+        self.metrics.on_round(self.spec.k * len(rows), sum(len(t) - 1 for t in new))
         finished, emitted = [], 0
         for s, tokens in zip(rows, new):
             s.launched += len(tokens)

@@ -12,6 +12,8 @@
     gdn_serve_inter_token_latency_seconds   histogram  between consecutive tokens of a request
     gdn_serve_request_latency_seconds       histogram  arrival to last token
     gdn_serve_step_seconds{kind}            histogram  a prefill call; a decode step from launch to tokens on the host
+    gdn_serve_spec_draft_tokens_total       counter    drafts verified (serve --speculative: K a row a round)
+    gdn_serve_spec_accepted_tokens_total    counter    drafts accepted (their ratio: the acceptance rate)
 
 Each server has its own registry (several can live in one process, as in the tests). The engine
 calls the on_* methods from its thread; prometheus_client's metrics are thread-safe.
@@ -61,6 +63,8 @@ class ServeMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.step = Histogram("gdn_serve_step_seconds", "One engine model call", ["kind"],
                               buckets=LATENCY_BUCKETS, registry=r)
+        self.drafts = Counter("gdn_serve_spec_draft_tokens", "Speculative drafts verified", registry=r)
+        self.accepted = Counter("gdn_serve_spec_accepted_tokens", "Speculative drafts accepted", registry=r)
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._recent_lock = threading.Lock()
         self.rate.set_function(self._tokens_per_second)
@@ -83,6 +87,11 @@ class ServeMetrics:
         with self._recent_lock:
             self._recent.append((now, count))
             self._trim(now)
+
+    def on_round(self, drafted: int, accepted: int) -> None:
+        """A speculative round: drafts verified over its rows, and how many of them were kept."""
+        self.drafts.inc(drafted)
+        self.accepted.inc(accepted)
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

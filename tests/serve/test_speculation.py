@@ -301,6 +301,9 @@ def test_streamed_over_http(tmp_path_factory):
     finally:
         server.stop()
     assert chunks[-1] == "[DONE]" and chunks[-2]["usage"]["completion_tokens"] == 12
+    # every round of the greedy drafts keeps all 3: 2 requests x 12 tokens, 1 from each prefill
+    text = server.metrics.render().decode()
+    assert "gdn_serve_spec_accepted_tokens_total 18.0" in text, text
     streamed = [t for c in chunks[:-2] for t in c["choices"][0]["token_ids"]]  # no tokenizer: token ids
     assert streamed == plain["choices"][0]["token_ids"] == ref([3, 1, 4, 1, 5], 12)
     assert plain["usage"]["completion_tokens"] == 12
