@@ -115,7 +115,7 @@ def run(args) -> list[dict]:
     from gdn_export.layout import DeployLayout
     from gdn_export.runtime import bench as B
     from gdn_export.runtime.cuda_graph import GraphRunner
-    from gdn_export.runtime.spec_bench import agreement, bench_speculative
+    from gdn_export.runtime.spec_bench import agreement, bench_speculative, difference_margin
     from gdn_export.weights import load_checkpoint
     from gdn_export.weights.mtp import load_mtp
 
@@ -141,16 +141,20 @@ def run(args) -> list[dict]:
               f"{time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         for k in args.k:
             spec = bench_speculative(runner, mtp, prompts, k, args.new_tokens, args.warmup, args.repeats)
+            generated = spec.pop("generated")
             row = {"batch": batch, "k": k, "plain_tokens_per_s": plain.decode_tokens_per_s,
-                   "plain_step_ms": plain.decode_ms_per_step, **agreement(spec.pop("generated"), want),
-                   "prompts": source, **spec}
+                   "plain_step_ms": plain.decode_ms_per_step, **agreement(generated, want),
+                   **difference_margin(runner, prompts, generated, want), "prompts": source, **spec}
             row["speedup"] = row["decode_tokens_per_s"] / row["plain_tokens_per_s"]
             row["verify_over_plain"] = row["verify_ms"] / row["plain_step_ms"]
             row["ceiling"] = (k + 1) / row["verify_over_plain"]
             rows.append(row)
             print(f"B{batch} K{k}: {row['decode_tokens_per_s']:.1f} tokens/s ({row['speedup']:.2f}x), "
                   f"{row['tokens_per_step']:.2f} tokens/step, rows equal to plain: {row['rows_equal_plain']}/{batch}"
-                  + ("" if row["first_difference"] is None else f" (first difference at token {row['first_difference']})"),
+                  + ("" if row["first_difference"] is None else
+                     f" (first difference at token {row['first_difference']}, row {row['difference_row']}: top-2 "
+                     f"logit gap {row['difference_gap']:.4f} at logit {row['difference_logit']:.2f}, the speculative "
+                     f"token ranked {row['difference_rank']})"),
                   file=sys.stderr, flush=True)
         del runner, model, mtp
         if device.type == "cuda":

@@ -117,6 +117,28 @@ def agreement(got: np.ndarray, want: np.ndarray) -> dict:
             "first_difference": int(diff.argmax(1)[rows].min()) if rows.any() else None}
 
 
+def difference_margin(runner, prompts: np.ndarray, got: np.ndarray, want: np.ndarray) -> dict:
+    """Where speculative tokens got [B, N] first differ from plain greedy decoding's want [B, N]
+    (prompts [B, T] int64, host): the model's top-2 logit gap at that position, from one prefill of
+    the row's prompt and its plain tokens before it on `runner`, and the rank of the speculative
+    token there. A gap within the dtype's rounding of the logits says the two paths' sums (one call
+    of K + 1 tokens, K + 1 calls of one) broke a near-tie; a wide one says a defect. {} when no
+    row differs."""
+    diff = got != want
+    if not diff.any():
+        return {}
+    at = np.where(diff.any(1), diff.argmax(1), diff.shape[1])
+    b = int(at.argmin())
+    j = int(at[b])
+    row = np.concatenate([prompts[b], want[b, :j]])[None]
+    with torch.no_grad():
+        logits, _ = runner.forward(row, np.zeros(1, np.int64), runner.empty_states(1))
+    last = torch.as_tensor(np.asarray(logits))[0, -1].double()
+    top = last.topk(2).values
+    return {"difference_row": b, "difference_gap": float(top[0] - top[1]),
+            "difference_rank": int((last > last[int(got[b, j])]).sum()), "difference_logit": float(top[0])}
+
+
 def measure_speculative(checkpoint, runner, model, prompts: np.ndarray, k: int, setup, result: dict) -> dict:
     """`bench --speculative K`: greedy speculative decoding with the checkpoint's MTP head on the timed
     runner (`bench_speculative`), whether its tokens are plain greedy decoding's, its speedup over the
@@ -134,7 +156,9 @@ def measure_speculative(checkpoint, runner, model, prompts: np.ndarray, k: int, 
     picked, _, _ = runner.decode_greedy(first, np.full(len(prompts), prompts.shape[1], np.int64), states,
                                         setup.decode_steps)
     plain = np.concatenate([first.cpu().numpy(), picked.cpu().numpy()], 1)
-    out.update(agreement(out.pop("generated"), plain))
+    generated = out.pop("generated")
+    out.update(agreement(generated, plain))
+    out.update(difference_margin(runner, prompts, generated, plain))
     out["speedup"] = out["decode_tokens_per_s"] / result["decode_tokens_per_s"]
     out["verify_over_plain_step"] = out["verify_ms"] / result["decode_ms_per_step"]
     return out

@@ -93,3 +93,32 @@ def test_agreement_names_rows_and_first_difference():
     got[1, 3] = -1
     got[2, 2] = -1
     assert agreement(got, want) == {"tokens_equal_plain": False, "rows_equal_plain": 1, "first_difference": 2}
+
+
+def test_difference_margin_measures_the_models_gap_where_a_row_first_differs(mtp_ckpt):
+    """spec_bench.difference_margin: the row and position of the earliest difference, the model's top-2
+    logit gap there (recomputed from the row's prompt and plain tokens before it) and the rank of the
+    speculative token; nothing when no row differs."""
+    import numpy as np
+    import torch
+
+    from gdn_export.layout import DeployLayout
+    from gdn_export.runtime.base import generate
+    from gdn_export.runtime.spec_bench import difference_margin
+    from gdn_export.runtime.torch_runner import TorchRunner
+    from gdn_export.weights import load_checkpoint
+
+    model = load_checkpoint(mtp_ckpt, dtype=torch.float32)
+    model.layout = DeployLayout.make(cache_len=64)
+    runner = TorchRunner(model)
+    prompts = np.random.default_rng(2).integers(0, model.config.vocab_size, (2, 6))
+    want = generate(runner, prompts, 5).generated
+    assert difference_margin(runner, prompts, want.copy(), want) == {}
+    got = want.copy()
+    got[1, 2] = (want[1, 2] + 1) % model.config.vocab_size
+    got[0, 4] = (want[0, 4] + 1) % model.config.vocab_size
+    out = difference_margin(runner, prompts, got, want)
+    logits, _ = runner.forward(np.concatenate([prompts[1], want[1, :2]])[None], 0, runner.empty_states(1))
+    top = torch.as_tensor(logits[0, -1]).double().topk(2).values
+    assert out["difference_row"] == 1 and out["difference_gap"] == pytest.approx(float(top[0] - top[1]))
+    assert out["difference_rank"] >= 1 and out["difference_logit"] == pytest.approx(float(top[0]))
