@@ -41,7 +41,9 @@ def add_tolerances(parser: argparse.ArgumentParser) -> None:
                    "activations a row within one e4m3 rounding step also passes, named on the row, unless "
                    "--atol / --rtol is given)")
     g.add_argument("--rtol", nargs="+", default=[], metavar="[TENSOR:]VALUE",
-                   help="relative tolerance, same form as --atol (default: per dtype)")
+                   help="relative tolerance, same form as --atol (default: per dtype); for a graph of "
+                   "`export --speculative`: the bound on each output's max |error| / max |reference| "
+                   "(default: per dtype, gdn_export.validate.speculative.BOUNDS)")
 
 
 def parse_tolerances(atol_args, rtol_args, default_atol: float, default_rtol: float):

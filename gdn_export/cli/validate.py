@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("validate", help="compare PyTorch with ONNX Runtime / TensorRT",
                        description="Run the PyTorch model and each other backend on the same random "
                        "prompts (prefill, then forced decode steps), print max abs / rel error of "
-                       "the logits and of every state, and exit 1 when any is over tolerance.")
+                       "the logits and of every state, and exit 1 when any is over tolerance. A graph of "
+                       "`export --speculative` (NAME.verify.onnx, NAME.mtp.onnx) is checked against the "
+                       "checkpoint's verify form or MTP head on ragged random inputs instead.")
     p.add_argument("checkpoint", help="folder with config.json and *.safetensors (the reference)")
     p.add_argument("--onnx", help="exported model to run in ONNX Runtime (default: none; give --onnx and/or --engine)")
     p.add_argument("--engine", help="TensorRT engine to run (needs TensorRT and a supported GPU; default: none)")
@@ -59,6 +61,13 @@ def run(args) -> int:
 
     if not (args.onnx or args.engine):
         raise InputError("nothing to validate: give --onnx and/or --engine")
+    if args.engine and _engine_role(args.engine):
+        raise InputError(f"--engine {args.engine}: an engine of a speculative graph ({_engine_role(args.engine)}); "
+                         f"validate its ONNX file with --onnx (the TensorRT runner runs the model's graph only)")
+    from gdn_export.validate.speculative import speculative_role
+
+    if args.onnx and speculative_role(args.onnx):
+        return _validate_speculative(args, speculative_role(args.onnx))
     from gdn_export.vlm.detect import is_vlm_onnx
 
     if args.image or args.pixel_values or (args.onnx and is_vlm_onnx(args.onnx)):
@@ -147,6 +156,67 @@ def run(args) -> int:
         write_json(report, args.json, overwrite=args.overwrite)
         progress(f"wrote {args.json}")
     return 0 if report.passed and (distance is None or distance.passed) else 1
+
+
+def _engine_role(engine: str) -> str | None:
+    """"verify" / "mtp" for an engine built from a speculative graph (its build record says)."""
+    import json
+
+    from gdn_export.onnx.metadata import KEY_SPECULATIVE_ROLE
+    from gdn_export.trt.build import layers_path
+
+    try:
+        record = json.loads(layers_path(engine).read_text())
+    except (OSError, ValueError):
+        return None
+    return (record.get("metadata") or {}).get(KEY_SPECULATIVE_ROLE)
+
+
+def _validate_speculative(args, role: str) -> int:
+    """--onnx NAME.verify.onnx / NAME.mtp.onnx (gdn_export.validate.speculative)."""
+    from gdn_export.validate.speculative import format_rows, validate_speculative
+
+    if args.engine:
+        raise InputError(f"--onnx {args.onnx} is the {role} graph of `export --speculative`; validate it alone "
+                         f"(no --engine)")
+    for flag, given in (("--image", args.image), ("--pixel-values", args.pixel_values),
+                        ("--baseline", args.baseline), ("--quant-tol", args.quant_tol is not None),
+                        ("--atol", args.atol)):
+        if given:
+            raise InputError(f"{flag} does not apply to the {role} graph of `export --speculative`")
+    if args.ort_device != "cpu":
+        raise InputError(f"the {role} graph is validated in ONNX Runtime on the CPU, not --ort-device {args.ort_device}")
+    from gdn_export.validate import check_parity_sizes
+
+    check_parity_sizes(args.batch, args.prompt_len, args.decode_steps, spelling=_FLAGS)
+    if args.json:
+        output_file(args.json, "--json", args)
+    input_file(args.onnx, "ONNX file")
+    checkpoint_dir(args.checkpoint)
+    from gdn_export.weights.loader import check_checkpoint
+
+    check_checkpoint(args.checkpoint)
+    tol = parse_tolerances([], args.rtol, 0.0, None)
+    bounds = {name: r for name, (_, r) in tol.per_tensor.items()}
+    import onnx
+
+    outputs = [v.name for v in onnx.load(args.onnx, load_external_data=False).graph.output]
+    unknown = sorted(bounds.keys() - set(outputs))
+    if unknown:
+        raise InputError(f"--rtol {unknown[0]}: no such output of {args.onnx}; its outputs: {', '.join(outputs)}")
+    rows = validate_speculative(args.onnx, args.checkpoint, args.batch, args.prompt_len, args.seed,
+                                bounds=bounds, default_bound=tol.rtol, progress=Progress("validate", args.quiet))
+    print(format_rows(rows))
+    if args.json:
+        import json
+
+        from gdn_export.paths import atomic_file
+
+        with atomic_file(args.json, f"JSON report {args.json}", overwrite=args.overwrite) as tmp:
+            tmp.write_text(json.dumps({"graph": str(args.onnx), "role": role, "passed": all(r.ok for r in rows),
+                                       "rows": [{"call": r.call, "output": r.output, "error": r.error,
+                                                 "bound": r.bound, "ok": r.ok} for r in rows]}, indent=2))
+    return 0 if all(r.ok for r in rows) else 1
 
 
 def _check_quantized(checkpoint: str, flag: str) -> None:

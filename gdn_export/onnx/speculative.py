@@ -180,14 +180,16 @@ def speculative_paths(path) -> tuple[Path, Path]:
 
 def compare_in_ort(path, module: nn.Module, inputs: tuple) -> dict[str, float]:
     """{output name: max |ORT - PyTorch| / max |PyTorch|} of the exported `path` in ONNX Runtime
-    (CPU; gdn nodes through gdn_export.onnx.ort_native) against `module(*inputs)` in PyTorch."""
+    (CPU; gdn nodes through gdn_export.onnx.ort_native; a bf16 graph as fp32 tensors rounded to bf16
+    where it rounds, gdn_export.onnx.bf16) against `module(*inputs)` in PyTorch."""
     import onnx
     import onnxruntime as ort
 
+    from gdn_export.onnx import bf16
     from gdn_export.onnx.ort_native import prepare
 
     proto = onnx.load(str(path))
-    plan = prepare(proto)
+    plan = prepare(bf16.emulate_bf16(proto) if bf16.has_bf16(proto) else proto)
     options = ort.SessionOptions()
     options.log_severity_level = 3  # TensorScatter's note that it copies the cache (no IOBinding here)
     session = ort.InferenceSession(plan.model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -4,9 +4,11 @@ one token and at several), and the flags that cannot apply refused before the wo
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import onnx
+import onnx.numpy_helper
 import pytest
 import torch
 
@@ -89,3 +91,61 @@ def test_existing_verify_file_is_refused(cli, tmp_path_factory, tmp_path):
     (tmp_path / "m.verify.onnx").write_bytes(b"x")
     result = cli("export", ckpt, "-o", tmp_path / "m.onnx", "--speculative", 2)
     assert "m.verify.onnx" in result.error_line("export")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """qwen3_5 with its head, exported with --speculative 3 (fp32): (checkpoint, folder)."""
+    from gdn_export.cli.main import main
+
+    ckpt = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
+    out = tmp_path_factory.mktemp("spec-validate")
+    assert main(["export", str(ckpt), "-o", str(out / "m.onnx"), "--max-cache-len", str(CACHE),
+                 "--speculative", "3", "-q"]) == 0
+    return ckpt, out
+
+
+@pytest.mark.parametrize("graph", ["verify", "mtp"])
+def test_validate_checks_the_speculative_graphs(cli, exported, tmp_path, graph):
+    ckpt, out = exported
+    report = tmp_path / "r.json"
+    r = cli("validate", ckpt, "--onnx", out / f"m.{graph}.onnx", "--batch", 3, "--prompt-len", 4, "-q",
+            "--json", report)
+    assert r.code == 0, r.err
+    assert r.out.strip().splitlines()[-1].startswith("PASS: ")
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["role"] == graph and all(row["error"] < 1e-4 for row in data["rows"])
+    assert {row["call"] for row in data["rows"]} == ({"verify B1 x 4", "verify B3 x 4"} if graph == "verify"
+                                                      else {"mtp B1 x 1", "mtp B3 x 4"})
+    r = cli("validate", ckpt, "--onnx", out / f"m.{graph}.onnx", "--batch", 30, "-q")
+    if graph == "verify":  # 30 rows at pasts 1 .. 30 and 4 tokens: past the 24 slots
+        assert "--batch 30 rows of 4 tokens at pasts 1 .. 30 do not fit" in r.error_line("validate")
+    else:
+        assert "--batch 30 rows at pasts 2 .. 31 do not fit the head's cache of 24 slots" in r.error_line("validate")
+    # a bound nothing meets fails, with exit 1 and the first output named
+    r = cli("validate", ckpt, "--onnx", out / f"m.{graph}.onnx", "--rtol", "1e-12", "-q")
+    assert r.code == 1 and r.out.strip().splitlines()[-1].startswith("FAIL: ")
+
+
+def test_validate_finds_a_wrong_head(cli, exported, tmp_path):
+    """The head's graph with one weight changed is over tolerance."""
+    ckpt, out = exported
+    proto = onnx.load(str(out / "m.mtp.onnx"))
+    weight = next(t for t in proto.graph.initializer if t.name == "embed_tokens.weight")  # the head's own copy
+    values = onnx.numpy_helper.to_array(weight).copy()
+    values.flat[::7] *= 1.5
+    weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
+    onnx.save(proto, str(tmp_path / "m.mtp.onnx"))
+    r = cli("validate", ckpt, "--onnx", tmp_path / "m.mtp.onnx", "-q")
+    assert r.code == 1 and "FAIL" in r.out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--engine", "x.engine"], "validate it alone (no --engine)"),
+    (["--ort-device", "cuda"], "validated in ONNX Runtime on the CPU"),
+    (["--atol", "1e-3"], "--atol does not apply to the verify graph"),
+    (["--rtol", "present.9.key:0.1"], "--rtol present.9.key: no such output of"),
+])
+def test_validate_speculative_mistakes(cli, exported, extra, message):
+    ckpt, out = exported
+    assert message in cli("validate", ckpt, "--onnx", out / "m.verify.onnx", *extra).error_line("validate")
