@@ -27,6 +27,17 @@ def export_single_op(module: torch.nn.Module, args: tuple, dynamic_shapes, input
     return program.model_proto
 
 
+GDR_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def export_gdr_op(module: torch.nn.Module, x: dict[str, torch.Tensor]) -> onnx.ModelProto:
+    """`module` (a gated-delta-rule op on q, k, v, g, beta, initial_state) exported with the example
+    inputs `x`: batch and seq dynamic in the five per-token inputs, batch in the state."""
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    dyn = ({0: batch, 1: seq},) * 5 + ({0: batch},)
+    return export_single_op(module, tuple(x[n] for n in GDR_INPUTS), dyn, GDR_INPUTS)
+
+
 def ort_session(model: onnx.ModelProto, form: str = "gdn") -> ort.InferenceSession:
     """A CPU session on `model` (gdn nodes): through the function bodies, or ("ort") rewritten to
     the ort form (gdn_export.onnx.ort_form.to_ort), which runs on ORT's own kernels."""

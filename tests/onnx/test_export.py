@@ -81,7 +81,7 @@ def test_attached_functions_are_valid_onnx_and_stay_in_memory(exported):
     proto = onnx.load(path)
     full = attach_reference_functions(proto)
     assert len(proto.functions) == 0  # the input is not modified
-    assert sorted(f.name for f in full.functions) == ["CausalConv1d", "GatedDeltaRule", "MoE"]
+    assert sorted(f.name for f in full.functions) == ["CausalConv1d", "GatedDeltaRule", "GatedDeltaRuleSteps", "MoE"]
     onnx.checker.check_model(full, full_check=True)
     assert attach_reference_functions(full).functions == full.functions  # idempotent
     assert file_digest(path) == before, f"{path} changed"

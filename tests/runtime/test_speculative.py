@@ -12,8 +12,6 @@ must reject.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -27,6 +25,7 @@ from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 from gdn_export.weights.mtp import load_mtp
 from tests.mtp_checkpoints import MTP_FAMILIES, mtp_checkpoint
 from tests.onnx._tiny import TWO_LAYERS
+from tests.sampling_law import chi_square, exact_law
 
 PROMPTS = [np.array([3, 1, 4, 1, 5, 9, 2]), np.array([6, 5]), np.array([3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4])]
 N = 10
@@ -115,31 +114,7 @@ V, ROWS, SEED = 8, 2000, 7
 
 def _exact_law(runner, prompt: np.ndarray, temperature: float) -> np.ndarray:
     """P(x1, x2, x3) [V, V, V] of sampling three tokens after `prompt` at `temperature`."""
-    pairs = np.array([[a, b] for a in range(V) for b in range(V)])
-    rows = np.concatenate([np.tile(prompt, (len(pairs), 1)), pairs], 1)
-    model = runner.model
-    with torch.no_grad():
-        hidden, *_ = model.hidden_states(torch.from_numpy(rows), torch.zeros(len(rows), dtype=torch.long),
-                                         torch.full((len(rows),), rows.shape[1]), *model.empty_states(len(rows)))
-        p = torch.softmax(model.lm_head(hidden[:, -3:]).double() / temperature, -1).numpy()
-    first = p[0, 0]  # [V]
-    second = p[::V, 1]  # [V (x1), V]
-    third = p[:, 2].reshape(V, V, V)
-    return first[:, None, None] * second[:, :, None] * third
-
-
-def _chi_square(samples: np.ndarray, law: np.ndarray) -> tuple[float, float]:
-    """(statistic, bound at p = 1e-3) over the cells expecting >= 5, the others pooled in one."""
-    counts = np.zeros(V ** 3)
-    np.add.at(counts, samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2], 1)
-    expected = law.reshape(-1) * len(samples)
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    df = len(obs) - 1
-    z = 3.0902  # upper 1e-3 quantile of N(0, 1); Wilson-Hilferty
-    return stat, df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return exact_law(runner.model, prompt, V, lambda logits: torch.softmax(logits.double() / temperature, -1))
 
 
 def test_sampling_keeps_the_models_law(tmp_path):
@@ -150,11 +125,11 @@ def test_sampling_keeps_the_models_law(tmp_path):
     decoder = SpeculativeDecoder(runner, mtp, 2, temperature=1.0, seed=SEED)
     result = decoder.generate([prompt] * ROWS, 3)
     assert 0.05 < result.acceptance_rate < 0.95  # both the acceptance and the rejection paths ran
-    stat, bound = _chi_square(result.generated, _exact_law(runner, prompt, 1.0))
+    stat, bound = chi_square(result.generated, _exact_law(runner, prompt, 1.0))
     assert stat < bound, (stat, bound)
     # the same samples against a law only a little off (temperature 1.3) are rejected: the test
     # has the power to see a wrong rule
-    stat, bound = _chi_square(result.generated, _exact_law(runner, prompt, 1.3))
+    stat, bound = chi_square(result.generated, _exact_law(runner, prompt, 1.3))
     assert stat > bound, (stat, bound)
 
 

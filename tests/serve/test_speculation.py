@@ -8,8 +8,6 @@ the cache room a round needs is kept free."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -24,6 +22,7 @@ from gdn_export.serve.speculation import Speculation
 from gdn_export.weights import load_checkpoint
 from gdn_export.weights.mtp import load_mtp
 from tests.mtp_checkpoints import mtp_checkpoint
+from tests.sampling_law import chi_square, exact_law
 from tests.serve.conftest import CACHE_LEN, Reference, start_engine, until_stop
 
 LENGTHS = (1, 5, 13, 40, 90, 7, 26, 3)
@@ -171,32 +170,7 @@ LAW_PARAMS = SamplingParams(max_tokens=3, temperature=1.0, top_k=6, top_p=0.95)
 def _exact_law(runner, prompt: np.ndarray, params: SamplingParams) -> np.ndarray:
     """P(x1, x2, x3) [V, V, V] of sampling three tokens after `prompt` with `params` (the filter of
     plain sampling, gdn_export.serve.sampling.probabilities, on every position's logits)."""
-    pairs = np.array([[a, b] for a in range(V) for b in range(V)])
-    rows = np.concatenate([np.tile(prompt, (len(pairs), 1)), pairs], 1)
-    model = runner.model
-    with torch.no_grad():
-        hidden, *_ = model.hidden_states(torch.from_numpy(rows), torch.zeros(len(rows), dtype=torch.long),
-                                         torch.full((len(rows),), rows.shape[1]), *model.empty_states(len(rows)))
-        logits = model.lm_head(hidden[:, -3:]).float().reshape(-1, V)
-        p = probabilities(logits, [params] * len(logits)).double().reshape(len(rows), 3, V).numpy()
-    first = p[0, 0]  # [V]
-    second = p[::V, 1]  # [V (x1), V]
-    third = p[:, 2].reshape(V, V, V)
-    return first[:, None, None] * second[:, :, None] * third
-
-
-def _chi_square(samples: np.ndarray, law: np.ndarray) -> tuple[float, float]:
-    """(statistic, bound at p = 1e-3) over the cells expecting >= 5, the others pooled in one."""
-    counts = np.zeros(V ** 3)
-    np.add.at(counts, samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2], 1)
-    expected = law.reshape(-1) * len(samples)
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    df = len(obs) - 1
-    z = 3.0902  # upper 1e-3 quantile of N(0, 1); Wilson-Hilferty
-    return stat, df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return exact_law(runner.model, prompt, V, lambda logits: probabilities(logits, [params] * len(logits)))
 
 
 def test_sampling_requests_keep_the_models_law(tmp_path):
@@ -233,10 +207,10 @@ def test_sampling_requests_keep_the_models_law(tmp_path):
                 kept.append(len(new))
     assert 1 < np.mean(kept) < 3  # both the acceptance and the rejection paths ran
     samples = np.array([s.generated[:3] for s in seqs])
-    stat, bound = _chi_square(samples, _exact_law(runner, prompt, LAW_PARAMS))
+    stat, bound = chi_square(samples, _exact_law(runner, prompt, LAW_PARAMS))
     assert stat < bound, (stat, bound)
     hotter = SamplingParams(max_tokens=3, temperature=1.3, top_k=6, top_p=0.95)
-    stat, bound = _chi_square(samples, _exact_law(runner, prompt, hotter))
+    stat, bound = chi_square(samples, _exact_law(runner, prompt, hotter))
     assert stat > bound, (stat, bound)
 
 

@@ -62,6 +62,39 @@ __device__ __forceinline__ void sequenceBounds(GatedDeltaRuleParams const& p, in
 
 // At most 64 registers up to Dk = 128: 1024 threads per multiprocessor keep enough state loads in
 // flight for a bandwidth-bound decode step.
+//! This thread's rows kg + kGROUPS i (i < kROWS) of a [Dk, Dv] state at `base`, columns col0 ..
+//! col0 + kCW - 1 (those < dv; 16-byte stores where vecCols), converted to S.
+template <int32_t kGROUPS, typename S, int32_t kROWS, int32_t kCW>
+__device__ __forceinline__ void storeRows(S* base, float const (&s)[kROWS][kCW], int32_t kg, int32_t dk, int32_t dv,
+    int32_t col0, bool vecCols)
+{
+#pragma unroll
+    for (int32_t i = 0; i < kROWS; ++i)
+    {
+        int32_t const r = kg + kGROUPS * i;
+        if (r >= dk)
+        {
+            continue;
+        }
+        S* dst = base + static_cast<size_t>(r) * dv + col0;
+        if (vecCols)
+        {
+            storeVec(dst, s[i]);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t c = 0; c < kCW; ++c)
+            {
+                if (col0 + c < dv)
+                {
+                    dst[c] = fromFloat<S>(s[i][c]);
+                }
+            }
+        }
+    }
+}
+
 // kSTEPS: also store the state after every token to p.stepStates (rounded to S, and the next token
 // starts from the rounded value: T one-token launches' numbers); p.finalState may then be nullptr.
 // Half the resident blocks: the stores' addresses under the 64-register cap spill 132 bytes a thread
@@ -306,33 +339,13 @@ __global__ void __launch_bounds__(Tile::kTHREADS, kSTEPS ? (Tile::kMIN_BLOCKS + 
 #pragma unroll
             for (int32_t i = 0; i < kROWS; ++i)
             {
-                int32_t const r = kg + kKGROUPS * i;
 #pragma unroll
                 for (int32_t c = 0; c < kCW; ++c)
                 {
                     s[i][c] = toFloat(fromFloat<S>(s[i][c]));
                 }
-                if (r >= dk)
-                {
-                    continue;
-                }
-                S* dst = static_cast<S*>(p.stepStates) + stepOffset + static_cast<size_t>(r) * dv + col0;
-                if (vecCols)
-                {
-                    storeVec(dst, s[i]);
-                }
-                else
-                {
-#pragma unroll
-                    for (int32_t c = 0; c < kCW; ++c)
-                    {
-                        if (col0 + c < dv)
-                        {
-                            dst[c] = fromFloat<S>(s[i][c]);
-                        }
-                    }
-                }
             }
+            storeRows<kKGROUPS>(static_cast<S*>(p.stepStates) + stepOffset, s, kg, dk, dv, col0, vecCols);
         }
         __syncthreads(); // the next token overwrites sQ, sK, sV, sScalar and sRed
     }
@@ -341,31 +354,7 @@ __global__ void __launch_bounds__(Tile::kTHREADS, kSTEPS ? (Tile::kMIN_BLOCKS + 
     {
         return;
     }
-#pragma unroll
-    for (int32_t i = 0; i < kROWS; ++i)
-    {
-        int32_t const r = kg + kKGROUPS * i;
-        if (r >= dk)
-        {
-            continue;
-        }
-        S* dst = static_cast<S*>(p.finalState) + stateOffset + static_cast<size_t>(r) * dv + col0;
-        if (vecCols)
-        {
-            storeVec(dst, s[i]);
-        }
-        else
-        {
-#pragma unroll
-            for (int32_t c = 0; c < kCW; ++c)
-            {
-                if (col0 + c < dv)
-                {
-                    dst[c] = fromFloat<S>(s[i][c]);
-                }
-            }
-        }
-    }
+    storeRows<kKGROUPS>(static_cast<S*>(p.finalState) + stateOffset, s, kg, dk, dv, col0, vecCols);
 }
 
 //! For the 16-bit decode kernel below. gatedDeltaRuleRecurrentKernel repeats these steps inline on

@@ -18,9 +18,8 @@ from gdn_export.ops import gated_delta_rule
 from gdn_export.ops.gated_delta_rule import PLUGIN_NAME
 from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule
 from tests.conftest import gdn_inputs, rel_rms
-from tests.onnx._single_op import export_single_op, gdn_nodes, output_dims, ort_session, run
+from tests.onnx._single_op import export_gdr_op, gdn_nodes, output_dims, ort_session, run
 
-NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
         torch.bfloat16: onnx.TensorProto.BFLOAT16}
 
@@ -39,10 +38,7 @@ def _inputs(B, T, dtype, state_dtype, seed=None):
 @functools.lru_cache(maxsize=None)
 def _export(dtype, state_dtype):
     register_schemas()
-    x = _inputs(2, 3, dtype, state_dtype, seed=0)
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
-    dyn = ({0: batch, 1: seq},) * 5 + ({0: batch},)
-    return export_single_op(OneOp(), tuple(x[n] for n in NAMES), dyn, NAMES)
+    return export_gdr_op(OneOp(), _inputs(2, 3, dtype, state_dtype, seed=0))
 
 
 CASES = [pytest.param(torch.float32, torch.float16, id="fp32-act-fp16-state"),

@@ -18,9 +18,8 @@ from gdn_export.ops.gated_delta_rule.naive import recurrent_gated_delta_rule_ste
 from gdn_export.ops.gated_delta_rule.onnx_steps import PLUGIN_NAME
 from gdn_export.ops.gated_delta_rule.steps import gated_delta_rule_steps
 from tests.conftest import assert_close_rms, gdn_inputs
-from tests.onnx._single_op import attributes, export_single_op, gdn_nodes, output_dims, ort_session, run
+from tests.onnx._single_op import attributes, export_gdr_op, gdn_nodes, output_dims, ort_session, run
 
-NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 HK, HV, DK, DV = 1, 3, 8, 12
 
 
@@ -38,10 +37,7 @@ def _inputs(B, T, dtype, state_dtype, seed=None):
 @functools.lru_cache(maxsize=None)
 def _export(dtype, state_dtype):
     register_schemas()
-    x = _inputs(2, 3, dtype, state_dtype, seed=0)
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
-    dyn = ({0: batch, 1: seq},) * 5 + ({0: batch},)
-    model = export_single_op(StepsOp(), tuple(x[n] for n in NAMES), dyn, NAMES)
+    model = export_gdr_op(StepsOp(), _inputs(2, 3, dtype, state_dtype, seed=0))
     return model, ort_session(model)
 
 
