@@ -109,13 +109,19 @@ class Engine:
                              f"{type(runner).__name__}")
         self.runner = runner
         self.device = runner.device
-        self.cache_len = layout.cache_len
+        # the tokens a request may use (prompt + max_tokens): the cache but the slots a speculative
+        # round writes past a request's last token
+        extra = speculation.cache_slots if speculation is not None else 0
+        self.cache_len = layout.cache_len - extra
+        if self.cache_len < 1:
+            raise InputError(f"a cache of {layout.cache_len} slots leaves no room beside the {extra} a "
+                             f"speculative round needs")
         self.vocab_size = runner.vocab_size
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.spec = speculation
         if speculation is not None and speculation.runner is not runner:
             raise InputError("the speculation was made for another runner")
-        self.sched = Scheduler(limits, self.cache_len, extra_slots=speculation.cache_slots if speculation else 0)
+        self.sched = Scheduler(limits, self.cache_len)
         self.metrics = metrics or _NoMetrics()
         self.deliver = deliver
         model = runner.model

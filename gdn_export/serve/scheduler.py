@@ -105,15 +105,13 @@ class PrefillPlan:
 
 
 class Scheduler:
-    """Queue, rows and bounds (module docstring) for a cache of `cache_len` slots per sequence, of
-    which `extra_slots` are kept free past each sequence's prompt + max_tokens (speculative rounds
-    write past a row's last token). Not thread-safe: the engine holds its lock around every call."""
+    """Queue, rows and bounds (module docstring) for a cache of `cache_len` slots per sequence.
+    Not thread-safe: the engine holds its lock around every call."""
 
-    def __init__(self, limits: Limits, cache_len: int, extra_slots: int = 0):
+    def __init__(self, limits: Limits, cache_len: int):
         limits.check()
         self.limits = limits
-        self.cache_len = cache_len - extra_slots
-        self.extra_slots = extra_slots
+        self.cache_len = cache_len
         self.max_cached_tokens = limits.max_cached_tokens or limits.max_num_seqs * cache_len
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.prefilling: list[Sequence] = []

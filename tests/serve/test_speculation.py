@@ -250,6 +250,8 @@ def test_a_round_always_has_room_in_the_cache(tmp_path_factory):
             engine.submit(np.arange(30), SamplingParams(max_tokens=5), "too long")
         engine.submit(np.arange(30), SamplingParams(max_tokens=4), "fits")
         got.wait(["fits"])
+        # a request without max_tokens gets the room it has: the 34 tokens, not the 40 slots
+        assert engine.cache_len == 34
     finally:
         engine.stop()
     assert got.tokens("fits") == Reference(ckpt, cache_len=40)(np.arange(30), 4)
@@ -272,15 +274,22 @@ def test_streamed_over_http(tmp_path_factory):
         chunks = events(server.url, "/v1/completions", body)
         plain_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         _, _, plain = call(server.url, "/v1/completions", plain_body)
+        metrics = server.metrics.render().decode()
+        _, _, models = call(server.url, "/v1/models", method="GET")
+        status, _, unbounded = call(server.url, "/v1/completions", {"model": "tiny", "prompt": [3, 1, 4],
+                                                                    "temperature": 0, "ignore_eos": True})
+        assert status == 200, unbounded
     finally:
         server.stop()
     assert chunks[-1] == "[DONE]" and chunks[-2]["usage"]["completion_tokens"] == 12
     # every round of the greedy drafts keeps all 3: 2 requests x 12 tokens, 1 from each prefill
-    text = server.metrics.render().decode()
-    assert "gdn_serve_spec_accepted_tokens_total 18.0" in text, text
+    assert "gdn_serve_spec_accepted_tokens_total 18.0" in metrics, metrics
     streamed = [t for c in chunks[:-2] for t in c["choices"][0]["token_ids"]]  # no tokenizer: token ids
     assert streamed == plain["choices"][0]["token_ids"] == ref([3, 1, 4, 1, 5], 12)
     assert plain["usage"]["completion_tokens"] == 12
+    # without max_tokens a request gets the room the cache has beside the rounds' 2K slots
+    assert models["data"][0]["max_model_len"] == CACHE_LEN - 6
+    assert unbounded["usage"]["prompt_tokens"] + unbounded["usage"]["completion_tokens"] <= CACHE_LEN - 6
 
 
 @pytest.mark.slow
