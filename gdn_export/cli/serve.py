@@ -187,7 +187,9 @@ def _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progres
                          f"has {size_text(free)} available: lower --max-num-seqs or --max-model-len")
     sizes = pool_batch_sizes(limits.max_num_seqs, runner.cuda_graph)
     if speculation is not None:
-        how = f"; speculative rounds of K = {k} MTP drafts (eager: no decode graphs)"
+        how = f"; speculative rounds of K = {k} MTP drafts" + (
+            f", capturing {len(sizes)} round graphs (batch {sizes[0]}..{sizes[-1]}; greedy rounds)"
+            if speculation.cuda_graph else "")
     elif runner.cuda_graph:
         how = f"; capturing {len(sizes)} decode graphs (batch {sizes[0]}..{sizes[-1]})"
     else:

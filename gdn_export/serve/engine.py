@@ -132,6 +132,9 @@ class Engine:
         if speculation is not None:
             self.pool += speculation.extra_states(limits.max_num_seqs)
             self.staging += speculation.extra_states(limits.max_prefill_seqs)
+            # rounds at power-of-two batch sizes (a CUDA graph each on a GPU), on every device alike
+            speculation.bind(self.pool[:self.n_model], self.pool[self.n_model:],
+                             pool_batch_sizes(limits.max_num_seqs, True))
         else:
             runner.bind_states(self.pool, pool_batch_sizes(limits.max_num_seqs, runner.cuda_graph))
         seed = int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else seed
@@ -372,7 +375,7 @@ class Engine:
         if not rows:
             return
         t0 = time.perf_counter()
-        new = self.spec.round(rows, self.pool[:self.n_model], self.pool[self.n_model:], self._shared)
+        new = self.spec.round(rows, self._shared)
         now = time.perf_counter()
         self.metrics.on_step("decode", now - t0, len(rows))
         self.metrics.on_round(self.spec.k * len(rows), sum(len(t) - 1 for t in new))

@@ -82,17 +82,27 @@ class _RowDecoder(SpeculativeDecoder):
         return accepted, token
 
 
+def _pad_rows(drafts: torch.Tensor, rows: int) -> torch.Tensor:
+    """A test draft's [n, K] drafts for the round's first n rows, zero-padded to its `rows`."""
+    if drafts.shape[0] >= rows:
+        return drafts
+    return torch.cat((drafts, drafts.new_zeros(rows - drafts.shape[0], drafts.shape[1])))
+
+
 class Speculation:
     """K drafts a round from `mtp` (gdn_export.weights.mtp.load_mtp of the runner's checkpoint) for
     the engine over `runner` (module docstring). draft: a stand-in for the head's drafts in tests,
     draft(speculation, session) -> drafts [n, K] int64 (speculation.rows: the round's Sequences)."""
 
     def __init__(self, runner, mtp, k: int, draft: Callable | None = None):
-        stub = None if draft is None else (lambda session: draft(self, session))
+        stub = None if draft is None else (lambda session: _pad_rows(draft(self, session), session.batch))
         self.decoder = _RowDecoder(runner, mtp, k, temperature=0.0, cuda_graph=False, draft=stub)
         self.runner, self.model, self.mtp, self.k = runner, runner.model, self.decoder.mtp, self.decoder.k
         self.device = runner.device
+        # greedy rounds replayed from CUDA graphs: on a CUDA GraphRunner with graphs, the head drafting
+        self.cuda_graph = bool(getattr(runner, "cuda_graph", False)) and self.device.type == "cuda" and draft is None
         self.rows: list = []
+        self._sessions: dict[int, SpecSession] = {}
 
     @property
     def cache_slots(self) -> int:
@@ -149,35 +159,66 @@ class Speculation:
         catch_tokens[:, 0].index_copy_(0, index, torch.tensor(list(tokens), device=self.device))
         count.index_fill_(0, index, 1)
 
-    def round(self, rows: Seq, states: list[torch.Tensor], extra: list[torch.Tensor],
-              shared: torch.Generator) -> list[np.ndarray]:
-        """One round over pool rows 0..n-1, held by `rows` (gdn_export.serve.scheduler.Sequence, in
-        row order: each one's next_position tokens are in its row's cache, its last generated token
-        is the one to run next); shared: the generator of sampling requests without a seed. Returns
-        each row's new tokens (1 .. K + 1)."""
-        n, dev, K = len(rows), self.device, self.k
+    def bind(self, states: list[torch.Tensor], extra: list[torch.Tensor], batch_sizes) -> None:
+        """Round sessions over the pool's first b rows for each b in `batch_sizes` (the model's states
+        and `extra_states` of the pool); a round of n rows runs at the smallest b >= n, rows n.. sitting
+        it out. With CUDA graphs each size's greedy round is captured now, its warm-up rounds writing
+        into the rows: bind before they hold anything (they are zeroed after)."""
+        from gdn_export.runtime.cuda_graph import capture_graph
+        from gdn_export.runtime.speculative import WARMUP_ROUNDS
+
+        dev, K = self.device, self.k
+        self._sessions = {}
+        for b in sorted({int(b) for b in batch_sizes}):
+            kv, catch_tokens, catch_hidden, count, head_past = self._split(extra, b)
+            longs = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=dev)  # noqa: E731
+            session = SpecSession(prompts=[], states=[t[:b] for t in states], mtp_states=kv, past=longs(b),
+                                  pending=longs(b), catch_tokens=catch_tokens, catch_hidden=catch_hidden,
+                                  catch_count=count, mtp_past=head_past, generated=longs(b, K + 1), emitted=longs(b),
+                                  limit=longs(b), accepted=longs(b), verified=longs(b))
+            if self.cuda_graph:
+                session.limit.fill_(1)
+                self._params(b, [], None)
+                with torch.no_grad(), self.runner._backend_context():
+                    session.graph = capture_graph(lambda s=session: self.decoder._round(s), dev,
+                                                  f"a speculative round of {b} rows", "--no-cuda-graph", WARMUP_ROUNDS)
+            self._sessions[b] = session
+        for t in (*states, *extra):
+            t.zero_()
+
+    def _params(self, size: int, rows: Seq, shared) -> None:
+        """The decoder's per-row sampling for a round of `size` rows: `rows`' own, greedy past them."""
+        self.decoder.params = [s.params for s in rows] + [SamplingParams()] * (size - len(rows))
+        self.decoder.generators = [s.generator for s in rows] + [None] * (size - len(rows))
+        self.decoder.shared = shared
+
+    def round(self, rows: Seq, shared: torch.Generator) -> list[np.ndarray]:
+        """One round over the bound pool's rows 0..n-1, held by `rows` (gdn_export.serve.scheduler.
+        Sequence, in row order: each one's next_position tokens are in its row's cache, its last
+        generated token is the one to run next); shared: the generator of sampling requests without a
+        seed. Replayed from its CUDA graph when every row is greedy. Returns each row's new tokens
+        (1 .. K + 1)."""
+        n = len(rows)
+        size = next((b for b in self._sessions if b >= n), None)  # dict order: ascending sizes
+        if size is None:
+            raise InputError(f"{n} rows exceed the largest bound batch size {max(self._sessions, default=0)}")
+        s = self._sessions[size]
         self.rows = list(rows)
-        params = [s.params for s in rows]
-        generators = [s.generator for s in rows]
-        positions = [s.next_position for s in rows]
-        pending = [s.generated[-1] for s in rows]
-        kv, catch_tokens, catch_hidden, count, head_past = self._split(extra, n)
-        if not (count[:n] >= 1).all():
-            raise InputError("a decode row without its catch-up: rows must be prefilled through Speculation")
-
-        def longs(values=None):
-            if values is None:
-                return torch.zeros(n, dtype=torch.int64, device=dev)
-            return torch.tensor(list(values), dtype=torch.int64, device=dev)
-
-        session = SpecSession(prompts=[], states=[t[:n] for t in states], mtp_states=kv, past=longs(positions),
-                              pending=longs(pending), catch_tokens=catch_tokens, catch_hidden=catch_hidden,
-                              catch_count=count, mtp_past=head_past,
-                              generated=torch.zeros(n, K + 1, dtype=torch.int64, device=dev), emitted=longs(),
-                              limit=torch.ones(n, dtype=torch.int64, device=dev), accepted=longs(), verified=longs())
-        self.decoder.params, self.decoder.generators, self.decoder.shared = list(params), list(generators), shared
-        with self.runner._backend_context():
-            self.decoder._round(session)
-        kept = session.emitted.cpu().numpy()
-        generated = session.generated.cpu().numpy()
+        values = torch.zeros(3, size, dtype=torch.int64)
+        values[0, :n] = torch.tensor([q.next_position for q in rows])
+        values[1, :n] = torch.tensor([q.generated[-1] for q in rows])
+        values[2, :n] = 1  # limit: rows n.. sit the round out
+        values = values.to(self.device)
+        s.past.copy_(values[0])
+        s.pending.copy_(values[1])
+        s.limit.copy_(values[2])
+        s.emitted.zero_()
+        self._params(size, rows, shared)
+        with torch.no_grad(), self.runner._backend_context():
+            if s.graph is not None and all(q.params.greedy for q in rows):
+                s.graph.replay()
+            else:
+                self.decoder._round(s)
+        kept = s.emitted[:n].cpu().numpy()
+        generated = s.generated[:n].cpu().numpy()
         return [generated[b, :kept[b]] for b in range(n)]

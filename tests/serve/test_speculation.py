@@ -188,6 +188,7 @@ def test_sampling_requests_keep_the_models_law(tmp_path):
     prompt = np.array([1, 6, 2, 0, 5])
     shared = torch.Generator().manual_seed(7)
     states, extra = list(runner.model.empty_states(ROWS)), spec.extra_states(ROWS)
+    spec.bind(states, extra, [ROWS])  # the rounds run on these rows, which the prefill fills first
     with torch.no_grad():
         ids = torch.from_numpy(np.tile(prompt, (ROWS, 1)))
         logits = spec.prefill(ids, torch.zeros(ROWS, dtype=torch.long), torch.full((ROWS,), len(prompt)),
@@ -201,7 +202,7 @@ def test_sampling_requests_keep_the_models_law(tmp_path):
             seqs.append(seq)
         kept = []
         while min(len(s.generated) for s in seqs) < 3:
-            for s, new in zip(seqs, spec.round(seqs, states, extra, shared)):
+            for s, new in zip(seqs, spec.round(seqs, shared)):
                 s.launched += len(new)
                 s.generated += new.tolist()
                 kept.append(len(new))
