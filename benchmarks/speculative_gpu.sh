@@ -7,6 +7,7 @@
 #
 # Parts, in the order of PARTS (default "tests plugins speed"):
 #   tests    pytest tests/ops/gated_delta_rule/test_steps.py tests/runtime/test_speculative_gpu.py
+#            tests/serve/test_speculation_gpu.py (the server's captured rounds)
 #            (the CUDA extension is built first, in the background while the plugins build)
 #   plugins  cmake plugins/ (TensorRT headers: $TENSORRT_INCLUDE_DIR, else .carry/tensorrt/include, an
 #            ignored folder carried with the tree: a copy of ../shared/third_party/tensorrt/include)
@@ -56,7 +57,8 @@ if has tests; then
   echo "[$(el)s] tests" >&2
   wait "$EXT_PID"
   timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m pytest -q -p no:cacheprovider -n 4 \
-    tests/ops/gated_delta_rule/test_steps.py tests/runtime/test_speculative_gpu.py > "$FINAL/tests.log" 2>&1
+    tests/ops/gated_delta_rule/test_steps.py tests/runtime/test_speculative_gpu.py tests/serve/test_speculation_gpu.py \
+    > "$FINAL/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$FINAL/tests.log")" >> "$SUMMARY"
 fi
 

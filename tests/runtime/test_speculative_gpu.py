@@ -1,7 +1,7 @@
 """Speculative decoding on a GPU (gdn_export.runtime.speculative): the GraphRunner's path, each round
 one CUDA graph, against plain greedy decoding on the same runner, with the triton and cuda op
-backends (the cuda backend verifies with one-token kernel calls); sampling (eager rounds) runs and
-is seeded."""
+backends (each verifies with its every-step kernel: the Triton fused recurrent kernel's, the CUDA
+recurrent kernel's stepStates); sampling (eager rounds) runs and is seeded."""
 
 from __future__ import annotations
 
