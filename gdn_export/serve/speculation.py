@@ -20,8 +20,10 @@ by one (a stop token or max_tokens ends the row there; tokens after it are dropp
 gets exactly the tokens of plain greedy decoding. A sampling request drafts from the head's
 distribution and keeps drafts by the standard rejection rule, both under its own temperature, top_k
 and top_p and from its own generator (a seed), so its tokens follow the distribution plain sampling
-draws them from (the same filter applied to the model's logits). Rounds run eagerly (no CUDA graph)
-and read their tokens back before the next one.
+draws them from (the same filter applied to the model's logits). A round of n rows runs on the
+smallest bound batch size >= n (`bind`: powers of two and the pool's rows), rows n.. sitting it out;
+on a CUDA GraphRunner each size's greedy round is a CUDA graph, replayed when every row of the round
+is greedy (eager otherwise). A round's tokens are read back before the next round.
 """
 
 from __future__ import annotations
