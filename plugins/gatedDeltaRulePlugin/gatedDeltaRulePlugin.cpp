@@ -73,7 +73,7 @@ void checkFields(GatedDeltaRuleFields const& fields, char const* plugin)
         plugin << ": field 'use_qk_l2norm' must be 0 or 1, got " << fields.useQkL2norm);
 }
 
-//! Kernel parameters for concrete input dims: the shapes, and the input pointers when given.
+//! Kernel parameters (no pointers) for concrete input dims.
 GatedDeltaRuleParams makeParams(Dims const* in, DataType type, GatedDeltaRuleFields const& fields)
 {
     GatedDeltaRuleParams p;
@@ -91,6 +91,8 @@ GatedDeltaRuleParams makeParams(Dims const* in, DataType type, GatedDeltaRuleFie
     return p;
 }
 
+//! The parameters of an enqueue: the shapes, the six input pointers and the state's storage dtype
+//! (the outputs are each plugin's own).
 GatedDeltaRuleParams launchParams(PluginTensorDesc const* inputDesc, void const* const* inputs,
     GatedDeltaRuleFields const& fields, char const* plugin)
 {
