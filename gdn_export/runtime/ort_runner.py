@@ -118,6 +118,11 @@ class OrtRunner(Runner):
             raise InputError(f"{self.path}: not an ONNX model (protobuf could not parse it: {exc})") from None
         except OSError as exc:
             raise InputError(f"{self.path}: cannot read ({exc.strerror})") from None
+        role = {p.key: p.value for p in model.metadata_props}.get(metadata.KEY_SPECULATIVE_ROLE)
+        if role is not None:
+            raise InputError(f"{self.path}: the {role} graph of `export --speculative`, which runs inside "
+                             f"speculative decoding, not alone; run the model's graph, or the checkpoint with "
+                             f"--speculative K (`gdn-export validate CHECKPOINT --onnx {self.path.name}` checks it)")
         try:
             self.state_specs = read_state_specs(model, self.token_inputs)
             ort_native.check_runnable(model, kernels, providers)  # an ort form ORT lacks: before any work

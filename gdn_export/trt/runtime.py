@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from gdn_export.errors import GdnExportError, InputError
+from gdn_export.onnx.metadata import KEY_SPECULATIVE_ROLE
 from gdn_export.runtime.base import BATCH, PAST, Runner, StateInfo, check_states
 from gdn_export.trt import loader
 from gdn_export.trt.build import layers_path
@@ -105,6 +106,10 @@ class TrtRunner(Runner):
         trt = trt or loader.import_trt()
         self._trt = trt
         self._record = self._read_record()
+        role = self._record.get("metadata", {}).get(KEY_SPECULATIVE_ROLE)
+        if role is not None:
+            raise InputError(f"{self.path}: an engine of the {role} graph of `export --speculative`, which runs "
+                             f"inside speculative decoding, not alone; build and run the model's graph")
         self._check_builder(trt)
         self._errors: list[str] = []
         self._logger = self._make_logger(trt)

@@ -149,3 +149,10 @@ def test_validate_finds_a_wrong_head(cli, exported, tmp_path):
 def test_validate_speculative_mistakes(cli, exported, extra, message):
     ckpt, out = exported
     assert message in cli("validate", ckpt, "--onnx", out / "m.verify.onnx", *extra).error_line("validate")
+
+
+@pytest.mark.parametrize("graph", ["verify", "mtp"])
+def test_run_names_a_speculative_graph(cli, exported, graph):
+    _, out = exported
+    line = cli("run", out / f"m.{graph}.onnx", "--input-ids", "1,2", "--max-new-tokens", 1).error_line("run")
+    assert f"the {graph} graph of `export --speculative`" in line

@@ -176,3 +176,18 @@ def test_old_call_form_still_works(tmp_path):
     assert logits.shape == (2, 3, 11) and states.seen.tolist() == [3, 3]
     logits, states = runner.forward(np.array([[1], [2]]), 3, states)
     assert logits.shape == (2, 1, 11)
+
+
+def test_an_engine_of_a_speculative_graph_is_refused(tmp_path):
+    """An engine built from model.verify.onnx / model.mtp.onnx (its build record's metadata says) is
+    named as such before TensorRT loads it."""
+    import json
+
+    from gdn_export.trt.build import layers_path
+
+    path = write_engine(tmp_path / "m.verify.engine")
+    record = json.loads(layers_path(path).read_text())
+    record["metadata"]["gdn_export.speculative"] = "verify"
+    layers_path(path).write_text(json.dumps(record))
+    with pytest.raises(InputError, match="an engine of the verify graph of `export --speculative`"):
+        TrtRunner(path, trt=FakeTrt(), cuda=FakeCuda())
