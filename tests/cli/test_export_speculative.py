@@ -10,7 +10,6 @@ from collections import Counter
 import onnx
 import onnx.numpy_helper
 import pytest
-import torch
 
 from gdn_export.errors import GdnExportError
 from gdn_export.layout import DeployLayout
