@@ -224,10 +224,13 @@ def run_sweep(args, device, rows, save):
             rows.append(dict(case=f"sweep wy B={B} T={T}", impl=f"warps={nw}", ms=ms))
         wy = chunk_wy_fwd(q, k, v, g, beta, scale, True)
         o_default = chunk_state_output_fwd(q, k, *wy, h0)[0]
-        for bv, nw, ns in ((16, 4, 2), (32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 2), (32, 8, 3),
-                           (64, 4, 2), (64, 8, 2), (64, 8, 3)):
-            name = f"BV={bv} warps={nw} stages={ns}"
-            run = lambda: chunk_state_output_fwd(q, k, *wy, h0, block_v=bv, num_warps=nw, num_stages=ns)  # noqa: E731
+        # kv: the state held [Dk, BV] (chunk.py KV_STATE): every product on wgmma at BV = 32 on sm_90
+        for bv, nw, ns, kv in ((16, 4, 2, False), (32, 4, 1, False), (32, 4, 2, False), (32, 4, 3, False),
+                               (32, 8, 2, False), (32, 8, 3, False), (64, 4, 2, False), (64, 8, 2, False),
+                               (64, 8, 3, False), (32, 4, 2, True), (32, 4, 3, True), (64, 4, 2, True)):
+            name = f"BV={bv} warps={nw} stages={ns}" + (" kv" if kv else "")
+            run = lambda: chunk_state_output_fwd(q, k, *wy, h0, block_v=bv, num_warps=nw, num_stages=ns,  # noqa: E731
+                                                 kv_state=kv)
             try:
                 ms = bench(run, args.smoke)
             except Exception as exc:

@@ -18,7 +18,11 @@ the input dtype (~4e-4 on o), Aqk v_new is TF32, and the update takes fk * v_new
 halves (wy.dot_split), because rounding v_new there cost ~6e-3 of the final state (interpreter).
 The state is transposed so that the update reads k in its stored layout: with h [Dk, BV] the
 update needs k^T, and a transposed 16-bit tile as the left operand gave NaN or illegal addresses
-on the H200 with Triton 3.6.
+on the H200 with Triton 3.6. KV_STATE (launcher: kv_state=True) holds h [Dk, BV] and loads k^T
+straight from memory instead of transposing a tile: compiled for sm_90 (Triton 3.6, bf16, Dk = 128,
+BV = 32) all five products are wgmma, where hT's two update products (M = BV = 32) are mma.sync.
+It is a variant of the launch sweep (benchmarks/bench_kernels.py) until a GPU has timed it; the
+interpreter tests check it against the oracle.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import triton.language as tl
 
 from kernels.triton_utils import (as_kernel_input, cdiv, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
                              raw_operands, state_dtype, to_state_dtype, token_strides)
-from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd, dot_split
+from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd, dot_split, dot_split_right
 from kernels.triton_utils import dot
 
 
@@ -43,8 +47,11 @@ def chunk_state_output_fwd_kernel(
     HK, HV, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    IEEE: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr, KV_STATE: tl.constexpr = False,
 ):
+    # KV_STATE: the state held as h [Dk, BV] (its stored layout) instead of hT [BV, Dk], and k read
+    # transposed from memory for the update, whose product is then M = Dk rows (wgmma on sm_90 at
+    # BV = 32, where hT's M = BV = 32 takes mma.sync)
     # sq, sk: elements between consecutive tokens of q, k (utils.token_stride)
     BT: tl.constexpr = 64
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -64,10 +71,16 @@ def chunk_state_output_fwd_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
     # hT [BV, Dk]: the update then takes k in its stored layout (see the module docstring)
-    m_vk = m_v[:, None] & m_k[None, :]
-    p_hT = o_v[:, None] + o_k[None, :] * DV
+    if KV_STATE:
+        m_vk = m_k[:, None] & m_v[None, :]
+        p_hT = o_k[:, None] * DV + o_v[None, :]
+    else:
+        m_vk = m_v[:, None] & m_k[None, :]
+        p_hT = o_v[:, None] + o_k[None, :] * DV
     if USE_INITIAL_STATE:
         b_hT = tl.load(h0 + i_nh * DK * DV + p_hT, mask=m_vk, other=0).to(tl.float32)
+    elif KV_STATE:
+        b_hT = tl.zeros([BK, BV], dtype=tl.float32)
     else:
         b_hT = tl.zeros([BV, BK], dtype=tl.float32)
 
@@ -84,27 +97,36 @@ def chunk_state_output_fwd_kernel(
         # 64-bit chunk bases (strided q / k of a long sequence pass 2**31 elements), 32-bit tiles
         t64 = (bos + i_t * BT).to(tl.int64)
         b_q = tl.load(q + t64 * sq + i_hk * DK + o_t[:, None] * sq + o_k[None, :], mask=m_rk, other=0)
-        b_k = tl.load(k + t64 * sk + i_hk * DK + o_t[:, None] * sk + o_k[None, :], mask=m_rk, other=0)
+        if KV_STATE:
+            b_k = tl.load(k + t64 * sk + i_hk * DK + o_k[:, None] + o_t[None, :] * sk,
+                          mask=m_k[:, None] & m_r[None, :], other=0)  # k^T [Dk, BT]
+        else:
+            b_k = tl.load(k + t64 * sk + i_hk * DK + o_t[:, None] * sk + o_k[None, :], mask=m_rk, other=0)
 
         if SPLIT:
             # w h and q h read the state rounded to the input dtype (costs ~4e-4 on o)
-            b_hd = tl.trans(b_hT.to(q.dtype.element_ty))
+            b_hd = b_hT.to(q.dtype.element_ty)
         else:
             b_w, b_q, b_k = b_w.to(tl.float32), b_q.to(tl.float32), b_k.to(tl.float32)
-            b_hd = tl.trans(b_hT)
+            b_hd = b_hT
+        if not KV_STATE:
+            b_hd = tl.trans(b_hd)
         b_vn = b_u - dot(b_w, b_hd, IEEE)
         b_o = dot(b_q, b_hd, IEEE) * b_fq[:, None] + dot(b_A, b_vn, IEEE)
         tl.store(o + ((bos + o_r[:, None]) * HV + i_h) * DV + o_v[None, :],
                  b_o.to(o.dtype.element_ty), mask=m_rv)
         # the update keeps v_new's precision (rounding it to bf16 cost ~6e-3 of the final state)
-        b_hT = b_hT * tl.exp(b_Gl) + dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
+        if KV_STATE:
+            b_hT = b_hT * tl.exp(b_Gl) + dot_split_right(b_k, b_vn * b_fk[:, None], IEEE, SPLIT)
+        else:
+            b_hT = b_hT * tl.exp(b_Gl) + dot_split(tl.trans(b_vn * b_fk[:, None]), b_k, IEEE, SPLIT)
 
     # the one rounding of a 16-bit state per call (the op's rounding rule)
     tl.store(ht + i_nh * DK * DV + p_hT, to_state_dtype(b_hT, ht.dtype.element_ty), mask=m_vk)
 
 
 def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seqlens=None, out=None,
-                           final_state=None, block_v=None, num_warps=None, num_stages=None):
+                           final_state=None, block_v=None, num_warps=None, num_stages=None, kv_state=False):
     """Launch the sequential kernel on wy.py's outputs.
 
     Args:
@@ -114,6 +136,8 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
         initial_state: [N, Hv, Dk, Dv] contiguous fp32, fp16 or bf16, or None. cu_seqlens: [N + 1]
             int32 or None.
         block_v, num_warps, num_stages: launch overrides (defaults: the run-5 sweep's best).
+        kv_state: hold the state as h [Dk, BV] (the kernel's KV_STATE; not the default: a variant for
+            the sweep, benchmarks/bench_kernels.py, until a GPU has timed it).
     Returns:
         o [B, T, Hv, Dv] in q's dtype and final_state [N, Hv, Dk, Dv] in initial_state's dtype
         (fp32 for None; a given final_state may have any of the three), rounded once at the end.
@@ -134,7 +158,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     BV = max(min(block_v, next_pow2(Dv)), 16)
     BK = max(next_pow2(Dk), 16)
     split = raw_operands(q.dtype, Dk, Dv)
-    key = (BK, BV, q.dtype, split, num_warps, num_stages)
+    key = (BK, BV, q.dtype, split, num_warps, num_stages, bool(kv_state))
 
     def launch(stages):
         chunk_state_output_fwd_kernel[(cdiv(Dv, BV), N * Hv)](
@@ -142,7 +166,7 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
             USE_INITIAL_STATE=initial_state is not None,
             IS_VARLEN=cu_seqlens is not None, IEEE=q.dtype == torch.float32, SPLIT=split,
-            NUM_STAGES=stages, num_warps=num_warps,
+            NUM_STAGES=stages, KV_STATE=bool(kv_state), num_warps=num_warps,
         )
 
     # Prefetching six tiles per stage can outgrow shared memory (large Dk, fp32): fewer stages

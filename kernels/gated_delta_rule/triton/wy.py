@@ -100,6 +100,16 @@ def dot_split(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def dot_split_right(a, b, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    # a times fp32 b (a raw 16-bit tile with SPLIT): dot_split with the split operand on the right.
+    if SPLIT:
+        hi, lo = _halves(b, a.dtype, SPLIT)
+        return dot(a, hi, IEEE) + dot(a, lo, IEEE)
+    else:
+        return dot(a, b, IEEE)
+
+
+@triton.jit
 def _diagonal_block_inverses(A):
     # (I + L)^-1 for the four 16 x 16 diagonal blocks L of the strictly lower A [64, 64], by forward
     # substitution (row i = -L_i - sum_j L_ij row j), the four blocks side by side; exact fp32.

@@ -134,3 +134,32 @@ def test_triton_backend_returns_the_state_dtype():
         _, s1 = gated_delta_rule(**{n: v[:, :1] for n, v in x.items() if v is not None},
                                  initial_state=s, use_qk_l2norm=True)
     assert s.dtype == torch.bfloat16 and s1.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype,D,T,state", [
+    pytest.param(torch.bfloat16, 64, 130, True, id="bf16-D64-T130"),
+    pytest.param(torch.float16, 64, 64, True, id="fp16-D64-T64"),
+    pytest.param(torch.bfloat16, 48, 100, True, id="bf16-D48-T100-fp32-copies"),
+    pytest.param(torch.float32, 32, 70, False, id="fp32-D32-T70-no-state"),
+])
+def test_state_held_kv_matches_the_default(dtype, D, T, state):
+    """chunk_state_output_fwd(kv_state=True) (the state as [Dk, BV], k read transposed: the sweep's
+    variant) against the float64 oracle within its dtype's bound, and against the default layout,
+    whose sums it repeats in another order of the same products."""
+    from kernels.gated_delta_rule.triton.chunk import chunk_state_output_fwd
+    from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd
+
+    x = gdn_inputs(2, T, 2, 4, D, D, dtype=dtype, device=DEVICE, seed=1, correlated=True)
+    if not state:
+        x["initial_state"] = None
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    wy = chunk_wy_fwd(q, k, v, g, beta, D ** -0.5, True)
+    o, s = torch.full_like(v, float("nan")), torch.full((2, 4, D, D), float("nan"), device=DEVICE)
+    chunk_state_output_fwd(q, k, *wy, h0, out=o, final_state=s, kv_state=True)
+    want_o, want_s = recurrent_gated_delta_rule(**{n: t.double() if t is not None else None for n, t in x.items()},
+                                                use_qk_l2norm=True)
+    assert_close_rms(o.float(), want_o.float(), dtype, "o")
+    assert_close_rms(s, want_s.float(), torch.float32 if dtype == torch.float32 else dtype, "final state")
+    o_vk, s_vk = chunk_state_output_fwd(q, k, *wy, h0)
+    torch.testing.assert_close(o, o_vk, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(s, s_vk, rtol=1e-4, atol=1e-4)
