@@ -55,8 +55,8 @@ def add_parser(sub) -> None:
     g.add_argument("--speculative", type=int, default=None, metavar="K",
                    help="decode by speculative rounds: the checkpoint's MTP head drafts K tokens a row, one "
                    "model call verifies them (greedy requests get the tokens of plain decoding, faster "
-                   "where the head agrees; sampling requests keep none of the drafts). K in [1, 16]; "
-                   "docs/speculative.md (default: off)")
+                   "where the head agrees; sampling requests keep drafts by the rejection rule, under their "
+                   "own parameters). K in [1, 16]; docs/serving.md (default: off)")
     g = p.add_argument_group("limits")
     g.add_argument("--max-model-len", type=int, default=None, metavar="N",
                    help=f"prompt + generated tokens per request: the K/V cache slots of each row "

@@ -56,6 +56,15 @@ def layers_path(engine_path: str | os.PathLike) -> Path:
     return engine_path.with_name(engine_path.name + LAYERS_SUFFIX)
 
 
+def record_metadata(engine_path: str | os.PathLike) -> dict[str, str]:
+    """The ONNX metadata_props that `engine_path`'s build record keeps ({} without a readable record)."""
+    try:
+        record = json.loads(layers_path(engine_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record.get("metadata") or {}
+
+
 def _run_worker(request: dict, say: Callable[[str], None], timeout: float | None) -> dict:
     cmd = [sys.executable, "-m", "gdn_export.trt._worker"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -47,7 +47,8 @@ class Row:
 def validate_speculative(path, checkpoint, batch: int, seq: int, seed: int, bounds: dict[str, float] | None = None,
                          default_bound: float | None = None, progress=None) -> list[Row]:
     """Rows of every output of `path` (a verify or head graph) on two calls against PyTorch (module
-    docstring). bounds: per-output overrides; default_bound: instead of BOUNDS[graph dtype]."""
+    docstring). bounds: per-output overrides (an output the graph lacks is an InputError, before the
+    checkpoint loads); default_bound: instead of BOUNDS[graph dtype]."""
     import torch
 
     from gdn_export.onnx.speculative import VerifyForm, compare_in_ort, mtp_inputs, verify_inputs
@@ -55,7 +56,12 @@ def validate_speculative(path, checkpoint, batch: int, seq: int, seed: int, boun
     from gdn_export.weights.mtp import load_mtp
 
     say = progress or (lambda _m: None)
-    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    proto = onnx.load(str(path), load_external_data=False)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    outputs = [v.name for v in proto.graph.output]
+    unknown = sorted((bounds or {}).keys() - set(outputs))
+    if unknown:
+        raise InputError(f"--rtol {unknown[0]}: no such output of {path}; its outputs: {', '.join(outputs)}")
     role, dtype = meta.get(KEY_SPECULATIVE_ROLE), meta.get(KEY_DTYPE, "float32")
     if role not in ("verify", "mtp"):
         raise InputError(f"{path}: not a graph of `export --speculative` (no {KEY_SPECULATIVE_ROLE} metadata)")
@@ -74,14 +80,13 @@ def validate_speculative(path, checkpoint, batch: int, seq: int, seed: int, boun
     say(f"loading {checkpoint} in PyTorch ({dtype}, cpu)")
     model = load_checkpoint(checkpoint, dtype=getattr(torch, dtype))
     model.layout = layout
-    rows = []
+    rows, calls = [], [(1, seed), (batch, seed + 1)]
     if role == "verify":
-        module, calls = VerifyForm(model), [(1, seed), (batch, seed + 1)]
+        module = VerifyForm(model)
         make = lambda b, s: verify_inputs(model, k, batch=b, seed=s)  # noqa: E731
         name = lambda b: f"verify B{b} x {k + 1}"  # noqa: E731
     else:
         module = load_mtp(checkpoint, model)
-        calls = [(1, seed), (batch, seed + 1)]
         room = cache - batch - 1
         if seq > room:
             say(f"{room} head tokens a row (--prompt-len {seq} past the head's cache of {cache} slots)")

@@ -4,10 +4,9 @@ an engine built from it (its build record keeps the ONNX metadata)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from gdn_export.trt.build import ENGINE_SUFFIXES, layers_path
+from gdn_export.trt.build import ENGINE_SUFFIXES, record_metadata
 from gdn_export.vlm.export import KEY_ROLE
 
 
@@ -39,8 +38,4 @@ def is_vlm_engine(path) -> bool:
     path = Path(path)
     if path.suffix not in ENGINE_SUFFIXES or not _is_file(path):
         return False
-    try:
-        record = json.loads(layers_path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return record.get("metadata", {}).get(KEY_ROLE) == "language"
+    return record_metadata(path).get(KEY_ROLE) == "language"

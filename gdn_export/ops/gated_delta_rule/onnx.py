@@ -77,25 +77,25 @@ def _infer(ctx) -> None:
     ctx.set_output_type(1, _tensor_type(state_type, [batch, _dim(v, 2), _dim(q, 3), dv]))
 
 
-def schema_inputs() -> list[tuple[str, str, str]]:
-    """(name, type, shape) of the six inputs, as make_op_schema takes them."""
+def schema_parts() -> dict:
+    """What the schemas of gdn.GatedDeltaRule and gdn.GatedDeltaRuleSteps share, as make_op_schema
+    takes it: the six inputs (name, type, shape), the type constraints T and S, the two attributes."""
     kinds = ("T", "T", "T", "tensor(float)", "T", "S")
     shapes = ("[B, T, Hk, Dk]", "[B, T, Hk, Dk]", "[B, T, Hv, Dv]", "[B, T, Hv] log decay", "[B, T, Hv]",
               "[B, Hv, Dk, Dv]")
-    return list(zip(INPUT_NAMES, kinds, shapes))
+    return dict(inputs=list(zip(INPUT_NAMES, kinds, shapes)),
+                type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
+                                  ("S", list(_STATE_TYPES), "recurrent state storage dtype (math is fp32)")],
+                attributes=[(FIELD_SCALE, onnx.defs.OpSchema.AttrType.FLOAT, "multiplies q"),
+                            (FIELD_USE_QK_L2NORM, onnx.defs.OpSchema.AttrType.INT, "0/1: L2-normalise q and k")])
 
 
 def make_schema() -> onnx.defs.OpSchema:
     """The OpSchema of gdn.GatedDeltaRule (version DOMAIN_VERSION), with shape inference."""
     return make_op_schema(
         PLUGIN_NAME, ONNX_DOMAIN, "Gated delta rule over T tokens (see gdn_export.ops.gated_delta_rule).",
-        inputs=schema_inputs(),
         outputs=[(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"), (OUTPUT_NAMES[1], "S", "[B, Hv, Dk, Dv]")],
-        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
-                          ("S", list(_STATE_TYPES), "recurrent state storage dtype (math is fp32)")],
-        attributes=[(FIELD_SCALE, onnx.defs.OpSchema.AttrType.FLOAT, "multiplies q"),
-                    (FIELD_USE_QK_L2NORM, onnx.defs.OpSchema.AttrType.INT, "0/1: L2-normalise q and k")],
-        infer=_infer,
+        infer=_infer, **schema_parts(),
     )
 
 

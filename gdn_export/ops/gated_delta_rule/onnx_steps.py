@@ -25,7 +25,6 @@ from gdn_export.ops.gated_delta_rule import (FIELD_SCALE, FIELD_USE_QK_L2NORM, I
                                              PLUGIN_NAMESPACE, PLUGIN_VERSION)
 from gdn_export.ops.gated_delta_rule import onnx as one_state
 from gdn_export.ops.gated_delta_rule.naive import L2NORM_EPS
-from gdn_export.ops.onnx_common import ACTIVATION_TYPES as _ACTIVATION_TYPES
 from gdn_export.ops.onnx_common import function_text, make_op_schema, plugin_node, register_once, unshape_loop_values
 from gdn_export.ops.onnx_common import dim as _dim
 from gdn_export.ops.onnx_common import tensor_type as _tensor_type
@@ -52,13 +51,8 @@ def make_schema() -> onnx.defs.OpSchema:
     return make_op_schema(
         PLUGIN_NAME, ONNX_DOMAIN,
         "Gated delta rule over T tokens keeping every token's state (see gdn_export.ops.gated_delta_rule.steps).",
-        inputs=one_state.schema_inputs(),
         outputs=[(OUTPUT_NAMES[0], "T", "[B, T, Hv, Dv]"), (OUTPUT_NAMES[1], "S", "[B, T, Hv, Dk, Dv]")],
-        type_constraints=[("T", list(_ACTIVATION_TYPES), "activation dtype"),
-                          ("S", list(_ACTIVATION_TYPES), "recurrent state storage dtype (math is fp32)")],
-        attributes=[(FIELD_SCALE, onnx.defs.OpSchema.AttrType.FLOAT, "multiplies q"),
-                    (FIELD_USE_QK_L2NORM, onnx.defs.OpSchema.AttrType.INT, "0/1: L2-normalise q and k")],
-        infer=_infer,
+        infer=_infer, **one_state.schema_parts(),
     )
 
 
