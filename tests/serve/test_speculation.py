@@ -12,28 +12,19 @@ import numpy as np
 import pytest
 import torch
 
-from gdn_export.layout import DeployLayout
-from gdn_export.runtime.cuda_graph import GraphRunner
 from gdn_export.runtime.speculative import SpeculativeDecoder
 from gdn_export.serve.errors import BadRequest
 from gdn_export.serve.sampling import SamplingParams, probabilities
 from gdn_export.serve.scheduler import Limits
 from gdn_export.serve.speculation import Speculation
-from gdn_export.weights import load_checkpoint
 from gdn_export.weights.mtp import load_mtp
 from tests.mtp_checkpoints import mtp_checkpoint
 from tests.sampling_law import chi_square, exact_law
-from tests.serve.conftest import CACHE_LEN, Reference, start_engine, until_stop
+from tests.serve.conftest import CACHE_LEN, Reference, fast_runner, start_engine, until_stop
 
 LENGTHS = (1, 5, 13, 40, 90, 7, 26, 3)
 MAX_TOKENS = (6, 11, 1, 9, 12, 8, 5, 10)
 LIMITS = Limits(max_num_seqs=4, max_prefill_seqs=2, prefill_tokens=24, max_queue=16)
-
-
-def _runner(ckpt, cache_len: int = CACHE_LEN) -> GraphRunner:
-    model = load_checkpoint(ckpt, dtype=torch.float32)
-    model.layout = DeployLayout.make(cache_len=cache_len)
-    return GraphRunner(model, device="cpu")
 
 
 class RightDrafts:
@@ -62,7 +53,7 @@ class RightDrafts:
 @pytest.mark.parametrize("family,k", [("qwen3_5", 1), ("qwen3_5", 3), ("qwen3_next", 2), ("qwen3_5_moe", 4)])
 def test_greedy_requests_get_the_tokens_of_their_prompt_alone(tmp_path_factory, family, k):
     ckpt = mtp_checkpoint(family, tmp_path_factory.getbasetemp())
-    runner = _runner(ckpt)
+    runner = fast_runner(ckpt)
     ref = Reference(ckpt)
     prompts = [np.random.default_rng(3).integers(0, runner.vocab_size, n) for n in LENGTHS]
     stop_at = ref(prompts[6], MAX_TOKENS[6])[2]
@@ -93,7 +84,7 @@ def test_greedy_requests_get_the_tokens_of_their_prompt_alone(tmp_path_factory, 
 def test_the_mtp_head_drafts_in_the_engine(tmp_path_factory):
     """The head itself (random weights: it agrees with nothing) drafting after chunked prefills."""
     ckpt = mtp_checkpoint("qwen3_5_moe", tmp_path_factory.getbasetemp())
-    runner = _runner(ckpt)
+    runner = fast_runner(ckpt)
     ref = Reference(ckpt)
     prompts = [np.random.default_rng(5).integers(0, runner.vocab_size, n) for n in LENGTHS]
     engine, got = start_engine(runner, LIMITS, speculation=Speculation(runner, load_mtp(ckpt, runner.model), 2))
@@ -112,7 +103,7 @@ def test_head_prefill_in_chunks_equals_one_call(tmp_path_factory, chunk):
     """Speculation.prefill over ragged rows in chunks (first and later chunks in one call) leaves the
     head's cache, its catch-up hidden state and position as SpeculativeDecoder's one-shot prefill."""
     ckpt = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
-    runner = _runner(ckpt)
+    runner = fast_runner(ckpt)
     mtp = load_mtp(ckpt, runner.model)
     prompts = [np.random.default_rng(9).integers(0, runner.vocab_size, n) for n in (1, 17, 9)]
     want = SpeculativeDecoder(runner, mtp, 2, cuda_graph=False).start(prompts, 4)
@@ -183,7 +174,7 @@ def test_sampling_requests_keep_the_models_law(tmp_path):
     from tests.onnx._tiny import TWO_LAYERS
 
     ckpt = make_tiny_checkpoint(tmp_path / "v8", family="qwen3_5", seed=1, mtp_layers=1, vocab_size=V, **TWO_LAYERS)
-    runner = _runner(ckpt, cache_len=16)
+    runner = fast_runner(ckpt, cache_len=16)
     spec = Speculation(runner, load_mtp(ckpt, runner.model), 2)
     prompt = np.array([1, 6, 2, 0, 5])
     shared = torch.Generator().manual_seed(7)
@@ -225,7 +216,7 @@ def test_seeded_sampling_requests_repeat(tmp_path_factory):
     for seed in (5, 5, 6):
         params = [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=seed + i) for i in range(3)]
         params[1] = SamplingParams(max_tokens=10)
-        runner = _runner(ckpt)
+        runner = fast_runner(ckpt)
         engine, got = start_engine(runner, LIMITS, speculation=Speculation(runner, load_mtp(ckpt, runner.model), 3))
         try:
             for i, p in enumerate(prompts):
@@ -242,7 +233,7 @@ def test_seeded_sampling_requests_repeat(tmp_path_factory):
 def test_a_round_always_has_room_in_the_cache(tmp_path_factory):
     """prompt + max_tokens may fill the cache but the 2K slots a round writes past a row's end."""
     ckpt = mtp_checkpoint("qwen3_5", tmp_path_factory.getbasetemp())
-    runner = _runner(ckpt, cache_len=40)
+    runner = fast_runner(ckpt, cache_len=40)
     k = 3
     spec = Speculation(runner, load_mtp(ckpt, runner.model), k)
     engine, got = start_engine(runner, LIMITS, speculation=spec)
@@ -268,7 +259,7 @@ def test_streamed_over_http(tmp_path_factory):
     ref = Reference(ckpt)
     body = {"model": "tiny", "prompt": [3, 1, 4, 1, 5], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    runner = _runner(ckpt)
+    runner = fast_runner(ckpt)
     server = LiveServer(ckpt, runner=runner, speculation=Speculation(runner, load_mtp(ckpt, runner.model), 3,
                                                                      draft=GreedyDrafts(ref, 3)))
     try:
@@ -306,7 +297,7 @@ def test_quantized_checkpoints(tmp_path_factory, tmp_path, fmt):
     ref = Reference(ckpt)
     prompts = [np.random.default_rng(1).integers(0, 200, n) for n in (3, 30, 8)]
     for draft in (GreedyDrafts(ref, 2), None):
-        runner = _runner(ckpt)
+        runner = fast_runner(ckpt)
         spec = Speculation(runner, load_mtp(ckpt, runner.model), 2, draft=draft)
         engine, got = start_engine(runner, Limits(max_num_seqs=2, max_prefill_seqs=2, prefill_tokens=16),
                                    speculation=spec)
