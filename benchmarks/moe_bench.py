@@ -120,17 +120,17 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     cfg, block = hf_block()
     gate_up, down = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
-    dense = dense_weights(gate_up, down)
-    bandwidth = copy_bandwidth()
-    print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     quant_rows = _quant(block, gate_up, down) if args.quant or args.quant_only else []
-    if args.quant_only:
+    if args.quant_only:  # neither the dense weights nor the copy bandwidth: the 16-bit table's columns
         table = _quant_table(quant_rows)
         (out_path / "moe_quant_bench.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
                                                                    "rows": quant_rows}, indent=1))
         (out_path / "moe_quant_bench.md").write_text(table + "\n")
         print(table)
         return 0
+    dense = dense_weights(gate_up, down)
+    bandwidth = copy_bandwidth()
+    print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     results = []
     for label, n in ROWS[:3] if args.quick else ROWS:
         torch.manual_seed(n)
