@@ -15,6 +15,10 @@ them that are still builtins, which is what the interpreter's own loop patches. 
 function called inside a launch that has already patched the language modules it sees patches
 nothing again (another 5% of the interpreted suites' time). Where Triton's interpreter no longer
 has the functions replaced, with the same parameters, they are left alone.
+
+And it holds `tl.dot` to the operand sizes Triton 3.6 compiles for sm_90 (K >= 16, or 32 for 8-bit
+operands), which the interpreter does not check (it allows 1, 1, 1): a launch that would not compile
+on the GPU ("Input shapes should have M >= 1, N >= 1 and K >= 16") fails here too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,19 @@ def interpret_without_gpu() -> None:
         return
     _list_builtins_once(tl, interpreter)
     _patch_once_a_launch(tl, interpreter)
+    _sm90_dot_sizes(interpreter)
+
+
+def _sm90_dot_sizes(interpreter) -> None:
+    codegen_fns = getattr(getattr(interpreter, "interpreter_builder", None), "codegen_fns", None)
+    if isinstance(codegen_fns, dict) and "min_dot_size" in codegen_fns:
+        codegen_fns["min_dot_size"] = _sm90_min_dot_size
+
+
+def _sm90_min_dot_size(lhs_type, rhs_type) -> tuple[int, int, int]:
+    """(M, N, K) lower bounds of a tl.dot on sm_90 with Triton 3.6 (the GPU's): K >= 32 for 8-bit
+    operands, 16 for the others (fp32 included; Triton 3.9 relaxes fp32 to 8)."""
+    return (1, 1, 32) if lhs_type.scalar.primitive_bitwidth == 8 else (1, 1, 16)
 
 
 def _list_builtins_once(tl, interpreter) -> None:

@@ -179,8 +179,10 @@ def _run(hidden, router_logits, gate_up, gate_up_scale, down, down_scale, in_sca
         ieee = dtype == torch.float32
         static = in_scales is not None
         ptx = triton_utils.NIBBLE_PTX
-        bk1, in1 = _k_tile(gate_up_scale, gs1, t["BK1"])
-        bk2, in2 = _k_tile(down_scale, gs2, t["BK2"])
+        # INT4 splits a K tile into even and odd halves, each a dot operand of K >= 16: BK >= 32.
+        min_bk = 32 if quant == INT4 else 16
+        bk1, in1 = _k_tile(gate_up_scale, gs1, max(t["BK1"], min_bk))
+        bk2, in2 = _k_tile(down_scale, gs2, max(t["BK2"], min_bk))
         moe_q_gate_up_kernel[(blocks, cdiv(I, t["BN1"]))](
             x, gate_up, gate_up_scale, in_scales if static else weights, rows, counts, act, N, H, I, E,
             gate_up.shape[2], gate_up_scale.shape[2], gs1, K=top_k, BE=BE, BM=t["BM"], BN=t["BN1"],
