@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from gdn_export.cli.args import (add_device, add_dtype, add_op_backend, add_quiet, add_seed, checkpoint_dir, device_of,
@@ -197,6 +198,9 @@ def _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progres
     progress(f"state rows: {rows} x {size_text(_row_bytes(runner, speculation))}{how}")
     engine = Engine(runner, limits, eos_ids=eos_token_ids(args.checkpoint, tokenizer), metrics=ServeMetrics(),
                     seed=args.seed, speculation=speculation)
+    start = time.perf_counter()
+    calls = engine.warm_up()
+    progress(f"prefill warmed up ({calls} calls, {time.perf_counter() - start:.1f} s)")
     return engine
 
 

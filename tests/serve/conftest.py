@@ -108,6 +108,7 @@ class Collector:
 def start_engine(runner, limits: Limits, eos_ids=(), **kwargs) -> tuple[Engine, Collector]:
     collector = Collector()
     engine = Engine(runner, limits, eos_ids=eos_ids, deliver=collector, **kwargs)
+    engine.warm_up()  # as `gdn-export serve` does: the requests below must be exact after it
     engine.start()
     return engine, collector
 
@@ -130,6 +131,7 @@ class LiveServer:
         self.metrics = ServeMetrics()
         self.engine = Engine(self.runner, limits, eos_ids=eos_token_ids(ckpt, self.tokenizer), metrics=self.metrics,
                              speculation=speculation)
+        self.engine.warm_up()
         app = create_app(self.engine, self.tokenizer, ServeConfig(model_name=name, checkpoint=str(ckpt),
                                                                   api_key=api_key))
         self.sock = bind_socket("127.0.0.1", 0)

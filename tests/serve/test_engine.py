@@ -82,6 +82,34 @@ def test_quantized_checkpoint_and_fp8_cache(tmp_path):
     _check_against_reference(tmp_path / "fp8", kv_scales={3: (0.011, 0.004)})
 
 
+def test_warm_up_runs_each_prefill_shape_class_and_leaves_zero_rows(tiny_ckpt):
+    """warm_up: row counts 1, 2 and max_prefill_seqs, a first and a continuation chunk each, ragged
+    rows, within the cache; the staging rows zero afterwards (a request's rows start from zero)."""
+    import torch
+
+    runner = fast_runner(tiny_ckpt)
+    calls = []
+    step = runner.step
+
+    def recording_step(ids, past, lens, states):
+        calls.append((tuple(ids.shape), past.tolist(), lens.tolist()))
+        return step(ids, past, lens, states)
+
+    runner.step = recording_step
+    from gdn_export.serve.engine import Engine
+
+    engine = Engine(runner, Limits(max_num_seqs=4, max_prefill_seqs=5, prefill_tokens=40), deliver=lambda out: None)
+    for t in engine.staging:
+        t.view(torch.uint8).fill_(7)
+    assert engine.warm_up() == len(calls) == 6
+    widths = {1: 40, 2: 20, 5: 8}
+    for (m, w), past, lens in calls:
+        assert m in widths and past == [past[0]] * m and past[0] in (0, widths[m])
+        assert w == (widths[m] if past[0] == 0 else widths[m] - 1)
+        assert lens == [max(1, w - i) for i in range(m)] and past[0] + w <= engine.cache_len
+    assert all(not t.view(torch.uint8).any() for t in engine.staging)
+
+
 def test_rows_are_reused_and_kept_compact(tiny_ckpt):
     """More requests than rows, many times over: every row is reused, the staging and pool sets stay
     compact, and the answers stay exact (a stale state in a reused row would change them)."""
