@@ -14,7 +14,8 @@
 # skinny-GEMM launch parameters and int4_dequant's tile and the later parts use the fastest,
 # "profile" a torch.profiler pass over bf16 / fp8 / int4-awq prefills (4096 tokens) and decode steps,
 # benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU; PROFILES
-# the models, default "bf16 fp8 int4-awq", PROFILE_MODES default "decode prefill"), SWEEP_CONFIGS
+# the models, default "bf16 fp8 int4-awq", "fp8lm" is fp8 with --quantize-lm-head; PROFILE_MODES
+# default "decode prefill"), SWEEP_CONFIGS
 # (the first N launch configurations of the sweep),
 # BUDGET (seconds for the whole script, default 520), LAYERS (default 24: the full 1.66B Qwen3.5
 # with its 248320 vocabulary; fewer layers cut the vocabulary by the same factor), RUNS (the
@@ -162,7 +163,8 @@ part_profile() {
   echo "[$(el)s] profile" >&2
   for fmt in ${PROFILES:-fp8 int4-awq}; do
     [ "$fmt" = bf16 ] && continue
-    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 -m gdn_export quantize "$CK" -o "$CK-$fmt" --format $fmt \
+    q="--format $fmt"; [ "$fmt" = fp8lm ] && q="--format fp8 --quantize-lm-head"
+    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 -m gdn_export quantize "$CK" -o "$CK-$fmt" $q \
       --device cuda --calib-samples 2 --calib-seq-len 128 --overwrite > "$OUT/quantize-$fmt.log" 2>&1
   done
   for name in ${PROFILES:-bf16 fp8 int4-awq}; do
