@@ -28,11 +28,12 @@
 # End-to-end runs (each one `gdn-export bench --quant FMT` on the 16-bit checkpoint: ModelOpt
 # calibration on the GPU with 2 rows of 128 random ids, the bf16 model timed, the quantized one
 # timed and compared over 64 teacher-forced greedy steps; CUDA graphs, triton ops, 32 decode steps,
-# medians of 3 after 1 warm-up), in this order while the budget lasts:
-#   fp8-b1          batch 1, 4096-token prompt          int4-awq-b1    the same, INT4-AWQ
-#   fp8-b32         batch 32, 256-token prompts         fp8lm-b1       fp8 with --quantize-lm-head
-#   int4-awq-b32    batch 32, INT4-AWQ                  fp8-b1-compile fp8 batch 1 with --compile
-# (a "-skinny" suffix, e.g. fp8-b1-skinny, sends M <= 64 to the skinny GEMM of triton/skinny.py)
+# medians of 3 after 1 warm-up), in the order of RUNS while the budget lasts. A run's name is its
+# parts joined by "-": the format (fp8, int4-awq, fp8lm: fp8 with --quantize-lm-head), the batch
+# (b1: one 4096-token prompt; b32: 32 prompts of 256 tokens), then optionally "skinny" (M <= 64 to the
+# skinny GEMM of triton/skinny.py, the default route; without it the routes before it) and
+# "compile" (--compile). The default: the skinny runs of every format first, fp8 compiled, then the
+# batch-1 runs without the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
 FINAL=${1:-${OUT:-/tmp/quant_gpu}}
@@ -41,7 +42,7 @@ PARTS=${PARTS:-tests sweep kernels e2e}
 BUDGET=${BUDGET:-520}
 LAYERS=${LAYERS:-24}
 VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
-RUNS=${RUNS:-fp8-b1 fp8-b1-skinny int4-awq-b1 int4-awq-b1-skinny fp8lm-b1 fp8-b32 fp8-b32-skinny int4-awq-b32 fp8-b1-compile}
+RUNS=${RUNS:-fp8-b1-skinny int4-awq-b1-skinny fp8lm-b1-skinny fp8-b1-skinny-compile fp8-b32-skinny int4-awq-b32-skinny fp8-b1 int4-awq-b1 fp8lm-b1}
 CK=${CK:-/tmp/quant_gpu_ck}
 KM=${KM:-1 32 4096}                                    # the kernel table's rows M
 KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
