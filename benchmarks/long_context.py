@@ -18,6 +18,8 @@ Parts (in order, each while the budget lasts):
   e2e      `gdn-export bench` (bf16, triton ops, CUDA graphs, batch 1, 16 decode steps) at 32K, 64K,
            128K (beside transformers + FLA: --compare-hf) and 262K, 524K tokens; prefill ms,
            decode ms / step, peak memory
+Environment: PROMPTS (e.g. 4096,262144: the e2e prompts, without --compare-hf), BENCH_FLAGS (more
+flags for every `gdn-export bench` run, e.g. --compile), SHAPES=quick (fewer kernel shapes), CK.
 The checkpoint: benchmarks/make_random_checkpoint.py --size 1.6b (max_position_embeddings raised to
 1M). flash-linear-attention for transformers' GDN layers: wheels in .carry/fla (installed into
 /tmp/site when `import fla` fails). Records (logs, JSON) land in OUT (default $OUT, else a temp
@@ -189,7 +191,7 @@ def checkpoint(out: Path, env: dict) -> Path:
 def bench(name: str, ck: Path, out: Path, env: dict, limit: float, *flags: str) -> dict | None:
     cmd = [sys.executable, "-m", "gdn_export", "bench", str(ck), "--device", "cuda", "--dtype", "bf16",
            "--op-backend", "triton", "--batch", "1", "--decode-steps", "16", "--json", str(out / f"{name}.json"),
-           "--overwrite", *flags]
+           "--overwrite", *flags, *os.environ.get("BENCH_FLAGS", "").split()]
     say(f"{name}: {' '.join(cmd[3:])} (limit {limit:.0f} s)")
     with open(out / f"{name}.log", "w") as log:
         try:
