@@ -83,6 +83,9 @@ def run(args) -> int:
     from gdn_export.weights.loader import check_checkpoint
 
     _check_flags(args)
+    if Path(args.checkpoint).suffix in (".onnx", ".engine", ".plan") and Path(args.checkpoint).is_file():
+        raise InputError(f"{args.checkpoint}: serve runs a checkpoint folder on the PyTorch runtime, not an "
+                         f"exported graph or engine: give the folder it was exported from")
     checkpoint_dir(args.checkpoint)
     config = read_config(Path(args.checkpoint) / "config.json")
     check_checkpoint(args.checkpoint)  # files, names, shapes: before the slow part

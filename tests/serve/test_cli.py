@@ -55,6 +55,10 @@ def test_bad_flags(cli, tiny_ckpt, flags, message):  # noqa: F811
 
 def test_bad_folder_and_taken_port(cli, tiny_ckpt, tmp_path, taken_port):  # noqa: F811
     assert "not found" in cli("serve", tmp_path / "nowhere").error_line("serve")
+    graph = tmp_path / "model.onnx"
+    graph.write_bytes(b"\x08\x07")
+    assert "not an exported graph or engine: give the folder it was exported from" in \
+        cli("serve", graph).error_line("serve")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((tiny_ckpt / "config.json").read_text())
