@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from gdn_export.cli.args import (add_device, add_dtype, add_op_backend, add_quiet, add_seed, checkpoint_dir, device_of,
-                                  dtype_of, op_backend_of)
+                                  dtype_of, input_file, op_backend_of)
 from gdn_export.cli.common import Progress, torch_dtype
+from gdn_export.cli.runners import add_ort_kernels
 from gdn_export.errors import InputError
 
 DEFAULTS = dict(host="127.0.0.1", port=8000, max_model_len=4096, max_num_seqs=64, max_prefill_seqs=8,
@@ -45,6 +46,13 @@ def add_parser(sub) -> None:
                    help="uvicorn's log level (default info)")
     g.add_argument("--no-access-log", action="store_true", help="no line per HTTP request")
     g = p.add_argument_group("model")
+    g.add_argument("--runtime", choices=("torch", "ort"), default="torch",
+                   help="torch (default): the checkpoint on the fast torch runner; ort: the graph --onnx "
+                   "exported from this checkpoint, in ONNX Runtime on the CPU (the checkpoint gives the "
+                   "tokenizer, chat template and stop ids)")
+    g.add_argument("--onnx", metavar="FILE", help="--runtime ort: the exported graph (in-place K/V cache, "
+                   "last-position logits: `gdn-export export`'s defaults); its cache length bounds --max-model-len")
+    add_ort_kernels(g)
     add_device(g, "the model", "a GPU serves with --device cuda --dtype bf16")
     add_dtype(g)
     add_op_backend(g)
@@ -88,6 +96,10 @@ def run(args) -> int:
                          f"exported graph or engine: give the folder it was exported from")
     checkpoint_dir(args.checkpoint)
     config = read_config(Path(args.checkpoint) / "config.json")
+    if args.runtime == "ort":
+        return _run_ort(args, config)
+    if args.onnx or args.ort_kernels != "auto":
+        raise InputError("--onnx / --ort-kernels apply to --runtime ort")
     check_checkpoint(args.checkpoint)  # files, names, shapes: before the slow part
     max_len = args.max_model_len or min(DEFAULTS["max_model_len"], config.max_position_embeddings)
     if max_len > config.max_position_embeddings:
@@ -108,13 +120,10 @@ def run(args) -> int:
         raise InputError(f"--cuda-graph needs a CUDA --device, got {device}")
     dtype = dtype_of(args)
 
-    from gdn_export.serve.scheduler import Limits
     from gdn_export.serve.server import bind_socket
     from gdn_export.serve.tokenizer import ServeTokenizer
 
-    limits = Limits(max_num_seqs=args.max_num_seqs, max_prefill_seqs=args.max_prefill_seqs,
-                    max_cached_tokens=args.max_cached_tokens, max_queue=args.max_queue,
-                    prefill_tokens=args.prefill_tokens)
+    limits = _limits(args)
     progress = Progress("serve", args.quiet)
     tokenizer = ServeTokenizer.load(args.checkpoint)
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
@@ -123,6 +132,65 @@ def run(args) -> int:
     sock = bind_socket(args.host, args.port)  # a taken port is said before the model loads
     try:
         engine = _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progress)
+        return _serve(args, engine, tokenizer, sock, progress)
+    finally:
+        sock.close()
+
+
+def _limits(args):
+    from gdn_export.serve.scheduler import Limits
+
+    return Limits(max_num_seqs=args.max_num_seqs, max_prefill_seqs=args.max_prefill_seqs,
+                  max_cached_tokens=args.max_cached_tokens, max_queue=args.max_queue,
+                  prefill_tokens=args.prefill_tokens)
+
+
+def _run_ort(args, config) -> int:
+    """--runtime ort: the exported graph in ONNX Runtime (CPU) behind the same engine and server."""
+    from gdn_export.onnx.ort_native import check_file
+    from gdn_export.runtime import ort_device
+    from gdn_export.serve.server import bind_socket
+    from gdn_export.serve.tokenizer import ServeTokenizer
+
+    if not args.onnx:
+        raise InputError("--runtime ort needs --onnx FILE (the graph exported from the checkpoint)")
+    for flag, value in (("--dtype", args.dtype), ("--op-backend", args.op_backend), ("--compile", args.compile),
+                        ("--cuda-graph", args.cuda_graph), ("--speculative", args.speculative),
+                        ("--max-model-len", args.max_model_len)):
+        if value:
+            raise InputError(f"{flag} applies to --runtime torch only" + {
+                "--dtype": " (the graph keeps the precision it was exported in)",
+                "--max-model-len": " (a request's tokens are bounded by the graph's K/V cache: export's "
+                                   "--max-cache-len)"}.get(flag, ""))
+    device = device_of(args)
+    if device != "cpu":
+        raise InputError(f"--runtime ort serves on the CPU (the engine's state rows are CPU tensors), not "
+                         f"--device {device}; serve the checkpoint with --runtime torch on a GPU")
+    input_file(args.onnx, "ONNX file")
+    providers = ort_device.providers_for(ort_device.parse_device(device))
+    check_file(args.onnx, args.ort_kernels, providers)  # an ort form this ONNX Runtime lacks
+    from gdn_export.runtime.ort_runner import OrtRunner
+    from gdn_export.runtime.ort_serving import OrtStepRunner, check_servable, graph_identity
+
+    family, vocab, layout = graph_identity(args.onnx)
+    if (vocab and vocab != config.vocab_size) or (family is not None and family != config.family):
+        raise InputError(f"{args.onnx} ({family}, vocab {vocab}) was not exported from {args.checkpoint} "
+                         f"({config.family}, vocab {config.vocab_size})")
+    check_servable(args.onnx, layout)
+    _check_imports()
+
+    progress = Progress("serve", args.quiet)
+    limits = _limits(args)
+    tokenizer = ServeTokenizer.load(args.checkpoint)
+    sock = bind_socket(args.host, args.port)  # a taken port is said before the graph loads
+    try:
+        progress(f"loading {args.onnx} in ONNX Runtime on the CPU")
+        runner = OrtStepRunner(OrtRunner(args.onnx, kernels=args.ort_kernels))
+        if runner.vocab_size != config.vocab_size:
+            raise InputError(f"{args.onnx} (vocab {runner.vocab_size}) was not exported from {args.checkpoint} "
+                             f"(vocab {config.vocab_size})")
+        progress(f"ort: {runner.kernels_note}")
+        engine = _make_engine(args, runner, None, runner.layout.cache_len, limits, tokenizer, progress, "cpu")
         return _serve(args, engine, tokenizer, sock, progress)
     finally:
         sock.close()
@@ -163,10 +231,6 @@ def _check_imports() -> None:
 def _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progress):
     from gdn_export.layout import DeployLayout
     from gdn_export.runtime.cuda_graph import GraphRunner
-    from gdn_export.runtime.memory import available_bytes, size_text
-    from gdn_export.serve.engine import Engine, pool_batch_sizes
-    from gdn_export.serve.metrics import ServeMetrics
-    from gdn_export.serve.tokenizer import eos_token_ids
     from gdn_export.weights import load_checkpoint
 
     progress(f"loading {args.checkpoint} ({dtype}) on {device}")
@@ -182,6 +246,18 @@ def _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progres
         from gdn_export.weights.mtp import load_mtp
 
         speculation = Speculation(runner, load_mtp(args.checkpoint, model), k)
+    return _make_engine(args, runner, speculation, max_len, limits, tokenizer, progress, device)
+
+
+def _make_engine(args, runner, speculation, max_len, limits, tokenizer, progress, device):
+    """The engine over `runner` (GraphRunner, or OrtStepRunner), its rows checked against the free
+    memory first, its prefill warmed up."""
+    from gdn_export.runtime.memory import available_bytes, size_text
+    from gdn_export.serve.engine import Engine, pool_batch_sizes
+    from gdn_export.serve.metrics import ServeMetrics
+    from gdn_export.serve.tokenizer import eos_token_ids
+
+    k = args.speculative
     rows = limits.max_num_seqs + limits.max_prefill_seqs
     need = rows * _row_bytes(runner, speculation)
     free = available_bytes(device)
