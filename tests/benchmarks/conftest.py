@@ -17,10 +17,11 @@ TINY_STEPS = 3
 
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory) -> Path:
-    """train_small.py --preset tiny --steps 3 --mtp on the CPU (~5 s): 4 layers (3 GDN + attention),
-    hidden 128, vocab 300, with its MTP head."""
+    """train_small.py --preset tiny --steps 3 --mtp --mtp-distill 0.5 on the CPU (~5 s): 4 layers (3 GDN
+    + attention), hidden 128, vocab 300, with its MTP head; steps 0 and 1 joint, step 2 the head alone."""
     import train_small
 
     out = tmp_path_factory.mktemp("trained") / "tiny"
-    assert train_small.main([str(out), "--preset", "tiny", "--steps", str(TINY_STEPS), "--mtp", "--device", "cpu"]) == 0
+    assert train_small.main([str(out), "--preset", "tiny", "--steps", str(TINY_STEPS), "--mtp", "--mtp-distill", "0.5",
+                             "--device", "cpu"]) == 0
     return out

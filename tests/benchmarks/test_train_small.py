@@ -37,6 +37,9 @@ def test_folder_holds_the_model_tokenizer_mtp_and_record(trained_tiny):
     assert record["steps"] == 3 and record["tokens_seen"] == 3 * record["batch"] * record["seq_len"]
     assert record["corpus"] == corpus.describe()
     assert 1 < record["heldout"]["ppl"] < 300 and 0 <= record["mtp"]["heldout_top1"] <= 1  # vocab 300
+    assert 0 <= record["mtp"]["heldout_agree"] <= 1
+    assert record["mtp"]["distill"]["fraction"] == 0.5 and record["mtp"]["distill"]["steps"] == 1
+    assert record["mtp"]["distill"]["final_loss"] > 0
 
 
 def test_transformers_loads_it_and_measures_the_recorded_perplexity(trained_tiny):
@@ -133,6 +136,67 @@ def test_mtp_head_is_causal_and_predicts_two_ahead():
     assert torch.equal(a[:, :7], b[:, :7]) and not torch.allclose(a[:, 7], b[:, 7])
 
 
+@pytest.mark.parametrize("distill", [0.0, 0.5, 1.0])
+def test_mtp_loss_blends_the_text_and_the_models_own_distribution(distill):
+    """The MTP loss: (1 - distill) x CE against token t+2 of the text + distill x cross-entropy
+    against the model's distribution over token t+2 (its logits at t+1, detached), written out here
+    position by position; no gradient reaches the model through the soft target."""
+    import transformers
+
+    torch.manual_seed(1)
+    config = train_small.model_config("tiny", 300)
+    model = transformers.Qwen3_5ForCausalLM(config)
+    head = mtp_head.MtpHead(config)
+    ids = torch.randint(3, 300, (2, 9))
+    main, side = train_small.losses(model, head, ids, distill)
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids[:, :-2]).last_hidden_state
+        logits = model.lm_head(hidden).double()
+        drafts = mtp_head.mtp_logits(model, head, ids[:, 1:-1], hidden).double()
+    T = ids.shape[1] - 2
+    hard = sum(-drafts[b, t].log_softmax(-1)[ids[b, t + 2]] for b in range(2) for t in range(T)) / (2 * T)
+    soft = sum(-(logits[b, t + 1].softmax(-1) * drafts[b, t].log_softmax(-1)).sum()
+               for b in range(2) for t in range(T - 1)) / (2 * (T - 1))
+    assert side.item() == pytest.approx(float((1 - distill) * hard + distill * soft), rel=1e-5)
+    assert main.item() == pytest.approx(float(sum(-logits[b, t].log_softmax(-1)[ids[b, t + 1]]
+                                                  for b in range(2) for t in range(T)) / (2 * T)), rel=1e-5)
+    if distill == 1.0:  # the head-only phase's loss is this one, computed without the model's graph
+        with torch.no_grad():
+            assert train_small.distill_loss(model, head, ids).item() == pytest.approx(side.item(), rel=1e-6)
+        # the soft target is detached: the model's gradient comes through the head's path
+        def grad(loss):
+            model.zero_grad(set_to_none=True)
+            head.zero_grad(set_to_none=True)
+            loss.backward()
+            return model.model.layers[0].mlp.down_proj.weight.grad.clone()
+
+        def soft_loss(detach: bool):
+            h = model.model(input_ids=ids[:, :-2]).last_hidden_state
+            target = model.lm_head(h)[:, 1:].float().softmax(-1)
+            d = mtp_head.mtp_logits(model, head, ids[:, 1:-1], h).float()[:, :-1]
+            return -((target.detach() if detach else target) * d.log_softmax(-1)).sum(-1).mean()
+
+        got = grad(side)
+        assert torch.allclose(got, grad(soft_loss(True)), rtol=1e-4, atol=1e-8)
+        assert not torch.allclose(got, grad(soft_loss(False)), rtol=1e-4, atol=1e-8)
+
+
+def test_head_only_phase_trains_the_head_alone():
+    """distill_loss with the model frozen (as the phase runs it): gradients reach the head's own
+    parameters and no parameter of the model (the lm_head and embedding it shares included)."""
+    import transformers
+
+    torch.manual_seed(2)
+    config = train_small.model_config("tiny", 300)
+    model = transformers.Qwen3_5ForCausalLM(config)
+    head = mtp_head.MtpHead(config)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    train_small.distill_loss(model, head, torch.randint(3, 300, (2, 9))).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters() if p.dim() > 1)
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_lr_schedule():
     assert train_small.lr_factor(0.0) == pytest.approx(1e-3)
     assert train_small.lr_factor(train_small.WARMUP) == pytest.approx(1.0)
@@ -146,7 +210,8 @@ def test_lr_schedule():
     (["--steps", "0"], "--steps must be >= 1"),
     (["--batch", "-1"], "--batch must be >= 1"),
     (["--device", "tpu9"], "is not a torch device"),
-], ids=["minutes", "steps", "batch", "device"])
+    (["--mtp-distill", "1"], "--mtp-distill must be in [0, 1), got 1.0"),
+], ids=["minutes", "steps", "batch", "device", "distill"])
 def test_bad_arguments_stop_first(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         train_small.main([str(tmp_path / "out"), "--preset", "tiny", *argv])
