@@ -170,10 +170,8 @@ def optimizer(params, lr: float) -> torch.optim.AdamW:
                              lr=lr, betas=BETAS, fused=fused)
 
 
-def losses(model, mtp, ids: torch.Tensor, distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(next-token CE, MTP loss or None) on windows ids [B, T + 2]: the model reads tokens 0..T-1.
-    The MTP loss: (1 - distill) x CE against the text's token t+2 + distill x CE against the model's
-    own distribution over it (its logits at t+1, detached; positions 0..T-2, where they exist)."""
+def losses(model, mtp, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(next-token CE, MTP CE or None) on windows ids [B, T + 2]: the model reads tokens 0..T-1."""
     from mtp_head import mtp_logits
 
     x = ids[:, :-2]
@@ -182,19 +180,14 @@ def losses(model, mtp, ids: torch.Tensor, distill: float = 0.0) -> tuple[torch.T
     main = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:-1].flatten())
     if mtp is None:
         return main, None
-    side = mtp_logits(model, mtp, ids[:, 1:-1], hidden).float()  # tokens 1..T with h_0..h_{T-1} -> 2..T+1
-    side_loss = F.cross_entropy(side.flatten(0, 1), ids[:, 2:].flatten())
-    if distill > 0:
-        target = logits[:, 1:].detach().float().softmax(-1)  # the model's distribution over tokens 2..T
-        soft = -(target * side[:, :-1].log_softmax(-1)).sum(-1).mean()
-        side_loss = (1 - distill) * side_loss + distill * soft
-    return main, side_loss
+    side = mtp_logits(model, mtp, ids[:, 1:-1], hidden)  # tokens 1..T with h_0..h_{T-1} -> 2..T+1
+    return main, F.cross_entropy(side.float().flatten(0, 1), ids[:, 2:].flatten())
 
 
 def distill_loss(model, mtp, ids: torch.Tensor) -> torch.Tensor:
     """The head-only phase's loss on windows ids [B, T + 2]: cross-entropy of the head's logits for
-    token t+2 against the model's own distribution over it (the model run without gradients), i.e.
-    losses(..., distill=1)'s MTP loss."""
+    token t+2 against the model's own distribution over it (its logits at t+1, positions 0..T-2;
+    the model run without gradients)."""
     from mtp_head import mtp_logits
 
     with torch.no_grad():
