@@ -65,7 +65,7 @@ def run(args) -> int:
     run_speculative.check_flags(args, backend)
     progress = Progress("run", args.quiet)
     if args.speculative is not None:
-        return run_speculative.run(args, ids, progress)
+        return (run_speculative.run_ort if backend == "ort" else run_speculative.run)(args, ids, progress)
     device = device_of(args)
     runner = open_runner(args.model, backend, dtype=dtype_of(args), device=device, plugins=args.plugins,
                          op_backend=op_backend_of(args, device) if backend == "torch" else None,

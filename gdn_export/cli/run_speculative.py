@@ -1,9 +1,12 @@
 """`gdn-export run CHECKPOINT --speculative K`: generation with the checkpoint's MTP head drafting K
-tokens a round and the model verifying them in one call (gdn_export.runtime.speculative)."""
+tokens a round and the model verifying them in one call (gdn_export.runtime.speculative); `run
+model.onnx --speculative K`: the same over the graphs `export --speculative K` wrote beside it
+(model.verify.onnx, model.mtp.onnx) in ONNX Runtime (gdn_export.runtime.ort_speculative)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from gdn_export.cli.args import add_seed
 from gdn_export.errors import InputError
@@ -13,8 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--speculative", type=int, default=None, metavar="K",
                    help="speculative decoding: the checkpoint's multi-token-prediction head drafts K "
                    "tokens a round (1..16), the model verifies them in one call; greedy output equal to "
-                   "plain greedy decoding (torch backend, Qwen3.5 / Qwen3.5-MoE / Qwen3-Next checkpoints "
-                   "with mtp.* tensors; default: off)")
+                   "plain greedy decoding (a Qwen3.5 / Qwen3.5-MoE / Qwen3-Next checkpoint with mtp.* "
+                   "tensors, or model.onnx with the model.verify.onnx and model.mtp.onnx that `export "
+                   "--speculative K` wrote beside it, run in ONNX Runtime; default: off)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="with --speculative: sample at this temperature (the rejection rule keeps the "
                    "model's own distribution); 0 = greedy (default 0)")
@@ -31,18 +35,71 @@ def check_flags(args, backend: str) -> None:
         raise InputError(f"--speculative must be in [1, 16], got {args.speculative}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise InputError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if backend != "torch":
-        raise InputError(f"--speculative runs a checkpoint folder on the torch backend; {args.model} runs "
-                         f"on {backend}")
+    if backend not in ("torch", "ort"):
+        raise InputError(f"--speculative runs a checkpoint folder (torch) or the exported graphs (ort); "
+                         f"{args.model} runs on {backend}")
     if args.save_logits:
         raise InputError("--save-logits is not kept with --speculative (the verify calls' logits are "
                          "not one per step)")
-    from pathlib import Path
+    if backend == "ort":
+        if args.device not in (None, "cpu"):
+            raise InputError(f"--speculative over the exported graphs runs ONNX Runtime on the CPU, not "
+                             f"--device {args.device}")
+        _ort_graphs(args)
+        return
 
     from gdn_export.hf_config import read_config
     from gdn_export.weights.mtp import check_has_mtp
 
     check_has_mtp(read_config(Path(args.model) / "config.json"), args.model)
+
+
+def _ort_graphs(args) -> tuple:
+    """(verify, mtp) paths beside args.model (model.onnx, or its verify graph given itself), checked
+    for their role and K before anything loads."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from gdn_export.onnx import metadata
+    from gdn_export.onnx.speculative import speculative_paths
+
+    model = Path(args.model)
+    stem = model.with_name(model.name[:-len(".verify.onnx")] + ".onnx") if model.name.endswith(".verify.onnx") \
+        else model
+    verify, mtp = speculative_paths(stem)
+    for path, role in ((verify, "verify"), (mtp, "mtp")):
+        if not path.is_file():
+            raise InputError(f"--speculative with {args.model} runs {path.name} beside it, which is missing "
+                             f"(`gdn-export export CHECKPOINT -o {stem.name} --speculative K` writes it)")
+        try:
+            props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        except DecodeError as exc:
+            raise InputError(f"{path}: not an ONNX model ({exc})") from None
+        if props.get(metadata.KEY_SPECULATIVE_ROLE) != role:
+            raise InputError(f"{path}: not the {role} graph of `export --speculative`")
+        if role == "verify" and int(props.get(metadata.KEY_SPECULATIVE_K, 0)) != args.speculative:
+            raise InputError(f"{path.name} verifies K = {props.get(metadata.KEY_SPECULATIVE_K)} drafts a round; "
+                             f"run it with --speculative {props.get(metadata.KEY_SPECULATIVE_K)} (or export "
+                             f"again with --speculative {args.speculative})")
+    return verify, mtp
+
+
+def run_ort(args, ids, progress) -> int:
+    """--speculative over the exported graphs in ONNX Runtime; prints as `run`."""
+    from gdn_export.runtime.ort_speculative import OrtSpeculativeDecoder
+
+    verify, mtp = _ort_graphs(args)
+    decoder = OrtSpeculativeDecoder(verify, mtp, temperature=args.temperature, seed=args.seed,
+                                    kernels=args.ort_kernels)
+    mode = "greedy" if args.temperature == 0 else f"sampling at temperature {args.temperature:g}"
+    progress(f"ort: {decoder.kernels_note}; speculative decoding of {args.max_new_tokens} new tokens, K = "
+             f"{decoder.k} drafts from {mtp.name}, verified by {verify.name}, {mode}")
+    result = decoder.generate(ids, args.max_new_tokens)
+    for row in result.rows():
+        print(" ".join(str(int(t)) for t in row))
+    progress(f"{result.rounds} rounds, {result.tokens_per_step:.2f} tokens per verify step (drafts "
+             f"accepted: {result.acceptance_rate:.1%})")
+    return 0
 
 
 def run(args, ids, progress) -> int:
