@@ -111,7 +111,7 @@ class OrtStepRunner:
         views = [t.numpy() for t in states]
         logits, new = self.ort._forward(ids.numpy(), past.numpy(), lens.numpy(), views)
         for dst, src in zip(views, new):
-            if not np.shares_memory(dst, src):  # the K/V caches were written in place
+            if not np.may_share_memory(dst, src):  # the K/V caches were written in place
                 np.copyto(dst, src)
         return torch.from_numpy(logits)
 
