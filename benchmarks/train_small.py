@@ -26,8 +26,9 @@ Presets (parameters with the tied embedding):
 loss weight MTP_WEIGHT on predicting token t+2, gradients into the main model as in joint MTP
 training), then, for the last --mtp-distill of the run (a fraction of its time or steps, default
 0.2), trains the head alone (the model frozen) towards the model's own distribution over token t+2:
-what a speculative round accepts is the model's choice, not the text's (on the cpu preset, 150 such
-steps took the head's agreement with the model's top-1 from 0.49 to 0.67 of held-out positions) and writes it as `mtp.*` tensors into model.safetensors with mtp_num_hidden_layers 1 in
+what a speculative round accepts is the model's choice, not the text's (cpu preset, 10 minutes on
+2 cores: the head agrees with the model's top-1 at 0.71 of held-out positions against 0.52 without
+the phase, at 34.9 against 34.5 held-out perplexity) and writes it as `mtp.*` tensors into model.safetensors with mtp_num_hidden_layers 1 in
 config.json (transformers and gdn-export skip them when loading the main model).
 
 OUT gets config.json, model.safetensors (bf16), generation_config.json, tokenizer.json and
