@@ -45,11 +45,17 @@ def test_checkpoint_without_a_head(cli, tiny_ckpt):
     assert "declares no multi-token-prediction head" in result.error_line("run")
 
 
-def test_exported_model_is_refused(cli, tmp_path):
+def test_exported_model_without_its_speculative_graphs_is_refused(cli, tmp_path):
+    """An exported model runs --speculative over the verify and head graphs beside it
+    (tests/runtime/test_ort_speculative.py); without them, one line naming the missing file."""
     onnx = tmp_path / "m.onnx"
     onnx.write_bytes(b"x")
     result = cli("run", onnx, "--input-ids", "1,2", "--speculative", 2)
-    assert "--speculative runs a checkpoint folder on the torch backend" in result.error_line("run")
+    assert "runs m.verify.onnx beside it, which is missing" in result.error_line("run")
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"x")
+    result = cli("run", engine, "--input-ids", "1,2", "--speculative", 2)
+    assert "--speculative runs a checkpoint folder (torch) or the exported graphs (ort)" in result.error_line("run")
 
 
 def test_bench_speculative(cli, mtp_ckpt, tmp_path):

@@ -75,10 +75,10 @@ def test_a_client_that_disconnects_frees_its_row(slow_server, stream):
 
 def test_a_full_queue_answers_429_with_retry_after(tiny_ckpt):
     runner = fast_runner(tiny_ckpt)
-    gate = threading.Event()
+    server = LiveServer(tiny_ckpt, Limits(max_num_seqs=1, max_prefill_seqs=1, max_queue=1), runner=runner)
+    gate = threading.Event()  # set after the server's warm-up, which runs the prefill too
     step = runner.step
     runner.step = lambda *a: (gate.wait(30), step(*a))[1]  # the first prefill waits for the gate
-    server = LiveServer(tiny_ckpt, Limits(max_num_seqs=1, max_prefill_seqs=1, max_queue=1), runner=runner)
     body = {"model": "tiny", "prompt": [4, 5], "max_tokens": 3, "temperature": 0}
     try:
         with ThreadPoolExecutor(2) as pool:
