@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
                    "exported from this checkpoint, in ONNX Runtime on the CPU (the checkpoint gives the "
                    "tokenizer, chat template and stop ids)")
     g.add_argument("--onnx", metavar="FILE", help="--runtime ort: the exported graph (in-place K/V cache, "
-                   "last-position logits: `gdn-export export`'s defaults); its cache length bounds --max-model-len")
+                   "last-position logits: `gdn-export export`'s defaults); its --max-cache-len bounds each "
+                   "request's prompt + max_tokens")
     add_ort_kernels(g)
     add_device(g, "the model", "a GPU serves with --device cuda --dtype bf16")
     add_dtype(g)
@@ -92,8 +93,8 @@ def run(args) -> int:
 
     _check_flags(args)
     if Path(args.checkpoint).suffix in (".onnx", ".engine", ".plan") and Path(args.checkpoint).is_file():
-        raise InputError(f"{args.checkpoint}: serve runs a checkpoint folder on the PyTorch runtime, not an "
-                         f"exported graph or engine: give the folder it was exported from")
+        raise InputError(f"{args.checkpoint}: serve takes the checkpoint folder the graph or engine was exported "
+                         f"from (an ONNX graph is served with CHECKPOINT --runtime ort --onnx FILE)")
     checkpoint_dir(args.checkpoint)
     config = read_config(Path(args.checkpoint) / "config.json")
     if args.runtime == "ort":
@@ -126,15 +127,19 @@ def run(args) -> int:
     limits = _limits(args)
     progress = Progress("serve", args.quiet)
     tokenizer = ServeTokenizer.load(args.checkpoint)
-    if tokenizer is not None and len(tokenizer) > config.vocab_size:
-        progress(f"note: the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}: prompts "
-                 f"with ids past the model's vocabulary get 400")
+    _tokenizer_note(tokenizer, config, progress)
     sock = bind_socket(args.host, args.port)  # a taken port is said before the model loads
     try:
         engine = _engine(args, device, dtype, op_backend, max_len, limits, tokenizer, progress)
         return _serve(args, engine, tokenizer, sock, progress)
     finally:
         sock.close()
+
+
+def _tokenizer_note(tokenizer, config, progress) -> None:
+    if tokenizer is not None and len(tokenizer) > config.vocab_size:
+        progress(f"note: the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}: prompts "
+                 f"with ids past the model's vocabulary get 400")
 
 
 def _limits(args):
@@ -182,6 +187,7 @@ def _run_ort(args, config) -> int:
     progress = Progress("serve", args.quiet)
     limits = _limits(args)
     tokenizer = ServeTokenizer.load(args.checkpoint)
+    _tokenizer_note(tokenizer, config, progress)
     sock = bind_socket(args.host, args.port)  # a taken port is said before the graph loads
     try:
         progress(f"loading {args.onnx} in ONNX Runtime on the CPU")

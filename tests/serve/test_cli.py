@@ -57,7 +57,7 @@ def test_bad_folder_and_taken_port(cli, tiny_ckpt, tmp_path, taken_port):  # noq
     assert "not found" in cli("serve", tmp_path / "nowhere").error_line("serve")
     graph = tmp_path / "model.onnx"
     graph.write_bytes(b"\x08\x07")
-    assert "not an exported graph or engine: give the folder it was exported from" in \
+    assert "serve takes the checkpoint folder the graph or engine was exported from" in \
         cli("serve", graph).error_line("serve")
     broken = tmp_path / "broken"
     broken.mkdir()
