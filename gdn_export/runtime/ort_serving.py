@@ -107,9 +107,9 @@ class OrtStepRunner:
              states: list[torch.Tensor]) -> torch.Tensor:
         """One graph call: ids [B, T] int64, past [B], lens [B] (CPU tensors), states as
         model.empty_states(B) (row slices of larger sets will do), left updated in place. Returns the
-        logits [B, 1, V] fp32 of each row's last real token. Unchecked: callers check the lengths."""
+        logits [B, 1, V] fp32 of each row's last real token."""
         views = [t.numpy() for t in states]
-        logits, new = self.ort._forward(ids.numpy(), past.numpy(), lens.numpy(), views)
+        logits, new = self.ort.forward(ids.numpy(), past.numpy(), views, lens.numpy())
         for dst, src in zip(views, new):
             if not np.may_share_memory(dst, src):  # the K/V caches were written in place
                 np.copyto(dst, src)
