@@ -45,6 +45,9 @@ def check_flags(args, backend: str) -> None:
         if args.device not in (None, "cpu"):
             raise InputError(f"--speculative over the exported graphs runs ONNX Runtime on the CPU, not "
                              f"--device {args.device}")
+        if args.prefill_chunk is not None:
+            raise InputError("--prefill-chunk does not apply to --speculative over the exported graphs (the "
+                             "verify graph prefills in windows of K + 1 tokens)")
         _ort_graphs(args)
         return
 

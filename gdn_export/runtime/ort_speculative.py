@@ -102,10 +102,6 @@ class OrtSpeculativeDecoder:
         names = [i.name for i in self.verify.inputs]
         self.state_names = names[3:]  # past.{i}.* after input_ids, past_lengths, seq_lens
         self.mtp_state_names = [i.name for i in self.mtp.inputs][4:]  # after input_ids, hidden, past, lens
-        self.conv_width = None
-        for name in self.state_names:
-            if name.endswith(".conv"):
-                self.conv_width = next(i for i in self.verify.inputs if i.name == name).shape[-1]
         self.generator = None
         if self.temperature > 0:
             import torch

@@ -89,6 +89,8 @@ def test_bad_graphs(cli, moe, tmp_path):  # noqa: F811
         "run", lone, "--input-ids", "1,2", "--speculative", K).error_line("run")
     assert "runs ONNX Runtime on the CPU" in cli(
         "run", moe, "--input-ids", "1,2", "--speculative", K, "--device", "cuda").error_line("run")
+    assert "--prefill-chunk does not apply" in cli(
+        "run", moe, "--input-ids", "1,2", "--speculative", K, "--prefill-chunk", 4).error_line("run")
     with pytest.raises(Exception, match="not the verify graph"):
         OrtSpeculativeDecoder(moe.with_name("m.mtp.onnx"), moe.with_name("m.mtp.onnx"))
     with pytest.raises(Exception, match="needs 1[0-9]+ cache slots; the graphs have 40"):
