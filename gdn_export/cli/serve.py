@@ -177,6 +177,11 @@ def _run_ort(args, config) -> int:
     from gdn_export.runtime.ort_runner import OrtRunner
     from gdn_export.runtime.ort_serving import OrtStepRunner, check_servable, graph_identity
 
+    from gdn_export.vlm.detect import is_vlm_onnx
+
+    if is_vlm_onnx(args.onnx):
+        raise InputError(f"{args.onnx}: the language graph of a vision-language export (image inputs); serve "
+                         f"the text model's graph (export --text-only)")
     family, vocab, layout = graph_identity(args.onnx)
     if (vocab and vocab != config.vocab_size) or (family is not None and family != config.family):
         raise InputError(f"{args.onnx} ({family}, vocab {vocab}) was not exported from {args.checkpoint} "

@@ -74,6 +74,10 @@ def graph_identity(path) -> tuple[str | None, int, object]:
 
     try:
         props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        role = props.get(metadata.KEY_SPECULATIVE_ROLE)
+        if role is not None:
+            raise InputError(f"{path}: the {role} graph of `export --speculative`, which runs inside speculative "
+                             f"decoding; serve the model's graph")
         return props.get(metadata.KEY_FAMILY), int(props.get(metadata.KEY_VOCAB, 0)), metadata.read_layout(props)
     except DecodeError as exc:
         raise InputError(f"{path}: not an ONNX model (protobuf could not parse it: {exc})") from None

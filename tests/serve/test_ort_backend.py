@@ -111,3 +111,15 @@ def test_bad_graphs_and_flags(cli, exported, tmp_path):  # noqa: F811
         assert message in cli("serve", ckpt, *flags).error_line("serve"), flags
     assert "last-position logits" in cli("serve", other, "--runtime", "ort", "--onnx", all_logits,
                                          "--port", "0").error_line("serve")
+    import onnx
+
+    from gdn_export.onnx import metadata
+    from gdn_export.vlm.detect import KEY_ROLE
+
+    for key, value, message in ((metadata.KEY_SPECULATIVE_ROLE, "verify", "the verify graph of `export --speculative`"),
+                                (KEY_ROLE, "language", "the language graph of a vision-language export")):
+        proto = onnx.load(graph)
+        proto.metadata_props.add(key=key, value=value)
+        marked = tmp_path / f"{value}.onnx"
+        onnx.save(proto, str(marked))
+        assert message in cli("serve", ckpt, "--runtime", "ort", "--onnx", marked).error_line("serve")
