@@ -57,19 +57,25 @@ def check_flags(args, backend: str) -> None:
     check_has_mtp(read_config(Path(args.model) / "config.json"), args.model)
 
 
-def _ort_graphs(args) -> tuple:
-    """(verify, mtp) paths beside args.model (model.onnx, or its verify graph given itself), checked
-    for their role and K before anything loads."""
+def _ort_paths(model) -> tuple[Path, Path, Path]:
+    """(model.onnx, model.verify.onnx, model.mtp.onnx) for `model` (model.onnx, or its verify graph)."""
+    from gdn_export.onnx.speculative import speculative_paths
+
+    model = Path(model)
+    stem = model.with_name(model.name[:-len(".verify.onnx")] + ".onnx") if model.name.endswith(".verify.onnx") \
+        else model
+    return (stem, *speculative_paths(stem))
+
+
+def _ort_graphs(args) -> None:
+    """InputError unless the verify and head graphs lie beside args.model with their roles and the K
+    asked for (their metadata read, not their weights)."""
     import onnx
     from google.protobuf.message import DecodeError
 
     from gdn_export.onnx import metadata
-    from gdn_export.onnx.speculative import speculative_paths
 
-    model = Path(args.model)
-    stem = model.with_name(model.name[:-len(".verify.onnx")] + ".onnx") if model.name.endswith(".verify.onnx") \
-        else model
-    verify, mtp = speculative_paths(stem)
+    stem, verify, mtp = _ort_paths(args.model)
     for path, role in ((verify, "verify"), (mtp, "mtp")):
         if not path.is_file():
             raise InputError(f"--speculative with {args.model} runs {path.name} beside it, which is missing "
@@ -84,14 +90,13 @@ def _ort_graphs(args) -> tuple:
             raise InputError(f"{path.name} verifies K = {props.get(metadata.KEY_SPECULATIVE_K)} drafts a round; "
                              f"run it with --speculative {props.get(metadata.KEY_SPECULATIVE_K)} (or export "
                              f"again with --speculative {args.speculative})")
-    return verify, mtp
 
 
 def run_ort(args, ids, progress) -> int:
     """--speculative over the exported graphs in ONNX Runtime; prints as `run`."""
     from gdn_export.runtime.ort_speculative import OrtSpeculativeDecoder
 
-    verify, mtp = _ort_graphs(args)
+    _, verify, mtp = _ort_paths(args.model)  # checked by check_flags
     decoder = OrtSpeculativeDecoder(verify, mtp, temperature=args.temperature, seed=args.seed,
                                     kernels=args.ort_kernels)
     mode = "greedy" if args.temperature == 0 else f"sampling at temperature {args.temperature:g}"
