@@ -31,8 +31,9 @@
 # medians of 3 after 1 warm-up), in the order of RUNS while the budget lasts. A run's name is its
 # parts joined by "-": the format (fp8, int4-awq, fp8lm: fp8 with --quantize-lm-head), the batch
 # (b1: one 4096-token prompt; b32: 32 prompts of 256 tokens), then optionally "skinny" (M <= 64 to the
-# skinny GEMM of triton/skinny.py, the default route; without it the routes before it) and
-# "compile" (--compile). The default: the skinny runs of every format first, fp8 compiled, then the
+# skinny GEMM of triton/skinny.py, the default route; without it the routes before it),
+# "compile" (--compile) and "unfused" (every RMSNorm in its PyTorch form instead of the fused
+# kernel, gdn_export.ops.rms_norm.FUSED). The default: the skinny runs of every format first, fp8 compiled, then the
 # batch-1 runs without the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
@@ -126,11 +127,13 @@ def alarm(*_):
 
 signal.signal(signal.SIGALRM, alarm)
 from kernels.quant_linear import gpu as quant_gpu
+import gdn_export.ops.rms_norm as norm_op
 
 for name in runs:
     parts = name.split("-")
-    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny"))
+    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused"))
     quant_gpu.SKINNY_DECODE = "skinny" in parts  # M <= 64 through triton/skinny.py
+    norm_op.FUSED = "unfused" not in parts  # the norms as one Triton kernel each, or their PyTorch form
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))

@@ -1,4 +1,4 @@
-"""Compile the FP8 KV-cache, quantized-MoE and quantized-linear Triton kernels for sm_90 without a GPU.
+"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear and RMSNorm Triton kernels for sm_90 without a GPU.
 
     python benchmarks/sm90_compile_check.py [--filter SUBSTRING]
 
@@ -254,13 +254,26 @@ def linear_cases():
                                cfg["stages"])
 
 
+def norm_cases():
+    from kernels.rms_norm.triton.rms_norm import launch_config, rms_norm_kernel
+
+    # the families' norms: decode and prefill rows of the hidden size, q / k heads, GDN value heads
+    for act in ("bf16", "fp16"):
+        for R, D, kind in ((1, 2048, "zero"), (4096, 2048, "zero"), (65536, 256, "zero"), (65536, 128, "gated"),
+                           (1, 5120, "plain"), (4096, 16384, "plain")):
+            block_r, block_d, nw = launch_config(R, D)
+            types = dict(x=ACT[act], w=ACT[act], g=ACT[act], y=ACT[act], eps="fp32")
+            c = dict(BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=kind == "zero", GATED=kind == "gated")
+            yield (f"rms_norm {act} {kind} R={R} D={D} {block_r}x{block_d} w={nw}", rms_norm_kernel, types, c, nw, 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--filter", default="", help="only configurations whose name contains this")
     args = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90")
     failed = 0
-    for group in (attention_cases, moe_cases, linear_cases):
+    for group in (attention_cases, moe_cases, linear_cases, norm_cases):
         for name, fn, types, c, nw, ns in group():
             if args.filter not in name:
                 continue

@@ -1,0 +1,101 @@
+"""RMSNorm: the contract shared by the PyTorch form and the fused Triton kernel.
+
+    rms_norm(x, weight, eps, zero_centered=False, gate=None) -> y
+        x       [..., D]  fp32 / fp16 / bf16
+        weight  [D]       any float dtype
+        gate    [..., D]  x's shape, or None
+        y       [..., D]  x's dtype: x * rsqrt(mean(x^2) + eps) * w * silu(gate), fp32 math rounded once;
+                w = 1 + weight when zero_centered (Qwen3-Next / Qwen3.5's stored weight centred on 0),
+                else weight; silu(gate) only with a gate (the GDN output norm, per value head)
+
+Where it runs: the fused kernel (kernels/rms_norm/triton/) in eager mode on CUDA tensors while the
+active gdn backend (gdn_export.ops.backends) is not "reference" (triton, cuda: what the fast runtime
+runs); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph) and
+torch.compile (Inductor fuses it) see. GDN_EXPORT_FUSED_NORM=0 in the environment (or `FUSED = False`
+here) keeps the PyTorch form everywhere, for side-by-side timings. The two agree to fp32 rounding before the one rounding to x's
+dtype: relative RMS <= 1e-6 in fp32, one ulp of x's dtype per element in fp16 / bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gdn_export.ops import backends
+from gdn_export.ops.rms_norm import naive
+
+FUSED = os.environ.get("GDN_EXPORT_FUSED_NORM", "1") != "0"
+_KERNEL: list = []  # [kernels.rms_norm.triton.rms_norm module or None] once looked up
+
+
+def _kernel():
+    if not _KERNEL:
+        try:
+            from kernels.rms_norm.triton import rms_norm as module
+        except ImportError:
+            module = None
+        _KERNEL.append(module)
+    return _KERNEL[0]
+
+
+def _on_gpu(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda"
+
+
+def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
+    """Whether `rms_norm` takes the fused kernel for these tensors: eager mode on plain CUDA tensors
+    (backends.can_call_directly), `FUSED`, a non-reference backend active, x in the kernel's dtypes with
+    D <= its MAX_D, weight [D] and gate x's shape and dtype on x's device."""
+    if not FUSED or not _on_gpu(x) or backends.current_name() == "reference":
+        return False
+    kernel = _kernel()
+    if kernel is None or x.dtype not in kernel.DTYPES or not 1 <= x.shape[-1] <= kernel.MAX_D:
+        return False
+    if weight.shape != x.shape[-1:] or weight.device != x.device or not weight.is_floating_point():
+        return False
+    if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype or gate.device != x.device):
+        return False
+    return backends.can_call_directly(x, gate)  # weight: an nn.Parameter
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t [..., D] as [R, D] with unit stride along D: a view where one exists, else a copy."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
+
+
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+                   gate: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): x [..., D],
+    weight [D], gate [..., D] or None -> y [..., D] in x's dtype, written into `out` (contiguous, x's
+    shape and dtype) when given. ValueError naming what breaks the contract."""
+    kernel = _kernel()
+    if kernel is None:
+        raise ValueError("rms_norm_fused: Triton is not importable here")
+    D = x.shape[-1] if x.dim() else 0
+    if x.dtype not in kernel.DTYPES or not 1 <= D <= kernel.MAX_D:
+        raise ValueError(f"rms_norm_fused: x must be [..., D] fp32 / fp16 / bf16 with 1 <= D <= {kernel.MAX_D}, "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    if tuple(weight.shape) != (D,) or not weight.is_floating_point():
+        raise ValueError(f"rms_norm_fused: weight must be a float [D={D}], got {tuple(weight.shape)} {weight.dtype}")
+    if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype):
+        raise ValueError(f"rms_norm_fused: gate must be x's {tuple(x.shape)} {x.dtype}, got {tuple(gate.shape)} "
+                         f"{gate.dtype}")
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    elif out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"rms_norm_fused: out must be contiguous {tuple(x.shape)} {x.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    kernel.rms_norm_rows(_rows(x), weight.contiguous(), eps, zero_centered, None if gate is None else _rows(gate),
+                         out.view(-1, D))
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+             gate: torch.Tensor | None = None) -> torch.Tensor:
+    """y [..., D] in x's dtype (the contract above): the fused kernel where `fused_ready`, else the
+    PyTorch form."""
+    if fused_ready(x, weight, gate):
+        return rms_norm_fused(x, weight, eps, zero_centered, gate)
+    return naive.rms_norm(x, weight, eps, zero_centered, gate)

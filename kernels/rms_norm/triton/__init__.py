@@ -1,0 +1,1 @@
+"""The fused RMSNorm Triton kernel (rms_norm.py)."""
