@@ -1,7 +1,7 @@
 """Speculative decoding with the checkpoint's MTP head against plain decoding, on one GPU, one call.
 
     python3 benchmarks/spec_bench.py CHECKPOINT [--batches 1,8] [--k 1,2,3,4] [--prompt-len 256]
-        [--new-tokens 128] [--dtype bf16] [--op-backend triton] [--repeats 3] [--text FILE ...]
+        [--new-tokens 128] [--rows 8] [--dtype bf16] [--op-backend triton] [--repeats 3] [--text FILE ...]
         [--out DIR] [--dry-run]
 
 CHECKPOINT is a trained Qwen3.5 / Qwen3.5-MoE / Qwen3-Next folder with its `mtp.*` head (random
@@ -11,6 +11,10 @@ decoding is timed (gdn_export.runtime.bench.bench_runner), then for each K greed
 decoding on the same runner and prompts (gdn_export.runtime.spec_bench.bench_speculative): tokens/s
 and the speedup, tokens per verify step (the mean accepted length), the draft acceptance rate, the
 round, draft and verify times against a plain step, and whether the tokens equal plain greedy's.
+Acceptance depends on the text: each batch size runs ceil(--rows / B) sets of B prompts (8 prompts
+one at a time at batch 1, not one), plain and speculative on each set; tokens/s are all the sets'
+tokens over their summed median decode times, tokens/step and acceptance are weighted by rounds,
+rows = plain counts every row of every set.
 
 Prompts are text the model has not been trained on: --text files, else the held-out files of
 benchmarks/stdlib_corpus.py (train_small.py's split) when it is there, else this Python's standard
@@ -54,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--k", type=_ints, default=[1, 2, 3, 4], help="drafts a round to time (default 1,2,3,4)")
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per row (default 256)")
     p.add_argument("--new-tokens", type=int, default=128, help="decoded tokens per row (default 128)")
+    p.add_argument("--rows", type=int, default=8,
+                   help="prompts per batch size at least: ceil(ROWS / B) sets of B (default 8)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--op-backend", choices=("triton", "cuda", "reference"), default=None,
                    help="default: triton on the GPU, reference on the CPU")
@@ -65,11 +71,11 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="a tiny random checkpoint on the CPU, small sizes")
     args = p.parse_args(argv)
     if args.dry_run:
-        args.batches, args.k, args.prompt_len, args.new_tokens = [1, 2], [1, 2], 12, 6
+        args.batches, args.k, args.prompt_len, args.new_tokens, args.rows = [1, 2], [1, 2], 12, 6, 2
         args.repeats, args.warmup, args.dtype, args.device = 1, 0, "fp32", args.device or "cpu"
     elif args.checkpoint is None:
         p.error("CHECKPOINT is required (or --dry-run)")
-    for name in ("prompt_len", "new_tokens", "repeats"):
+    for name in ("prompt_len", "new_tokens", "repeats", "rows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if max(args.k) > 16:
@@ -115,7 +121,6 @@ def run(args) -> list[dict]:
     from gdn_export.layout import DeployLayout
     from gdn_export.runtime import bench as B
     from gdn_export.runtime.cuda_graph import GraphRunner
-    from gdn_export.runtime.spec_bench import agreement, bench_speculative, difference_margin
     from gdn_export.weights import load_checkpoint
     from gdn_export.weights.mtp import load_mtp
 
@@ -129,29 +134,32 @@ def run(args) -> list[dict]:
         model.layout = DeployLayout.make(cache_len=args.prompt_len + args.new_tokens + 1 + 2 * max(args.k))
         mtp = load_mtp(checkpoint, model)
         runner = GraphRunner(model, device=device, op_backend=op_backend)
-        prompts, source = make_prompts(checkpoint, args.text, batch, args.prompt_len, model.config.vocab_size)
-        ids = torch.from_numpy(prompts).to(device)
-        plain = B.bench_runner(runner, ids, args.new_tokens, args.warmup, args.repeats)
-        logits, states = runner.prefill_device(ids, runner.empty_states(batch))
-        first = logits[:, -1].argmax(-1)[:, None]
-        picked, _, _ = runner.decode_greedy(first, np.full(batch, args.prompt_len, np.int64), states,
-                                            args.new_tokens)
-        want = np.concatenate([first.cpu().numpy(), picked.cpu().numpy()], 1)
-        print(f"B{batch}: plain {plain.decode_ms_per_step:.3f} ms/step ({source}, loaded in "
+        sets = -(-args.rows // batch)
+        windows, source = make_prompts(checkpoint, args.text, batch * sets, args.prompt_len, model.config.vocab_size)
+        plains, wants = [], []
+        for prompts in np.split(windows, sets):
+            ids = torch.from_numpy(prompts).to(device)
+            plains.append(B.bench_runner(runner, ids, args.new_tokens, args.warmup, args.repeats))
+            logits, states = runner.prefill_device(ids, runner.empty_states(batch))
+            first = logits[:, -1].argmax(-1)[:, None]
+            picked, _, _ = runner.decode_greedy(first, np.full(batch, args.prompt_len, np.int64), states,
+                                                args.new_tokens)
+            wants.append(np.concatenate([first.cpu().numpy(), picked.cpu().numpy()], 1))
+        plain_ms = float(np.mean([p.decode_ms_per_step for p in plains]))
+        plain_tps = batch * args.new_tokens * sets / sum(p.decode_ms_per_step * args.new_tokens for p in plains) * 1e3
+        print(f"B{batch}: plain {plain_ms:.3f} ms/step over {sets} set(s) of prompts ({source}, loaded in "
               f"{time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         for k in args.k:
-            spec = bench_speculative(runner, mtp, prompts, k, args.new_tokens, args.warmup, args.repeats)
-            generated = spec.pop("generated")
-            row = {"batch": batch, "k": k, "plain_tokens_per_s": plain.decode_tokens_per_s,
-                   "plain_step_ms": plain.decode_ms_per_step, **agreement(generated, want),
-                   **difference_margin(runner, prompts, generated, want), "prompts": source, **spec}
+            row = {"batch": batch, "k": k, "sets": sets, "plain_tokens_per_s": plain_tps, "plain_step_ms": plain_ms,
+                   "prompts": source, **_over_sets(runner, mtp, np.split(windows, sets), wants, k, args)}
             row["speedup"] = row["decode_tokens_per_s"] / row["plain_tokens_per_s"]
             row["verify_over_plain"] = row["verify_ms"] / row["plain_step_ms"]
             row["ceiling"] = (k + 1) / row["verify_over_plain"]
             rows.append(row)
             print(f"B{batch} K{k}: {row['decode_tokens_per_s']:.1f} tokens/s ({row['speedup']:.2f}x), "
-                  f"{row['tokens_per_step']:.2f} tokens/step, rows equal to plain: {row['rows_equal_plain']}/{batch}"
-                  + ("" if row["first_difference"] is None else
+                  f"{row['tokens_per_step']:.2f} tokens/step, rows equal to plain: {row['rows_equal_plain']}/"
+                  f"{batch * sets}"
+                  + ("" if row.get("first_difference") is None else
                      f" (first difference at token {row['first_difference']}, row {row['difference_row']}: top-2 "
                      f"logit gap {row['difference_gap']:.4f} at logit {row['difference_logit']:.2f}, the speculative "
                      f"token ranked {row['difference_rank']})"),
@@ -162,9 +170,40 @@ def run(args) -> list[dict]:
     return rows
 
 
+def _over_sets(runner, mtp, sets: list, wants: list, k: int, args) -> dict:
+    """bench_speculative on every set of prompts, combined (module docstring); the first differing
+    set's difference_margin keys."""
+    from gdn_export.runtime.spec_bench import agreement, bench_speculative, difference_margin
+
+    runs, equal, margin = [], 0, {}
+    for prompts, want in zip(sets, wants):
+        spec = bench_speculative(runner, mtp, prompts, k, args.new_tokens, args.warmup, args.repeats)
+        generated = spec.pop("generated")
+        same = agreement(generated, want)
+        equal += same["rows_equal_plain"]
+        if not margin and same["first_difference"] is not None:
+            margin = {**same, **difference_margin(runner, prompts, generated, want)}
+        runs.append(spec)
+    rounds = sum(r["rounds"] for r in runs)
+    tokens = len(sets) * sets[0].shape[0] * args.new_tokens
+    out = {"rounds": rounds, "decode_ms": sum(r["decode_ms"] for r in runs),
+           "tokens_per_step": sum(r["tokens_per_step"] * r["rounds"] for r in runs) / max(rounds, 1),
+           "acceptance_rate": sum(r["acceptance_rate"] * r["rounds"] for r in runs) / max(rounds, 1),
+           "rows_equal_plain": equal, "tokens_equal_plain": equal == len(sets) * sets[0].shape[0],
+           "first_difference": None, "per_set_tokens_per_step": [r["tokens_per_step"] for r in runs]}
+    out["decode_tokens_per_s"] = tokens / out["decode_ms"] * 1e3
+    for key in ("prefill_ms", "round_ms", "draft_ms", "verify_ms"):
+        out[key] = float(np.mean([r[key] for r in runs]))
+    out["round_ms"] = out["decode_ms"] / max(rounds, 1)
+    out.update({key: value for key, value in margin.items() if key != "rows_equal_plain"})
+    out["cuda_graph"] = runs[0]["cuda_graph"]
+    return out
+
+
 def table(rows: list[dict], args, device_name: str) -> str:
     head = (f"{args.checkpoint}, {args.dtype}, {device_name}, prompt {args.prompt_len}, {args.new_tokens} new "
-            f"tokens, greedy, medians of {args.repeats} ({time.strftime('%Y-%m-%d')})")
+            f"tokens, greedy, at least {args.rows} prompts per batch size, medians of {args.repeats} "
+            f"({time.strftime('%Y-%m-%d')})")
     lines = [head, "", "| B | K | plain tok/s | spec tok/s | speedup | tokens/step | accepted | plain step ms "
              "| round ms | draft ms | verify ms | verify/plain | ceiling | rows = plain |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -172,7 +211,7 @@ def table(rows: list[dict], args, device_name: str) -> str:
         lines.append(f"| {r['batch']} | {r['k']} | {r['plain_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} "
                      f"| {r['speedup']:.2f}x | {r['tokens_per_step']:.2f} | {r['acceptance_rate']:.1%} "
                      f"| {r['plain_step_ms']:.3f} | {r['round_ms']:.3f} | {r['draft_ms']:.3f} | {r['verify_ms']:.3f} "
-                     f"| {r['verify_over_plain']:.2f} | {r['ceiling']:.2f}x | {r['rows_equal_plain']}/{r['batch']} |")
+                     f"| {r['verify_over_plain']:.2f} | {r['ceiling']:.2f}x | {r['rows_equal_plain']}/{r['batch'] * r['sets']} |")
     lines.append("\ntokens/step: tokens a verify step gave a row (accepted drafts + 1); ceiling: (K + 1) x plain "
                  "step / verify, the speedup with every draft accepted and free drafts; rows = plain: rows whose "
                  "tokens equal plain greedy decoding's throughout")
