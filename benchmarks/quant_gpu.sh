@@ -32,8 +32,8 @@
 # parts joined by "-": the format (fp8, int4-awq, fp8lm: fp8 with --quantize-lm-head), the batch
 # (b1: one 4096-token prompt; b32: 32 prompts of 256 tokens), then optionally "skinny" (M <= 64 to the
 # skinny GEMM of triton/skinny.py, the default route; without it the routes before it),
-# "compile" (--compile) and "unfused" (every RMSNorm in its PyTorch form instead of the fused
-# kernel, gdn_export.ops.rms_norm.FUSED). The default: the skinny runs of every format first, fp8 compiled, then the
+# "compile" (--compile) and "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up
+# and the GDN gating instead of their fused eager kernels: gdn_export.ops.backends.FUSED). The default: the skinny runs of every format first, fp8 compiled, then the
 # batch-1 runs without the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
@@ -127,13 +127,13 @@ def alarm(*_):
 
 signal.signal(signal.SIGALRM, alarm)
 from kernels.quant_linear import gpu as quant_gpu
-import gdn_export.ops.rms_norm as norm_op
+from gdn_export.ops import backends
 
 for name in runs:
     parts = name.split("-")
     fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused"))
     quant_gpu.SKINNY_DECODE = "skinny" in parts  # M <= 64 through triton/skinny.py
-    norm_op.FUSED = "unfused" not in parts  # the norms as one Triton kernel each, or their PyTorch form
+    backends.FUSED = "unfused" not in parts  # the eager glue kernels (norms, silu * up, GDN gating) or PyTorch
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))

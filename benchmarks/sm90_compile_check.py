@@ -1,4 +1,4 @@
-"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear and RMSNorm Triton kernels for sm_90 without a GPU.
+"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear, RMSNorm and silu * up Triton kernels for sm_90 without a GPU.
 
     python benchmarks/sm90_compile_check.py [--filter SUBSTRING]
 
@@ -265,6 +265,13 @@ def norm_cases():
             types = dict(x=ACT[act], w=ACT[act], g=ACT[act], y=ACT[act], eps="fp32")
             c = dict(BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=kind == "zero", GATED=kind == "gated")
             yield (f"rms_norm {act} {kind} R={R} D={D} {block_r}x{block_d} w={nw}", rms_norm_kernel, types, c, nw, 1)
+    from kernels.silu_mul.triton.silu_mul import launch_config as silu_config, silu_mul_kernel
+
+    for act in ("bf16", "fp16"):
+        for R, I in ((1, 6144), (4096, 6144), (8, 300)):
+            block_r, block_c, nw = silu_config(R, I)
+            yield (f"silu_mul {act} R={R} I={I} {block_r}x{block_c} w={nw}", silu_mul_kernel,
+                   dict(gate=ACT[act], up=ACT[act], out=ACT[act]), dict(BLOCK_R=block_r, BLOCK_C=block_c), nw, 1)
 
 
 def main() -> int:

@@ -9,12 +9,12 @@ ONNX Runtime runs a sparse function body); the shared expert and its gate stay s
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gdn_export.config import HybridConfig
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.ops.moe import sparse_moe_forward
+from gdn_export.ops.silu_mul import silu_mul
 
 
 class SwiGLUMLP(nn.Module):
@@ -32,7 +32,7 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = project_together(x, self.gate_proj, self.up_proj)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(gate, up))
 
 
 class MoeExperts(nn.Module):

@@ -36,6 +36,9 @@ from gdn_export.errors import GdnExportError
 
 ENV_VAR = "GDN_EXPORT_BACKEND"
 DEFAULT = "reference"
+# The eager glue kernels (gdn_export.ops.rms_norm, .silu_mul, .gdn_gating): on unless
+# GDN_EXPORT_FUSED_KERNELS=0 (their PyTorch forms everywhere, for side-by-side timings).
+FUSED = os.environ.get("GDN_EXPORT_FUSED_KERNELS", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,20 @@ def can_call_directly(*tensors) -> bool:
         if t is not None and type(t) is not torch.Tensor:
             return False
     return True
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+def fused_eager(x: torch.Tensor, *others) -> bool:
+    """Whether an op with a fused eager kernel (rms_norm, silu_mul, gdn_gating) takes it for x and
+    `others` (tensors or None): `FUSED`, x on a GPU (`on_gpu`), a backend other than "reference"
+    active (triton, cuda: what the fast runtime runs) and `can_call_directly` (eager mode, plain
+    tensors: traces and torch.compile keep the PyTorch form). The op checks shapes and dtypes."""
+    if not FUSED or not on_gpu(x) or current_name() == "reference":
+        return False
+    return can_call_directly(x, *others)
 
 
 @contextlib.contextmanager

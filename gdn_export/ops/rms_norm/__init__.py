@@ -8,24 +8,20 @@
                 w = 1 + weight when zero_centered (Qwen3-Next / Qwen3.5's stored weight centred on 0),
                 else weight; silu(gate) only with a gate (the GDN output norm, per value head)
 
-Where it runs: the fused kernel (kernels/rms_norm/triton/) in eager mode on CUDA tensors while the
-active gdn backend (gdn_export.ops.backends) is not "reference" (triton, cuda: what the fast runtime
-runs); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph) and
-torch.compile (Inductor fuses it) see. GDN_EXPORT_FUSED_NORM=0 in the environment (or `FUSED = False`
-here) keeps the PyTorch form everywhere, for side-by-side timings. The two agree to fp32 rounding before the one rounding to x's
+Where it runs: the fused kernel (kernels/rms_norm/triton/) where gdn_export.ops.backends.fused_eager
+says (eager mode on CUDA tensors, a backend other than "reference" active; GDN_EXPORT_FUSED_KERNELS=0
+turns it off); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph)
+and torch.compile (Inductor fuses it) see. The two agree to fp32 rounding before the one rounding to x's
 dtype: relative RMS <= 1e-6 in fp32, one ulp of x's dtype per element in fp16 / bf16.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
 from gdn_export.ops import backends
 from gdn_export.ops.rms_norm import naive
 
-FUSED = os.environ.get("GDN_EXPORT_FUSED_NORM", "1") != "0"
 _KERNEL: list = []  # [kernels.rms_norm.triton.rms_norm module or None] once looked up
 
 
@@ -39,24 +35,18 @@ def _kernel():
     return _KERNEL[0]
 
 
-def _on_gpu(x: torch.Tensor) -> bool:
-    return x.device.type == "cuda"
-
-
 def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
-    """Whether `rms_norm` takes the fused kernel for these tensors: eager mode on plain CUDA tensors
-    (backends.can_call_directly), `FUSED`, a non-reference backend active, x in the kernel's dtypes with
+    """Whether `rms_norm` takes the fused kernel for these tensors: backends.fused_eager (the weight,
+    an nn.Parameter, is no plain tensor and is left out of it), x in the kernel's dtypes with
     D <= its MAX_D, weight [D] and gate x's shape and dtype on x's device."""
-    if not FUSED or not _on_gpu(x) or backends.current_name() == "reference":
+    if not backends.fused_eager(x, gate):
         return False
     kernel = _kernel()
     if kernel is None or x.dtype not in kernel.DTYPES or not 1 <= x.shape[-1] <= kernel.MAX_D:
         return False
     if weight.shape != x.shape[-1:] or weight.device != x.device or not weight.is_floating_point():
         return False
-    if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype or gate.device != x.device):
-        return False
-    return backends.can_call_directly(x, gate)  # weight: an nn.Parameter
+    return gate is None or (gate.shape == x.shape and gate.dtype == x.dtype and gate.device == x.device)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 import gdn_export.ops.rms_norm as op
 from gdn_export.modules.norm import GatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
-from gdn_export.ops import use_backend
+from gdn_export.ops import backends, use_backend
 from tests.ops.impl import HAS_CUDA, NO_GPU
 from tests.ops.rms_norm.cases import check, oracle
 
@@ -44,7 +44,7 @@ def test_modules_through_the_fused_kernel(monkeypatch, module, gated, dtype):
     interpret_without_gpu()
     calls = []
     fused = op.rms_norm_fused
-    monkeypatch.setattr(op, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(backends, "on_gpu", lambda x: True)
     monkeypatch.setattr(op, "rms_norm_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
     torch.manual_seed(0)
     D = 48

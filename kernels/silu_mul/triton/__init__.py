@@ -1,0 +1,1 @@
+"""The fused silu(gate) * up Triton kernel (silu_mul.py)."""
