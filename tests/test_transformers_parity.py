@@ -170,6 +170,9 @@ def ort_pair(request, tmp_path_factory):
     from gdn_export.runtime.ort_runner import OrtRunner
 
     hf, ours = _pair(request.param, tmp_path_factory)
+    # every position's logits, as transformers gives them (not left to whichever test set the shared
+    # model's layout before this fixture ran)
+    ours.layout = DeployLayout.make(cache_len=max(PROMPTS) + STEPS, logits="all")
     path = export_onnx(ours, tmp_path_factory.mktemp(f"onnx-{request.param}") / "model.onnx")
     return hf, OrtRunner(path)
 
