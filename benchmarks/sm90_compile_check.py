@@ -1,4 +1,4 @@
-"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear, RMSNorm and silu * up Triton kernels for sm_90 without a GPU.
+"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear, RMSNorm, silu * up and GDN gating Triton kernels for sm_90 without a GPU.
 
     python benchmarks/sm90_compile_check.py [--filter SUBSTRING]
 
@@ -272,6 +272,15 @@ def norm_cases():
             block_r, block_c, nw = silu_config(R, I)
             yield (f"silu_mul {act} R={R} I={I} {block_r}x{block_c} w={nw}", silu_mul_kernel,
                    dict(gate=ACT[act], up=ACT[act], out=ACT[act]), dict(BLOCK_R=block_r, BLOCK_C=block_c), nw, 1)
+    from kernels.gated_delta_rule.triton.gating import gdn_gating_kernel, launch_config as gating_config
+
+    for act in ("bf16", "fp16"):
+        for R, H in ((1, 16), (32, 32), (4096, 32), (300, 48)):
+            block_r, block_h, nw = gating_config(R, H)
+            types = dict(a=ACT[act], b=ACT[act], A_log="*fp32", dt_bias=ACT[act], real="*u8", g="*fp32",
+                         beta=ACT[act], beta_scale="fp32")
+            yield (f"gdn_gating {act} R={R} Hv={H} {block_r}x{block_h} w={nw}", gdn_gating_kernel, types,
+                   dict(BLOCK_R=block_r, BLOCK_H=block_h), nw, 1)
 
 
 def main() -> int:

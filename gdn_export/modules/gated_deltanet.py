@@ -39,6 +39,7 @@ from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.norm import GatedRMSNorm
 from gdn_export.ops import backends, causal_conv1d, gated_delta_rule
 from gdn_export.ops.gated_delta_rule import gated_delta_rule_
+from gdn_export.ops.gated_delta_rule.gating import gdn_gating
 from gdn_export.ops.gated_delta_rule.steps import gated_delta_rule_steps
 
 
@@ -123,9 +124,26 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat((q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)), dim=-1)
         return mixed, z.reshape(B, T, Hv, Dv), b.reshape(B, T, Hv), a.reshape(B, T, Hv)
 
+    # beta = sigmoid(b) * beta_scale: 2.0 lets the delta rule's eigenvalues go negative (OLMo-Hybrid)
+    beta_scale = 1.0
+
     def beta(self, b: torch.Tensor) -> torch.Tensor:
-        """Write strength from the b projection [B, T, Hv]: sigmoid(b) in (0, 1)."""
-        return torch.sigmoid(b)
+        """Write strength from the b projection [B, T, Hv]: sigmoid(b) * beta_scale."""
+        beta = torch.sigmoid(b)
+        return beta * self.beta_scale if self.beta_scale != 1.0 else beta
+
+    def gates(self, a: torch.Tensor, b: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g fp32, beta in b's dtype) [B, T, Hv] from the a / b projections; a padded token
+        (token_mask [B, T] False) gets g = 0, beta = 0: an exact identity step that leaves the state at
+        its row's last real token (gdn_export.ops.gated_delta_rule.gating: one fused kernel in eager
+        GPU runs). A family that overrides `beta` gets the PyTorch form around its own."""
+        if type(self).beta is GatedDeltaNet.beta:
+            return gdn_gating(a, b, self.A_log, self.dt_bias, token_mask, self.beta_scale)
+        beta = self.beta(b)
+        f32 = torch.float32
+        g = -as_dtype(self.A_log, f32).exp() * F.softplus(as_dtype(a, f32) + as_dtype(self.dt_bias, f32))
+        real = token_mask[..., None]
+        return torch.where(real, g, 0.0), torch.where(real, beta, 0.0)
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z [B, T, Hv, Dv] -> out_proj(gated_rmsnorm(o, z)) [B, T, hidden]."""
@@ -162,15 +180,7 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(B, T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
 
-        beta = self.beta(b)
-        # fp32 before exp: in fp16 a large A_log would overflow.
-        f32 = torch.float32
-        g = -as_dtype(self.A_log, f32).exp() * F.softplus(as_dtype(a, f32) + as_dtype(self.dt_bias, f32))
-        # Padded tokens of ragged rows take an exact identity step (g = 0: no decay, beta = 0: no
-        # write), so the state leaves each row's last real token untouched.
-        real = step.token_mask[..., None]
-        g = torch.where(real, g, 0.0)
-        beta = torch.where(real, beta, 0.0)
+        g, beta = self.gates(a, b, step.token_mask)
         if step.capture_steps:
             o, recurrent_steps = gated_delta_rule_steps(q, k, v, g, beta, initial_state=recurrent_state,
                                                         use_qk_l2norm=True)

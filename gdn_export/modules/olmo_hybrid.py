@@ -35,6 +35,7 @@ class OlmoGatedDeltaNet(GatedDeltaNet):
     def __init__(self, config: HybridConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx, layout="separate")
         self.allow_neg_eigval = config.allow_neg_eigval
+        self.beta_scale = 2.0 if config.allow_neg_eigval else 1.0
 
     def make_projections(self, config: HybridConfig) -> None:
         hidden, Hv = config.hidden_size, self.num_v_heads
@@ -58,10 +59,6 @@ class OlmoGatedDeltaNet(GatedDeltaNet):
                                             self.b_proj, self.a_proj)
         mixed = torch.cat((q, k, v), dim=-1)
         return mixed, z.reshape(B, T, self.num_v_heads, self.head_v_dim), b, a
-
-    def beta(self, b: torch.Tensor) -> torch.Tensor:
-        beta = torch.sigmoid(b)
-        return beta * 2.0 if self.allow_neg_eigval else beta
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         B, T = o.shape[:2]
