@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quantized models on one GPU in one device call of <= 9 minutes (issue 39): the GPU tests of the
-# quantized kernels, the kernel table (GB/s against the copy bandwidth beside bf16 F.linear and
+# quantized kernels and the eager glue kernels (norm, silu * up, GDN gating), the kernel table (GB/s against the copy bandwidth beside bf16 F.linear and
 # torch._scaled_mm) and the end-to-end `gdn-export bench --quant` ratios against bf16, one short
 # table printed last. docs/perf/quantization.md holds the results and the command.
 #
@@ -48,7 +48,7 @@ CK=${CK:-/tmp/quant_gpu_ck}
 KM=${KM:-1 32 4096}                                    # the kernel table's rows M
 KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
-TESTS=${TESTS:-tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
+TESTS=${TESTS:-tests/ops/rms_norm tests/ops/silu_mul tests/ops/gated_delta_rule/test_gating.py tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 left() { echo $(( BUDGET - $(el) )); }
@@ -74,7 +74,7 @@ fi
 # ------------------------------------------------------------------ GPU tests
 part_tests() {
   echo "[$(el)s] tests" >&2
-  timeout $(( $(left) > 130 ? 130 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+  timeout $(( $(left) > 160 ? 160 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
     ${TEST_K:+-k "$TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2

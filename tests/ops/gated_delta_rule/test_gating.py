@@ -19,6 +19,9 @@ from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
 
 ALL = (torch.float32, torch.bfloat16, torch.float16)
 
+# the kernel itself on a GPU (`pytest -m gpu` runs it there); Triton's interpreter on a CPU
+GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
+
 
 class Case:
     def __init__(self, name, B, T, H, lengths=None, scale=1.0, param_dtype=torch.float32, tags=("small",)):
@@ -116,6 +119,7 @@ def test_cpu_tensors_take_the_pytorch_form():
         assert not op.fused_ready(x["a"], x["b"], x["A_log"], x["dt_bias"], x["token_mask"])
 
 
+@GPU_WHEN_PRESENT
 @pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
 def test_layer_gates_through_the_fused_kernel(monkeypatch, family):
     """A GDN layer's gates (OLMo-Hybrid's beta scale 2 included) through the kernel where fused_eager's
@@ -127,18 +131,21 @@ def test_layer_gates_through_the_fused_kernel(monkeypatch, family):
     from tests.triton_interpreter import interpret_without_gpu
 
     interpret_without_gpu()
+    device = "cuda" if HAS_CUDA else "cpu"
     model = HybridForCausalLM(parse_config(tiny_config_dict(family)), DeployLayout.make(cache_len=16)).eval()
     init_tiny_weights(model, 0)
-    layer = next(m for m in model.modules() if hasattr(m, "gates"))
+    layer = next(m for m in model.modules() if hasattr(m, "gates")).to(device)
     H = layer.num_v_heads
     gen = torch.Generator().manual_seed(1)
-    a, b = torch.randn(2, 5, H, generator=gen) * 5, torch.randn(2, 5, H, generator=gen) * 3
-    mask = torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]
-    with use_backend("triton"):
+    a, b = (torch.randn(2, 5, H, generator=gen) * 5).to(device), (torch.randn(2, 5, H, generator=gen) * 3).to(device)
+    mask = (torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]).to(device)
+    with use_backend("reference"):
         want = layer.gates(a, b, mask)
+    with use_backend("triton"):
         calls = []
         fused = op.gdn_gating_fused
-        monkeypatch.setattr(backends, "on_gpu", lambda t: True)
+        if not HAS_CUDA:
+            monkeypatch.setattr(backends, "on_gpu", lambda t: True)
         monkeypatch.setattr(op, "gdn_gating_fused", lambda *p, **k: calls.append(1) or fused(*p, **k))
         got = layer.gates(a, b, mask)
     assert calls == [1]

@@ -12,6 +12,9 @@ from gdn_export.ops import backends, use_backend
 from tests.ops.impl import HAS_CUDA, NO_GPU
 from tests.ops.rms_norm.cases import check, oracle
 
+# the kernel itself on a GPU (`pytest -m gpu` runs it there); Triton's interpreter on a CPU
+GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
+
 
 def test_cpu_tensors_take_the_pytorch_form():
     x, w = torch.randn(3, 8), torch.randn(8)
@@ -32,27 +35,31 @@ def test_cuda_eager_takes_the_kernel_only_under_a_fast_backend():
         assert not op.fused_ready(x, w)
 
 
+@GPU_WHEN_PRESENT
 @pytest.mark.parametrize("module,gated", [(ZeroCenteredRMSNorm, False), (RMSNorm, False), (GatedRMSNorm, True)],
                          ids=["zero-centred", "plain", "gated"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_modules_through_the_fused_kernel(monkeypatch, module, gated, dtype):
     """Each norm module (its weight an nn.Parameter) on strided inputs ([B, T, H, 2D] halves, as q
     beside its gate) takes the kernel where fused_ready's device check passes (forced here: CPU
-    tensors through the interpreter, the triton backend active), and equals the float64 oracle."""
+    tensors through the interpreter, the triton backend active; real on a GPU), and equals the float64
+    oracle."""
     from tests.triton_interpreter import interpret_without_gpu
 
     interpret_without_gpu()
+    device = "cuda" if HAS_CUDA else "cpu"
     calls = []
     fused = op.rms_norm_fused
-    monkeypatch.setattr(backends, "on_gpu", lambda x: True)
+    if not HAS_CUDA:
+        monkeypatch.setattr(backends, "on_gpu", lambda x: True)
     monkeypatch.setattr(op, "rms_norm_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
     torch.manual_seed(0)
     D = 48
     norm = module(D, eps=1e-5)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(D) * 0.5 + (0.0 if module is ZeroCenteredRMSNorm else 1.0))
-    norm = norm.to(dtype)
-    both = torch.randn(2, 5, 3, 2 * D, dtype=dtype) * 4
+    norm = norm.to(dtype).to(device)
+    both = (torch.randn(2, 5, 3, 2 * D) * 4).to(dtype).to(device)
     x, z = both[..., :D], both[..., D:]
     with use_backend("triton"):
         y = norm(x, z) if gated else norm(x)

@@ -10,6 +10,9 @@ from gdn_export.ops import backends, use_backend
 from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
 from tests.ops.silu_mul.cases import CASES, check, make_inputs, oracle
 
+# the kernel itself on a GPU (`pytest -m gpu` runs it there); Triton's interpreter on a CPU
+GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
+
 
 def _naive(inp):
     from gdn_export.ops.silu_mul.naive import silu_mul
@@ -68,6 +71,7 @@ def test_cpu_tensors_take_the_pytorch_form():
         assert not op.fused_ready(torch.randn(2, 4), torch.randn(2, 4))
 
 
+@GPU_WHEN_PRESENT
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_mlp_through_the_fused_kernel(monkeypatch, dtype):
     """SwiGLUMLP with fused gate / up projections (the runtime's fuse_linears) takes the kernel on
@@ -78,15 +82,18 @@ def test_mlp_through_the_fused_kernel(monkeypatch, dtype):
     from tests.triton_interpreter import interpret_without_gpu
 
     interpret_without_gpu()
+    device = "cuda" if HAS_CUDA else "cpu"
     torch.manual_seed(0)
-    mlp = SwiGLUMLP(24, 40).to(dtype)
+    mlp = SwiGLUMLP(24, 40).to(dtype).to(device)
     assert fuse_linears(mlp) == 1
-    x = torch.randn(2, 5, 24, dtype=dtype)
-    with use_backend("triton"):
+    x = torch.randn(2, 5, 24).to(dtype).to(device)
+    with use_backend("reference"):
         want = mlp(x)
+    with use_backend("triton"):
         calls = []
         fused = op.silu_mul_fused
-        monkeypatch.setattr(backends, "on_gpu", lambda t: True)
+        if not HAS_CUDA:
+            monkeypatch.setattr(backends, "on_gpu", lambda t: True)
         monkeypatch.setattr(op, "silu_mul_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
         got = mlp(x)
     assert calls == [1]
