@@ -21,19 +21,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gdn_export.ops import backends
-
-_KERNEL: list = []
+from gdn_export.ops import backends, glue
 
 
 def _kernel():
-    if not _KERNEL:
-        try:
-            from kernels.gated_delta_rule.triton import gating as module
-        except ImportError:
-            module = None
-        _KERNEL.append(module)
-    return _KERNEL[0]
+    return glue.kernel_module("kernels.gated_delta_rule.triton.gating")
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -71,11 +63,6 @@ def fused_ready(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: 
     return all(t.device == a.device for t in (b, A_log, dt_bias, token_mask))
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 or t2.shape[-1] <= 1 else t2.contiguous()
-
-
 def gdn_gating_fused(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                      token_mask: torch.Tensor, beta_scale: float = 1.0,
                      out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +90,7 @@ def gdn_gating_fused(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
             or beta.dtype != b.dtype or not beta.is_contiguous()):
         raise ValueError("gdn_gating_fused: out must be contiguous (g fp32, beta in b's dtype) of a's shape")
     real = token_mask.reshape(-1).contiguous().view(torch.uint8)
-    kernel.gdn_gating_rows(_rows(a), _rows(b), A_log.contiguous(), dt_bias.contiguous(), real, beta_scale,
+    kernel.gdn_gating_rows(glue.rows(a), glue.rows(b), A_log.contiguous(), dt_bias.contiguous(), real, beta_scale,
                            g.view(-1, H), beta.view(-1, H))
     return g, beta
 

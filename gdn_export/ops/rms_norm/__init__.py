@@ -19,20 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from gdn_export.ops import backends
+from gdn_export.ops import backends, glue
 from gdn_export.ops.rms_norm import naive
-
-_KERNEL: list = []  # [kernels.rms_norm.triton.rms_norm module or None] once looked up
 
 
 def _kernel():
-    if not _KERNEL:
-        try:
-            from kernels.rms_norm.triton import rms_norm as module
-        except ImportError:
-            module = None
-        _KERNEL.append(module)
-    return _KERNEL[0]
+    return glue.kernel_module("kernels.rms_norm.triton.rms_norm")
 
 
 def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
@@ -47,12 +39,6 @@ def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
     if weight.shape != x.shape[-1:] or weight.device != x.device or not weight.is_floating_point():
         return False
     return gate is None or (gate.shape == x.shape and gate.dtype == x.dtype and gate.device == x.device)
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t [..., D] as [R, D] with unit stride along D: a view where one exists, else a copy."""
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
 
 
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
@@ -72,13 +58,9 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_cente
     if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype):
         raise ValueError(f"rms_norm_fused: gate must be x's {tuple(x.shape)} {x.dtype}, got {tuple(gate.shape)} "
                          f"{gate.dtype}")
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    elif out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(f"rms_norm_fused: out must be contiguous {tuple(x.shape)} {x.dtype}, got "
-                         f"{tuple(out.shape)} {out.dtype}")
-    kernel.rms_norm_rows(_rows(x), weight.contiguous(), eps, zero_centered, None if gate is None else _rows(gate),
-                         out.view(-1, D))
+    out = glue.output(out, x, "rms_norm_fused")
+    gate_rows = None if gate is None else glue.rows(gate)
+    kernel.rms_norm_rows(glue.rows(x), weight.contiguous(), eps, zero_centered, gate_rows, out.view(-1, D))
     return out
 
 

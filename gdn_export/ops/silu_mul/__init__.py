@@ -16,20 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from gdn_export.ops import backends
+from gdn_export.ops import backends, glue
 from gdn_export.ops.silu_mul import naive
-
-_KERNEL: list = []  # [kernels.silu_mul.triton.silu_mul module or None] once looked up
 
 
 def _kernel():
-    if not _KERNEL:
-        try:
-            from kernels.silu_mul.triton import silu_mul as module
-        except ImportError:
-            module = None
-        _KERNEL.append(module)
-    return _KERNEL[0]
+    return glue.kernel_module("kernels.silu_mul.triton.silu_mul")
 
 
 def fused_ready(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -40,12 +32,6 @@ def fused_ready(gate: torch.Tensor, up: torch.Tensor) -> bool:
     kernel = _kernel()
     return (kernel is not None and gate.dim() >= 1 and gate.dtype in kernel.DTYPES and up.shape == gate.shape
             and up.dtype == gate.dtype and up.device == gate.device)
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t [..., I] as [R, I] with unit stride along I: a view where one exists, else a copy."""
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 or t2.shape[-1] <= 1 else t2.contiguous()
 
 
 def silu_mul_fused(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,12 +47,8 @@ def silu_mul_fused(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | Non
     if up.shape != gate.shape or up.dtype != gate.dtype:
         raise ValueError(f"silu_mul_fused: up must be gate's {tuple(gate.shape)} {gate.dtype}, got "
                          f"{tuple(up.shape)} {up.dtype}")
-    if out is None:
-        out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    elif out.shape != gate.shape or out.dtype != gate.dtype or not out.is_contiguous():
-        raise ValueError(f"silu_mul_fused: out must be contiguous {tuple(gate.shape)} {gate.dtype}, got "
-                         f"{tuple(out.shape)} {out.dtype}")
-    kernel.silu_mul_rows(_rows(gate), _rows(up), out.view(-1, gate.shape[-1]))
+    out = glue.output(out, gate, "silu_mul_fused")
+    kernel.silu_mul_rows(glue.rows(gate), glue.rows(up), out.view(-1, gate.shape[-1]))
     return out
 
 

@@ -1,8 +1,8 @@
 """RMSNorm contract: the cases every implementation is held to, their inputs, a float64 oracle and the
 checker.
 
-y [..., D] must match the float64 oracle rounded to x's dtype: in fp32 within relative RMS 1e-6, in
-fp16 / bf16 every element within one ulp of its dtype (relative 2^-10 / 2^-7 of the oracle, the
+y [..., D] must match the float64 oracle rounded to x's dtype: in fp32 within relative RMS 1e-6 and
+1e-5 per element, in fp16 / bf16 every element within one ulp of its dtype (relative 2^-10 / 2^-7 of the oracle, the
 absolute floor of the dtype's smallest normal) and relative RMS 5e-4 / 4e-3. Inputs are
 "model-like" (a few outlier channels 30x the rest, as residual streams have; weights around 0 for a
 zero-centred norm, around 1 otherwise; gates over silu's curved range) or plain normal draws; x and
@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tests.ops.elementwise_check import check_elementwise
+
 ALL = (torch.float32, torch.bfloat16, torch.float16)
-ULP_BITS = {torch.float16: 10, torch.bfloat16: 7}
+REL = {torch.float32: 1e-5, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 RMS = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
 
 
@@ -110,15 +112,4 @@ def oracle(inp: dict) -> torch.Tensor:
 
 def check(y: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, shape: tuple) -> None:
     """y (x's dtype, x's shape) against the float64 oracle, at the bounds in the module docstring."""
-    assert y.dtype == dtype and tuple(y.shape) == tuple(shape), f"y {y.dtype} {tuple(y.shape)}"
-    got = y.double().cpu()
-    assert not torch.isnan(got).any(), "NaN in y (an element left unwritten?)"
-    if want.numel() == 0:
-        return
-    err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-    assert err <= RMS[dtype], f"relative RMS {err:.3g} > {RMS[dtype]:g} ({dtype})"
-    if dtype in ULP_BITS:
-        tiny = torch.finfo(dtype).tiny
-        bound = want.abs() * 2.0 ** -ULP_BITS[dtype] + tiny
-        worst = ((got - want).abs() / bound).max().item()
-        assert worst <= 1.0, f"an element is {worst:.2f} ulp-bounds from the oracle ({dtype})"
+    check_elementwise(y, want, dtype, shape, REL[dtype], RMS[dtype])

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tests.ops.elementwise_check import check_elementwise
+
 ALL = (torch.float32, torch.bfloat16, torch.float16)
 REL = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 RMS = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
@@ -76,13 +78,5 @@ def oracle(inp: dict) -> torch.Tensor:
 
 
 def check(out: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, shape: tuple) -> None:
-    assert out.dtype == dtype and tuple(out.shape) == tuple(shape), f"out {out.dtype} {tuple(out.shape)}"
-    got = out.double().cpu()
-    assert not torch.isnan(got).any(), "NaN in out (an element left unwritten?)"
-    if want.numel() == 0:
-        return
-    err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-    assert err <= RMS[dtype], f"relative RMS {err:.3g} > {RMS[dtype]:g} ({dtype})"
-    bound = want.abs() * REL[dtype] + torch.finfo(dtype).tiny
-    worst = ((got - want).abs() / bound).max().item()
-    assert worst <= 1.0, f"an element is {worst:.2f} ulp-bounds from the oracle ({dtype})"
+    """out against the float64 oracle, at the bounds in the module docstring."""
+    check_elementwise(out, want, dtype, shape, REL[dtype], RMS[dtype])

@@ -1,0 +1,38 @@
+"""What the ops with an eager glue kernel share (gdn_export.ops.rms_norm, .silu_mul,
+.gated_delta_rule.gating; docs/backends.md): their Triton module imported on first use, and their
+inputs as row views."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+
+@functools.cache
+def kernel_module(name: str):
+    """The kernels module `name` (e.g. "kernels.rms_norm.triton.rms_norm"), or None where it does not
+    import (no Triton)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """t [..., D] as [R, D] with unit stride along D: a view where one exists (the slices of a fused
+    projection's output are), else a copy."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 or t2.shape[-1] <= 1 else t2.contiguous()
+
+
+def output(out: torch.Tensor | None, like: torch.Tensor, op: str) -> torch.Tensor:
+    """`out` when it is contiguous in like's shape and dtype (else a ValueError naming `op`), or a new
+    tensor so; on like's device."""
+    if out is None:
+        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    if out.shape != like.shape or out.dtype != like.dtype or not out.is_contiguous():
+        raise ValueError(f"{op}: out must be contiguous {tuple(like.shape)} {like.dtype}, got {tuple(out.shape)} "
+                         f"{out.dtype}")
+    return out
