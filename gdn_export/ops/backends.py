@@ -175,12 +175,16 @@ def on_gpu(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-def fused_eager(x: torch.Tensor, *others) -> bool:
+def fused_eager(x: torch.Tensor, *others, params: tuple = ()) -> bool:
     """Whether an op with a fused eager kernel (rms_norm, silu_mul, gdn_gating) takes it for x and
-    `others` (tensors or None): `FUSED`, x on a GPU (`on_gpu`), a backend other than "reference"
-    active (triton, cuda: what the fast runtime runs) and `can_call_directly` (eager mode, plain
-    tensors: traces and torch.compile keep the PyTorch form). The op checks shapes and dtypes."""
+    `others` (tensors or None) and its module's `params`: `FUSED`, x on a GPU (`on_gpu`), a backend
+    other than "reference" active (triton, cuda: what the fast runtime runs), `can_call_directly` on x
+    and `others` (eager mode, plain tensors: traces and torch.compile keep the PyTorch form), and no
+    gradient asked for (the kernels have no backward: with grad enabled and any input or parameter
+    requiring it, the PyTorch form runs). The op checks shapes and dtypes."""
     if not FUSED or not on_gpu(x) or current_name() == "reference":
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *others, *params)):
         return False
     return can_call_directly(x, *others)
 

@@ -47,10 +47,10 @@ def gdn_gating_torch(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
 
 def fused_ready(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                 token_mask: torch.Tensor) -> bool:
-    """Whether `gdn_gating` takes the fused kernel: backends.fused_eager (the parameters A_log and
-    dt_bias are left out of its plain-tensor check), a, b [B, T, Hv] of one kernel dtype, A_log and
+    """Whether `gdn_gating` takes the fused kernel: backends.fused_eager (A_log and dt_bias go in as
+    parameters), a, b [B, T, Hv] of one kernel dtype, A_log and
     dt_bias [Hv] floats, token_mask [B, T] bool, all on one device."""
-    if not backends.fused_eager(a, b, token_mask):
+    if not backends.fused_eager(a, b, token_mask, params=(A_log, dt_bias)):
         return False
     kernel = _kernel()
     if kernel is None or a.dim() != 3 or a.dtype not in kernel.DTYPES or b.shape != a.shape or b.dtype != a.dtype:

@@ -29,9 +29,9 @@ def _kernel():
 
 def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
     """Whether `rms_norm` takes the fused kernel for these tensors: backends.fused_eager (the weight,
-    an nn.Parameter, is no plain tensor and is left out of it), x in the kernel's dtypes with
+    an nn.Parameter, goes in as a parameter: no plain-tensor check, its requires_grad counted), x in the kernel's dtypes with
     D <= its MAX_D, weight [D] and gate x's shape and dtype on x's device."""
-    if not backends.fused_eager(x, gate):
+    if not backends.fused_eager(x, gate, params=(weight,)):
         return False
     kernel = _kernel()
     if kernel is None or x.dtype not in kernel.DTYPES or not 1 <= x.shape[-1] <= kernel.MAX_D:

@@ -134,6 +134,7 @@ def test_layer_gates_through_the_fused_kernel(monkeypatch, family):
     device = "cuda" if HAS_CUDA else "cpu"
     model = HybridForCausalLM(parse_config(tiny_config_dict(family)), DeployLayout.make(cache_len=16)).eval()
     init_tiny_weights(model, 0)
+    model.requires_grad_(False)  # as the loaders leave a model
     layer = next(m for m in model.modules() if hasattr(m, "gates")).to(device)
     H = layer.num_v_heads
     gen = torch.Generator().manual_seed(1)
@@ -166,3 +167,15 @@ def test_fused_entry_refuses_what_breaks_the_contract():
         op.gdn_gating_fused(*args[:2], x["A_log"][:-1], *args[3:])
     with pytest.raises(ValueError, match="token_mask must be"):
         op.gdn_gating_fused(*args[:4], x["token_mask"].int())
+
+
+def test_gradients_keep_the_pytorch_form(monkeypatch):
+    """Trainable A_log / dt_bias with grad enabled pass the kernel (no backward) over."""
+    monkeypatch.setattr(backends, "on_gpu", lambda t: True)
+    x = make_inputs(CASES[2], torch.float32, "cpu")
+    A_log = x["A_log"].clone().requires_grad_(True)
+    with use_backend("triton"):
+        assert not op.fused_ready(x["a"], x["b"], A_log, x["dt_bias"], x["token_mask"])
+        g, _ = op.gdn_gating(x["a"], x["b"], A_log, x["dt_bias"], x["token_mask"])
+    g.sum().backward()
+    assert A_log.grad is not None and A_log.grad.abs().sum() > 0

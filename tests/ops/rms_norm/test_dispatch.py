@@ -61,7 +61,7 @@ def test_modules_through_the_fused_kernel(monkeypatch, module, gated, dtype):
     norm = norm.to(dtype).to(device)
     both = (torch.randn(2, 5, 3, 2 * D) * 4).to(dtype).to(device)
     x, z = both[..., :D], both[..., D:]
-    with use_backend("triton"):
+    with use_backend("triton"), torch.no_grad():
         y = norm(x, z) if gated else norm(x)
     assert calls == [1]
     want = oracle({"x": x, "weight": norm.weight.detach(), "gate": z if gated else None, "eps": 1e-5,
@@ -82,3 +82,15 @@ def test_fused_entry_refuses_what_breaks_the_contract():
         op.rms_norm_fused(torch.randn(2, 8).to(torch.int32), torch.randn(8), 1e-6)
     with pytest.raises(ValueError, match="out must be"):
         op.rms_norm_fused(x, torch.randn(8), 1e-6, out=torch.empty(2, 16)[:, :8])
+
+
+def test_gradients_keep_the_pytorch_form(monkeypatch):
+    """With grad enabled and a trainable weight the kernel (no backward) is passed over: the PyTorch
+    form runs and the weight gets its gradient."""
+    monkeypatch.setattr(backends, "on_gpu", lambda x: True)
+    monkeypatch.setattr(op, "rms_norm_fused", lambda *a, **k: pytest.fail("the kernel ran under autograd"))
+    norm = GatedRMSNorm(8)
+    x, z = torch.randn(3, 8), torch.randn(3, 8)
+    with use_backend("triton"):
+        norm(x, z).sum().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0

@@ -87,6 +87,7 @@ def test_mlp_through_the_fused_kernel(monkeypatch, dtype):
     mlp = SwiGLUMLP(24, 40).to(dtype).to(device)
     assert fuse_linears(mlp) == 1
     x = torch.randn(2, 5, 24).to(dtype).to(device)
+    mlp.requires_grad_(False)  # as the loaders leave a model
     with use_backend("reference"):
         want = mlp(x)
     with use_backend("triton"):
@@ -115,3 +116,13 @@ def test_fused_entry_refuses_what_breaks_the_contract():
         op.silu_mul_fused(g.to(torch.int32), g.to(torch.int32))
     with pytest.raises(ValueError, match="out must be"):
         op.silu_mul_fused(g, g, out=torch.empty(2, 16)[:, :8])
+
+
+def test_gradients_keep_the_pytorch_form(monkeypatch):
+    """An input that requires grad passes the kernel (no backward) over; the gradient flows."""
+    monkeypatch.setattr(backends, "on_gpu", lambda t: True)
+    monkeypatch.setattr(op, "silu_mul_fused", lambda *a, **k: pytest.fail("the kernel ran under autograd"))
+    gate = torch.randn(3, 8, requires_grad=True)
+    with use_backend("triton"):
+        op.silu_mul(gate, torch.randn(3, 8)).sum().backward()
+    assert gate.grad is not None and gate.grad.abs().sum() > 0
