@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quantized models on one GPU in one device call of <= 9 minutes (issue 39): the GPU tests of the
-# quantized kernels and the eager glue kernels (norm, silu * up, GDN gating), the kernel table (GB/s against the copy bandwidth beside bf16 F.linear and
+# quantized kernels and the eager glue kernels (norm, silu * up, GDN gating, rotary), the kernel table (GB/s against the copy bandwidth beside bf16 F.linear and
 # torch._scaled_mm) and the end-to-end `gdn-export bench --quant` ratios against bf16, one short
 # table printed last. docs/perf/quantization.md holds the results and the command.
 #
@@ -32,8 +32,8 @@
 # parts joined by "-": the format (fp8, int4-awq, fp8lm: fp8 with --quantize-lm-head), the batch
 # (b1: one 4096-token prompt; b32: 32 prompts of 256 tokens), then optionally "skinny" (M <= 64 to the
 # skinny GEMM of triton/skinny.py, the default route; without it the routes before it),
-# "compile" (--compile) and "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up
-# and the GDN gating instead of their fused eager kernels: gdn_export.ops.backends.FUSED). The default: the skinny runs of every format first, fp8 compiled, then the
+# "compile" (--compile) and "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up,
+# the GDN gating and the rotary instead of their fused eager kernels: gdn_export.ops.backends.FUSED). The default: the skinny runs of every format first, fp8 compiled, then the
 # batch-1 runs without the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
@@ -48,7 +48,7 @@ CK=${CK:-/tmp/quant_gpu_ck}
 KM=${KM:-1 32 4096}                                    # the kernel table's rows M
 KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
-TESTS=${TESTS:-tests/ops/rms_norm tests/ops/silu_mul tests/ops/gated_delta_rule/test_gating.py tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
+TESTS=${TESTS:-tests/ops/rms_norm tests/ops/silu_mul tests/ops/rotary tests/ops/gated_delta_rule/test_gating.py tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 left() { echo $(( BUDGET - $(el) )); }
@@ -133,7 +133,7 @@ for name in runs:
     parts = name.split("-")
     fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused"))
     quant_gpu.SKINNY_DECODE = "skinny" in parts  # M <= 64 through triton/skinny.py
-    backends.FUSED = "unfused" not in parts  # the eager glue kernels (norms, silu * up, GDN gating) or PyTorch
+    backends.FUSED = "unfused" not in parts  # the eager glue kernels (docs/backends.md) or their PyTorch forms
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))

@@ -1,4 +1,4 @@
-"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear, RMSNorm, silu * up and GDN gating Triton kernels for sm_90 without a GPU.
+"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear, RMSNorm, silu * up, GDN gating and rotary Triton kernels for sm_90 without a GPU.
 
     python benchmarks/sm90_compile_check.py [--filter SUBSTRING]
 
@@ -281,6 +281,14 @@ def norm_cases():
                          beta=ACT[act], beta_scale="fp32")
             yield (f"gdn_gating {act} R={R} Hv={H} {block_r}x{block_h} w={nw}", gdn_gating_kernel, types,
                    dict(BLOCK_R=block_r, BLOCK_H=block_h), nw, 1)
+    from kernels.rotary.triton.rotary import launch_config as rotary_config, rotary_kernel
+
+    for act in ("bf16", "fp16"):
+        for T, D in ((1, 256), (4096, 256), (4096, 128)):
+            block_t, block_d, nw = rotary_config(T, D)
+            yield (f"rotary {act} T={T} D={D} {block_t}x{block_d} w={nw}", rotary_kernel,
+                   dict(x=ACT[act], cos=ACT[act], sin=ACT[act], out=ACT[act]), dict(BLOCK_T=block_t, BLOCK_D=block_d),
+                   nw, 1)
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from gdn_export.modules.dtypes import as_dtype
+from gdn_export.ops import rotary as rotary_op
 
 
 class RotaryEmbedding(nn.Module):
@@ -43,18 +44,10 @@ class RotaryEmbedding(nn.Module):
         return f"rotary_dim={self.rotary_dim}, theta={self.theta}"
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first R channels of every head.
+    """Rotate the first R channels of every head (gdn_export.ops.rotary: one fused kernel in eager
+    GPU runs).
 
     x [B, H, T, D]; cos, sin [B, T, R] with R <= D even. Returns [B, H, T, D] in x's dtype.
     """
-    rotary_dim = cos.shape[-1]
-    cos, sin = cos[:, None], sin[:, None]
-    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    x_rot = x_rot * cos + rotate_half(x_rot) * sin
-    return torch.cat((x_rot, x_pass), dim=-1)
+    return rotary_op.apply_rotary(x, cos, sin)

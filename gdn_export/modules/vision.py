@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gdn_export.modules.rotary import rotate_half
+from gdn_export.ops.rotary import rotate_half
 from gdn_export.ops.attention import attention
 from gdn_export.vision_config import GELU_APPROXIMATE, VisionConfig
 

@@ -36,7 +36,7 @@ from gdn_export.errors import GdnExportError
 
 ENV_VAR = "GDN_EXPORT_BACKEND"
 DEFAULT = "reference"
-# The eager glue kernels (gdn_export.ops.rms_norm, .silu_mul, .gdn_gating): on unless
+# The eager glue kernels (gdn_export.ops.rms_norm, .silu_mul, .gated_delta_rule.gating, .rotary): on unless
 # GDN_EXPORT_FUSED_KERNELS=0 (their PyTorch forms everywhere, for side-by-side timings).
 FUSED = os.environ.get("GDN_EXPORT_FUSED_KERNELS", "1") != "0"
 
@@ -176,7 +176,7 @@ def on_gpu(t: torch.Tensor) -> bool:
 
 
 def fused_eager(x: torch.Tensor, *others, params: tuple = ()) -> bool:
-    """Whether an op with a fused eager kernel (rms_norm, silu_mul, gdn_gating) takes it for x and
+    """Whether an op with a fused eager kernel (rms_norm, silu_mul, gdn_gating, rotary) takes it for x and
     `others` (tensors or None) and its module's `params`: `FUSED`, x on a GPU (`on_gpu`), a backend
     other than "reference" active (triton, cuda: what the fast runtime runs), `can_call_directly` on x
     and `others` (eager mode, plain tensors: traces and torch.compile keep the PyTorch form), and no

@@ -52,7 +52,8 @@ def test_matches_float64_oracle(impl, case, dtype):
 def test_fused_equals_pytorch_form(impl, dtype):
     """The kernel and F.silu(gate) * up (the graph's form) round the same way: within the two
     roundings' slack per element (1e-6 relative in fp32, two ulps in 16 bits) and mostly equal bit
-    for bit (>= 80%; the two fp32 silus differ in their last bit), fresh inputs per seed. Triton's
+    for bit (>= 99% in 16 bits; >= 80% in fp32, where the two fp32 silus differ in their last bit),
+    fresh inputs per seed. Triton's
     interpreter casts to bf16 by truncation, not to nearest: bf16 is held to the bound alone there."""
     from gdn_export.ops.silu_mul.naive import silu_mul
 
@@ -63,7 +64,7 @@ def test_fused_equals_pytorch_form(impl, dtype):
         rel = {torch.float32: 1e-6, torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9}[dtype]
         assert ((fused - torch_form).abs() <= torch_form.abs() * rel + 1e-30).all()
         if dtype != torch.bfloat16 or not impl.interpreted:
-            assert (fused == torch_form).double().mean() >= 0.8
+            assert (fused == torch_form).double().mean() >= (0.8 if dtype == torch.float32 else 0.99)
 
 
 def test_cpu_tensors_take_the_pytorch_form():

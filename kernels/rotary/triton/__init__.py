@@ -1,0 +1,1 @@
+"""The fused partial rotary Triton kernel (rotary.py)."""
