@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Quantized models on one GPU in one device call of <= 9 minutes (issue 39): the GPU tests of the
-# quantized kernels and the eager glue kernels (norm, silu * up, GDN gating, rotary), the kernel table (GB/s against the copy bandwidth beside bf16 F.linear and
-# torch._scaled_mm) and the end-to-end `gdn-export bench --quant` ratios against bf16, one short
-# table printed last. docs/perf/quantization.md holds the results and the command.
+# quantized kernels and the eager glue kernels (norm, silu * up, GDN gating, rotary), the kernel
+# table (GB/s against the copy bandwidth beside bf16 F.linear and torch._scaled_mm) and the
+# end-to-end `gdn-export bench --quant` ratios against bf16, one short table printed last. docs/perf/quantization.md holds the results and the command.
 #
 #   benchmarks/quant_gpu.sh [OUT]        # repo root; OUT defaults to $OUT, else /tmp/quant_gpu
 #
@@ -33,8 +33,9 @@
 # (b1: one 4096-token prompt; b32: 32 prompts of 256 tokens), then optionally "skinny" (M <= 64 to the
 # skinny GEMM of triton/skinny.py, the default route; without it the routes before it),
 # "compile" (--compile) and "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up,
-# the GDN gating and the rotary instead of their fused eager kernels: gdn_export.ops.backends.FUSED). The default: the skinny runs of every format first, fp8 compiled, then the
-# batch-1 runs without the skinny GEMM.
+# the GDN gating and the rotary instead of their fused eager kernels: gdn_export.ops.backends.FUSED).
+# The default: the skinny runs of every format first, fp8 compiled, then the batch-1 runs without
+# the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
 set -u
 FINAL=${1:-${OUT:-/tmp/quant_gpu}}
