@@ -2,7 +2,8 @@
 # Quantized models on one GPU in one device call of <= 9 minutes (issue 39): the GPU tests of the
 # quantized kernels and the eager glue kernels (norm, silu * up, GDN gating, rotary), the kernel
 # table (GB/s against the copy bandwidth beside bf16 F.linear and torch._scaled_mm) and the
-# end-to-end `gdn-export bench --quant` ratios against bf16, one short table printed last. docs/perf/quantization.md holds the results and the command.
+# end-to-end `gdn-export bench --quant` ratios against bf16, one short table printed last.
+# docs/perf/quantization.md holds the results and the command.
 #
 #   benchmarks/quant_gpu.sh [OUT]        # repo root; OUT defaults to $OUT, else /tmp/quant_gpu
 #
