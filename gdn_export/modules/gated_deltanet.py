@@ -4,7 +4,7 @@ Hk key heads of size Dk, Hv = m * Hk value heads of size Dv, conv kernel K:
 
     q, k [Hk, Dk], v, z [Hv, Dv], b, a [Hv]   from the input projections (two layouts, below)
     q|k|v = silu(causal_conv1d(q|k|v))         channels in that order, rolling state [C, K-1]
-    beta  = sigmoid(b)
+    beta  = sigmoid(b) * beta_scale            (beta_scale 1; OLMo-Hybrid's 2 allows negative eigenvalues)
     g     = -exp(A_log) * softplus(a + dt_bias)  (fp32; log decay <= 0)
     o     = gated_delta_rule(q, k, v, g, beta, state, use_qk_l2norm=True)   [Hv, Dv]
     out   = out_proj(gated_rmsnorm(o, z))       per value head
@@ -21,7 +21,7 @@ In both, value head h belongs to key head h // m, which is the `gdn::gated_delta
 so the key heads go to the op un-repeated.
 
 Families differ only in the projections, the beta scaling and the output (norm + projection); a
-subclass overrides `make_projections`, `project`, `make_output`, `output` and/or `beta`, while the
+subclass overrides `make_projections`, `project`, `make_output`, `output` and/or sets `beta_scale`, while the
 call sequence conv -> split -> gates -> gated_delta_rule -> output stays in the one `forward` here
 (see gdn_export.modules.olmo_hybrid).
 """
@@ -127,23 +127,12 @@ class GatedDeltaNet(nn.Module):
     # beta = sigmoid(b) * beta_scale: 2.0 lets the delta rule's eigenvalues go negative (OLMo-Hybrid)
     beta_scale = 1.0
 
-    def beta(self, b: torch.Tensor) -> torch.Tensor:
-        """Write strength from the b projection [B, T, Hv]: sigmoid(b) * beta_scale."""
-        beta = torch.sigmoid(b)
-        return beta * self.beta_scale if self.beta_scale != 1.0 else beta
-
     def gates(self, a: torch.Tensor, b: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g fp32, beta in b's dtype) [B, T, Hv] from the a / b projections; a padded token
-        (token_mask [B, T] False) gets g = 0, beta = 0: an exact identity step that leaves the state at
-        its row's last real token (gdn_export.ops.gated_delta_rule.gating: one fused kernel in eager
-        GPU runs). A family that overrides `beta` gets the PyTorch form around its own."""
-        if type(self).beta is GatedDeltaNet.beta:
-            return gdn_gating(a, b, self.A_log, self.dt_bias, token_mask, self.beta_scale)
-        beta = self.beta(b)
-        f32 = torch.float32
-        g = -as_dtype(self.A_log, f32).exp() * F.softplus(as_dtype(a, f32) + as_dtype(self.dt_bias, f32))
-        real = token_mask[..., None]
-        return torch.where(real, g, 0.0), torch.where(real, beta, 0.0)
+        """(g fp32, beta in b's dtype) [B, T, Hv] from the a / b projections: g = -exp(A_log)
+        softplus(a + dt_bias), beta = sigmoid(b) * beta_scale; a padded token (token_mask [B, T]
+        False) gets g = 0, beta = 0, an exact identity step that leaves the state at its row's last
+        real token (gdn_export.ops.gated_delta_rule.gating: one fused kernel in eager GPU runs)."""
+        return gdn_gating(a, b, self.A_log, self.dt_bias, token_mask, self.beta_scale)
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z [B, T, Hv, Dv] -> out_proj(gated_rmsnorm(o, z)) [B, T, hidden]."""
