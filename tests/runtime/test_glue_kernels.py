@@ -1,0 +1,100 @@
+"""A whole model through every eager glue kernel (docs/backends.md: RMSNorm, silu * up, GDN gating,
+rotary) against the same model in their PyTorch forms: the four families, fp32 and bf16, a ragged
+prefill then decode steps on the runner's in-place states. On a CPU the kernels run under Triton's
+interpreter with fused_eager's device check forced (the gdn ops stay on the reference backend); on a
+GPU they run for real with the triton backend.
+
+fp32: logits within 1e-5 relative RMS and the same greedy tokens; bf16: within 1e-2 on a GPU (each
+kernel rounds where PyTorch does), 4e-2 under the interpreter, which truncates its bf16 casts (a tiny
+bf16 model's logits move ~2% with that alone). Every kernel must have run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_export.hf_config import parse_config
+from gdn_export.layout import DeployLayout
+from gdn_export.models import HybridForCausalLM
+from gdn_export.ops import backends, use_backend
+from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
+from tests.ops.impl import HAS_CUDA
+
+GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
+FAMILIES = ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"]
+
+
+def _run(model, ids, lens, steps):
+    """Logits of a ragged prefill and `steps` greedy decode steps: ([B, V] per call), tokens [B, steps]."""
+    B = ids.shape[0]
+    device = ids.device
+    states = model.empty_states(B)
+    states = [s.to(device) for s in states]
+    out = model(ids, torch.zeros(B, dtype=torch.long, device=device), lens, *states)
+    logits, states = out[0], list(out[1:])
+    got, tokens = [logits[:, -1].float()], []
+    past = lens.clone()
+    for _ in range(steps):
+        token = got[-1].argmax(-1, keepdim=True)
+        tokens.append(token)
+        out = model(token, past, torch.ones_like(lens), *states)
+        logits, states = out[0], list(out[1:])
+        got.append(logits[:, -1].float())
+        past = past + 1
+    return got, torch.cat(tokens, 1)
+
+
+@GPU_WHEN_PRESENT
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_through_the_glue_kernels(monkeypatch, family, dtype):
+    from tests.triton_interpreter import interpret_without_gpu
+
+    interpret_without_gpu()
+    device = "cuda" if HAS_CUDA else "cpu"
+    torch.manual_seed(0)
+    model = HybridForCausalLM(parse_config(tiny_config_dict(family)), DeployLayout.make(cache_len=24)).eval()
+    init_tiny_weights(model, 1)
+    model = model.to(dtype).to(device).requires_grad_(False)
+    ids = torch.randint(0, model.config.vocab_size, (3, 9)).to(device)
+    lens = torch.tensor([9, 5, 1]).to(device)
+    backend = "triton" if HAS_CUDA else "reference"
+    monkeypatch.setattr(backends, "FUSED", False)
+    with use_backend(backend), torch.no_grad():
+        want, want_tokens = _run(model, ids, lens, 3)
+    monkeypatch.setattr(backends, "FUSED", True)
+    if not HAS_CUDA:
+        monkeypatch.setattr(backends, "on_gpu", lambda t: True)
+    taken = []
+    monkeypatch.setattr(backends, "fused_eager", _counted(backends.fused_eager, taken, forced=not HAS_CUDA))
+    with use_backend(backend), torch.no_grad():
+        got, tokens = _run(model, ids, lens, 3)
+    expected = {"rms_norm", "gating", "rotary", "silu_mul"}  # the MoE's shared expert is a SwiGLUMLP
+    assert expected <= set(taken), f"kernels that ran: {sorted(set(taken))}"
+    bound = 1e-5 if dtype == torch.float32 else (1e-2 if HAS_CUDA else 4e-2)
+    for step, (g, w) in enumerate(zip(got, want)):
+        err = ((g.double() - w.double()).norm() / w.double().norm()).item()
+        assert err <= bound, f"call {step}: relative RMS {err:.3g} > {bound:g}"
+    if dtype == torch.float32:
+        assert torch.equal(tokens, want_tokens)
+
+
+def _counted(fused_eager, taken: list, forced: bool):
+    """fused_eager that records which op's kernel it let run (the calling module's last name part) and,
+    when `forced`, reads the active backend as "triton" (the gdn ops themselves stay on the reference
+    backend, whose CPU path the interpreter would otherwise replace)."""
+    import sys
+
+    def counted(x, *others, params=()):
+        name = backends.current_name
+        try:
+            if forced:
+                backends.current_name = lambda: "triton"
+            ok = fused_eager(x, *others, params=params)
+        finally:
+            backends.current_name = name
+        if ok:
+            taken.append(sys._getframe(2).f_globals["__name__"].rsplit(".", 1)[-1])
+        return ok
+
+    return counted
