@@ -1,9 +1,10 @@
-"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear, RMSNorm, silu * up, GDN gating and rotary Triton kernels for sm_90 without a GPU.
+"""Compile the FP8 KV-cache, quantized-MoE, quantized-linear and eager glue Triton kernels for sm_90 without a GPU.
 
     python benchmarks/sm90_compile_check.py [--filter SUBSTRING]
 
 Each kernel is compiled (triton.compile, target cuda sm_90) with the constexprs, num_warps / num_stages
-and pointer dtypes its Python launcher passes (bf16 and fp16 activations; FP8 cache on / off; MoE
+and pointer dtypes its Python launcher passes (the glue kernels: RMSNorm, silu * up, GDN gating and
+rotary at the families' shapes; bf16 and fp16 activations; FP8 cache on / off; MoE
 FP8 per-channel / block-128 / INT4, static FP8 activations on / off; quantized linears at M = 1, 32,
 300). Pointers carry the 16-byte divisibility hint a real launch of aligned tensors gets; integer
 arguments that the launcher passes as 1 (per-channel scale groups) are constexpr 1, as Triton

@@ -29,8 +29,8 @@ def _kernel():
 
 def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
     """Whether `rms_norm` takes the fused kernel for these tensors: backends.fused_eager (the weight,
-    an nn.Parameter, goes in as a parameter: no plain-tensor check, its requires_grad counted), x in the kernel's dtypes with
-    D <= its MAX_D, weight [D] and gate x's shape and dtype on x's device."""
+    an nn.Parameter, goes in as a parameter: no plain-tensor check, its requires_grad counted), x in
+    the kernel's dtypes with D <= its MAX_D, weight [D] and gate x's shape and dtype on x's device."""
     if not backends.fused_eager(x, gate, params=(weight,)):
         return False
     kernel = _kernel()
