@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from gdn_export.config import HybridConfig
-from gdn_export.modules.dtypes import as_dtype
+from gdn_export.ops.dtypes import as_dtype
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.kv_cache_fp8 import write_and_attend

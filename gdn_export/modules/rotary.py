@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gdn_export.modules.dtypes import as_dtype
+from gdn_export.ops.dtypes import as_dtype
 from gdn_export.ops import rotary as rotary_op
 
 

@@ -1,6 +1,6 @@
 """What the ops with an eager glue kernel share (gdn_export.ops.rms_norm, .silu_mul,
-.gated_delta_rule.gating; docs/backends.md): their Triton module imported on first use, and their
-inputs as row views."""
+.gated_delta_rule.gating, .rotary; docs/backends.md): their Triton module imported on first use,
+their inputs as row views, their output buffer checked."""
 
 from __future__ import annotations
 

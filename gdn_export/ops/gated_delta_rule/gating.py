@@ -11,7 +11,7 @@
 
 Where it runs: the fused kernel (kernels/gated_delta_rule/triton/gating.py) where
 gdn_export.ops.backends.fused_eager says (eager mode on CUDA tensors, a backend other than
-"reference"; GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form
+"reference", no gradient asked for; GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form
 (`gdn_gating_torch`), which the exported graph and torch.compile see. The two agree to fp32 rounding
 in g (1e-5 relative: exp and log1p of two libraries) and to one rounding of b's dtype in beta.
 """
@@ -22,14 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.ops import backends, glue
+from gdn_export.ops.dtypes import as_dtype
 
 
 def _kernel():
     return glue.kernel_module("kernels.gated_delta_rule.triton.gating")
-
-
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x if x.dtype == dtype else x.to(dtype)
 
 
 def gdn_gating_torch(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
@@ -40,7 +37,7 @@ def gdn_gating_torch(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
         beta = beta * beta_scale
     f32 = torch.float32
     # fp32 before exp: in fp16 a large A_log would overflow.
-    g = -_as(A_log, f32).exp() * F.softplus(_as(a, f32) + _as(dt_bias, f32))
+    g = -as_dtype(A_log, f32).exp() * F.softplus(as_dtype(a, f32) + as_dtype(dt_bias, f32))
     real = token_mask[..., None]
     return torch.where(real, g, 0.0), torch.where(real, beta, 0.0)
 
@@ -48,8 +45,8 @@ def gdn_gating_torch(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
 def fused_ready(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                 token_mask: torch.Tensor) -> bool:
     """Whether `gdn_gating` takes the fused kernel: backends.fused_eager (A_log and dt_bias go in as
-    parameters), a, b [B, T, Hv] of one kernel dtype, A_log and
-    dt_bias [Hv] floats, token_mask [B, T] bool, all on one device."""
+    parameters), a, b [B, T, Hv] of one kernel dtype, A_log and dt_bias [Hv] floats, token_mask
+    [B, T] bool, all on one device."""
     if not backends.fused_eager(a, b, token_mask, params=(A_log, dt_bias)):
         return False
     kernel = _kernel()

@@ -9,8 +9,8 @@
                 else weight; silu(gate) only with a gate (the GDN output norm, per value head)
 
 Where it runs: the fused kernel (kernels/rms_norm/triton/) where gdn_export.ops.backends.fused_eager
-says (eager mode on CUDA tensors, a backend other than "reference" active; GDN_EXPORT_FUSED_KERNELS=0
-turns it off); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph)
+says (eager mode on CUDA tensors, a backend other than "reference" active, no gradient asked for;
+GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph)
 and torch.compile (Inductor fuses it) see. The two agree to fp32 rounding before the one rounding to x's
 dtype: relative RMS <= 1e-6 in fp32, one ulp of x's dtype per element in fp16 / bf16.
 """

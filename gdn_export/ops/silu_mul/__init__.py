@@ -8,8 +8,8 @@ Triton kernel.
                   arithmetic, so the two agree bit for bit up to the fp32 silu's last bit)
 
 Where it runs: the fused kernel (kernels/silu_mul/triton/) where gdn_export.ops.backends.fused_eager
-says (eager mode on CUDA tensors, a backend other than "reference" active; GDN_EXPORT_FUSED_KERNELS=0
-turns it off); everywhere else the PyTorch form in `naive.py` (torch.export, torch.compile, CPU).
+says (eager mode on CUDA tensors, a backend other than "reference" active, no gradient asked for;
+GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form in `naive.py` (torch.export, torch.compile, CPU).
 """
 
 from __future__ import annotations
