@@ -57,6 +57,7 @@ left() { echo $(( BUDGET - $(el) )); }
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 mkdir -p "$FINAL"
 export PYTHONPATH=$PWD
+[ -d /tmp/site/modelopt ] && export PYTHONPATH=$PWD:/tmp/site   # installed by an earlier call on this machine
 if { has e2e || has profile; } && ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('modelopt') is None)"; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$OUT/pip.log" 2>&1 && export PYTHONPATH=$PWD:/tmp/site || echo "ModelOpt not installable from .whl/ (see $OUT/pip.log)" >&2

@@ -10,6 +10,13 @@ import time
 import pytest
 import torch
 
+from tests.triton_interpreter import interpret_without_gpu
+
+# Triton's interpreter is chosen when a kernel is defined (the language's own jit functions included,
+# at `import triton`): TRITON_INTERPRET is set here, before any test imports Triton, so that a subset
+# of the suite runs the kernels as the whole suite does (CPU-only machines; with a GPU they run on it).
+interpret_without_gpu()
+
 # pytest-xdist workers share the CPU cores: one intra-op thread each, or torch's OpenMP threads spin
 # against each other (a token-by-token loop of small ops ran ~20x slower with 2 threads a worker on 2
 # cores). GDN_TEST_THREADS overrides.

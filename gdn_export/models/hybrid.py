@@ -37,6 +37,7 @@ from gdn_export.modules.mlp import SparseMoeBlock, SwiGLUMLP
 from gdn_export.modules.norm import make_rmsnorm
 from gdn_export.modules.olmo_hybrid import OlmoAttention, OlmoGatedDeltaNet
 from gdn_export.modules.rotary import RotaryEmbedding
+from gdn_export.ops import backends
 
 # Mixer classes per family: (Gated DeltaNet, attention).
 _MIXERS = {"olmo_hybrid": (OlmoGatedDeltaNet, OlmoAttention)}
@@ -86,6 +87,22 @@ class DecoderLayer(nn.Module):
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, state_a, state_b
+
+    def forward_pending(self, x, pending, step: StepInputs, state_a, state_b):
+        """`forward` of a pre-norm block with each residual add fused into the norm after it (one kernel
+        each in eager GPU runs: gdn_export.ops.rms_norm.add_rms_norm). x [B, T, hidden]; pending: an
+        addend of x not added yet (the previous block's MLP output [B, T, hidden]) or None. Returns
+        (x, pending, state_a, state_b): x + pending is what `forward` returns as x."""
+        if pending is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.add(x, pending)
+        if self.kind == LINEAR:
+            h, state_a, state_b = self.linear_attn(h, step, state_a, state_b)
+        else:
+            h, state_a, state_b = self.self_attn(h, step, state_a, state_b)
+        x, h = self.post_attention_layernorm.add(x, h)
+        return x, self.mlp(h), state_a, state_b
 
 
 class HybridModel(nn.Module):
@@ -192,11 +209,22 @@ class HybridForCausalLM(nn.Module):
         return (self.model.norm(x), *new_states)
 
     def layers_forward(self, x: torch.Tensor, step: StepInputs, states) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The decoder layers over x [B, T, hidden]: (x after the last layer, new states)."""
+        """The decoder layers over x [B, T, hidden]: (x after the last layer, new states). In eager GPU
+        runs (backends.fused_eager) the pre-norm blocks add each residual inside the norm after it
+        (`DecoderLayer.forward_pending`); traces and the CPU run `DecoderLayer.forward`."""
         new_states: list[torch.Tensor] = []
+        pending = None
+        fuse = backends.fused_eager(x)
         for i, layer in enumerate(self.model.layers):
-            x, a, b = layer(x, step, states[2 * i], states[2 * i + 1])
+            if fuse and not layer.post_norm:
+                x, pending, a, b = layer.forward_pending(x, pending, step, states[2 * i], states[2 * i + 1])
+            else:
+                if pending is not None:
+                    x, pending = x + pending, None
+                x, a, b = layer(x, step, states[2 * i], states[2 * i + 1])
             new_states += [a, b]
+        if pending is not None:
+            x = x + pending
         return x, new_states
 
     def run_layers(self, x: torch.Tensor, step: StepInputs, seq_lens: torch.Tensor, states):

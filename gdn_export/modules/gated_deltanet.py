@@ -162,7 +162,7 @@ class GatedDeltaNet(nn.Module):
         else:
             mixed, new_conv_state = causal_conv1d(
                 mixed, self.conv1d.weight[:, 0, :], None, as_dtype(conv_state, mixed.dtype), silu=True,
-                seq_lens=as_dtype(step.seq_lens, torch.int32),
+                seq_lens=step.seq_lens_int32(),
             )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)

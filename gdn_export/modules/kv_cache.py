@@ -38,7 +38,8 @@ import torch
 
 from gdn_export.errors import InputError
 from gdn_export.layout import DeployLayout
-from gdn_export.ops.backends import exporting
+from gdn_export.ops.backends import can_call_directly, exporting
+from gdn_export.ops.dtypes import as_dtype
 from gdn_export.ops.attention.positions import slot_of as positions_slot_of
 from gdn_export.ops.attention.positions import visibility as positions_visibility
 
@@ -74,6 +75,7 @@ class StepInputs:
     keep_old: bool
     capture_steps: bool = False
     _mask: torch.Tensor | None = None
+    _seq_lens_i32: torch.Tensor | None = None
 
     @property
     def sinks(self) -> int:
@@ -82,6 +84,15 @@ class StepInputs:
     @property
     def window(self) -> int:
         return self.layout.window if self.layout.streaming else 0
+
+    def seq_lens_int32(self) -> torch.Tensor:
+        """seq_lens as int32 [B] (the GDN conv's form): cast once per call in eager mode; in traces each
+        layer casts its own (every layer's subgraph stays alike)."""
+        if not can_call_directly(self.seq_lens):
+            return as_dtype(self.seq_lens, torch.int32)
+        if self._seq_lens_i32 is None:
+            self._seq_lens_i32 = as_dtype(self.seq_lens, torch.int32)
+        return self._seq_lens_i32
 
     @property
     def attn_mask(self) -> torch.Tensor | None:

@@ -9,7 +9,8 @@
 All compute in fp32 and return the input dtype. The gated norm stays in fp32 end to end, where
 transformers rounds the normalised x to the model dtype before the weight: identical in fp32, one
 rounding fewer in bf16/fp16. In eager mode on a GPU with a fast backend each norm is one fused
-kernel; the exported graph and torch.compile see the PyTorch form.
+kernel, and `add` (the decoder's residual add and the norm after it) one kernel too; the exported
+graph and torch.compile see the PyTorch form.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gdn_export.ops.rms_norm import rms_norm
+from gdn_export.ops.rms_norm import add_rms_norm, rms_norm
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -30,6 +31,10 @@ class ZeroCenteredRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, zero_centered=True)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, y): s = x + residual, y = self(s); x, residual [..., D] of one dtype (one kernel on a GPU)."""
+        return add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -45,6 +50,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, y): s = x + residual, y = self(s); x, residual [..., D] of one dtype (one kernel on a GPU)."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

@@ -1,17 +1,11 @@
 """The ops' tests: one folder per op (its contract suite over every implementation, and every other
 test of that op), the shared `Impl` plumbing in impl.py.
 
-Triton's interpreter is chosen when a kernel is defined, so TRITON_INTERPRET is set here, before any
-test module of this folder imports a Triton kernel (CPU-only machines; with a GPU the kernels run on
-it)."""
+TRITON_INTERPRET is set by tests/conftest.py (CPU-only machines; with a GPU the kernels run on it)."""
 
 import os
 
 import torch
-
-from tests.triton_interpreter import interpret_without_gpu
-
-interpret_without_gpu()
 
 # Files that call the Triton kernels directly (outside the contract suites, whose Impl marks itself).
 TRITON_FILES = ("test_triton", "test_token_strided_inputs")

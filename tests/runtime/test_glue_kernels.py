@@ -1,12 +1,13 @@
-"""A whole model through every eager glue kernel (docs/backends.md: RMSNorm, silu * up, GDN gating,
-rotary) against the same model in their PyTorch forms: the four families, fp32 and bf16, a ragged
-prefill then decode steps on the runner's in-place states. On a CPU the kernels run under Triton's
+"""A whole model through every eager glue kernel (docs/backends.md: RMSNorm, the residual add fused
+into the norm after it, silu * up, GDN gating, rotary) against the same model in their PyTorch forms:
+the four families, fp32 and bf16, a ragged prefill then decode steps on the runner's in-place states. On a CPU the kernels run under Triton's
 interpreter with fused_eager's device check forced (the gdn ops stay on the reference backend); on a
 GPU they run for real with the triton backend.
 
-fp32: logits within 1e-5 relative RMS and the same greedy tokens; bf16: within 1e-2 on a GPU (each
-kernel rounds where PyTorch does), 4e-2 under the interpreter, which truncates its bf16 casts (a tiny
-bf16 model's logits move ~2% with that alone). Every kernel must have run."""
+fp32: logits within 1e-5 relative RMS and the same greedy tokens; bf16 (fed the PyTorch run's tokens,
+so that a near-tie flipped once does not change later inputs): within 1e-2 on a GPU (each kernel
+rounds where PyTorch does), 4e-2 under the interpreter, which truncates its bf16 casts (a tiny bf16
+model's logits move ~2% with that alone). Every kernel must have run."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
 FAMILIES = ["qwen3_5", "qwen3_next", "qwen3_5_moe", "olmo_hybrid"]
 
 
-def _run(model, ids, lens, steps):
-    """Logits of a ragged prefill and `steps` greedy decode steps: ([B, V] per call), tokens [B, steps]."""
+def _run(model, ids, lens, steps, forced=None):
+    """Logits of a ragged prefill and `steps` greedy decode steps: ([B, V] per call), tokens [B, steps].
+    `forced` [B, steps]: feed these tokens instead of the greedy ones (the same inputs as another run,
+    so that a bf16 near-tie flipped between two runs does not change what later calls see)."""
     B = ids.shape[0]
     device = ids.device
     states = model.empty_states(B)
@@ -35,7 +38,7 @@ def _run(model, ids, lens, steps):
     got, tokens = [logits[:, -1].float()], []
     past = lens.clone()
     for _ in range(steps):
-        token = got[-1].argmax(-1, keepdim=True)
+        token = got[-1].argmax(-1, keepdim=True) if forced is None else forced[:, len(tokens), None]
         tokens.append(token)
         out = model(token, past, torch.ones_like(lens), *states)
         logits, states = out[0], list(out[1:])
@@ -67,9 +70,14 @@ def test_model_through_the_glue_kernels(monkeypatch, family, dtype):
         monkeypatch.setattr(backends, "on_gpu", lambda t: True)
     taken = []
     monkeypatch.setattr(backends, "fused_eager", _counted(backends.fused_eager, taken, forced=not HAS_CUDA))
+    import gdn_export.ops.rms_norm as norm_op
+
+    added = norm_op.add_rms_norm_fused
+    monkeypatch.setattr(norm_op, "add_rms_norm_fused", lambda *a, **k: taken.append("add_rms_norm") or added(*a, **k))
     with use_backend(backend), torch.no_grad():
-        got, tokens = _run(model, ids, lens, 3)
-    expected = {"rms_norm", "gating", "rotary", "silu_mul"}  # the MoE's shared expert is a SwiGLUMLP
+        got, tokens = _run(model, ids, lens, 3, forced=None if dtype == torch.float32 else want_tokens)
+    # the MoE's shared expert is a SwiGLUMLP; every family has pre-norm blocks (OLMo's GDN blocks)
+    expected = {"rms_norm", "gating", "rotary", "silu_mul", "add_rms_norm"}
     assert expected <= set(taken), f"kernels that ran: {sorted(set(taken))}"
     bound = 1e-5 if dtype == torch.float32 else (1e-2 if HAS_CUDA else 4e-2)
     for step, (g, w) in enumerate(zip(got, want)):

@@ -8,6 +8,11 @@
                 w = 1 + weight when zero_centered (Qwen3-Next / Qwen3.5's stored weight centred on 0),
                 else weight; silu(gate) only with a gate (the GDN output norm, per value head)
 
+    add_rms_norm(x, residual, weight, eps, zero_centered=False) -> (s, y)
+        x, residual  [..., D]  one shape and dtype (the decoder's residual stream and a block's output)
+        s       [..., D]  x + residual in x's dtype (PyTorch's add: fp32 sum rounded once)
+        y       [..., D]  rms_norm(s, weight, eps, zero_centered)
+
 Where it runs: the fused kernel (kernels/rms_norm/triton/) where gdn_export.ops.backends.fused_eager
 says (eager mode on CUDA tensors, a backend other than "reference" active, no gradient asked for;
 GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph)
@@ -30,7 +35,8 @@ def _kernel():
 def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
     """Whether `rms_norm` takes the fused kernel for these tensors: backends.fused_eager (the weight,
     an nn.Parameter, goes in as a parameter: no plain-tensor check, its requires_grad counted), x in
-    the kernel's dtypes with D <= its MAX_D, weight [D] and gate x's shape and dtype on x's device."""
+    the kernel's dtypes with D <= its MAX_D, weight [D] and gate (or add_rms_norm's residual) x's shape
+    and dtype on x's device."""
     if not backends.fused_eager(x, gate, params=(weight,)):
         return False
     kernel = _kernel()
@@ -41,20 +47,26 @@ def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
     return gate is None or (gate.shape == x.shape and gate.dtype == x.dtype and gate.device == x.device)
 
 
+def _checked_kernel(x: torch.Tensor, weight: torch.Tensor, op: str):
+    """The kernel module, and D, after x's and weight's checks (ValueError naming `op`)."""
+    kernel = _kernel()
+    if kernel is None:
+        raise ValueError(f"{op}: Triton is not importable here")
+    D = x.shape[-1] if x.dim() else 0
+    if x.dtype not in kernel.DTYPES or not 1 <= D <= kernel.MAX_D:
+        raise ValueError(f"{op}: x must be [..., D] fp32 / fp16 / bf16 with 1 <= D <= {kernel.MAX_D}, "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    if tuple(weight.shape) != (D,) or not weight.is_floating_point():
+        raise ValueError(f"{op}: weight must be a float [D={D}], got {tuple(weight.shape)} {weight.dtype}")
+    return kernel, D
+
+
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
                    gate: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): x [..., D],
     weight [D], gate [..., D] or None -> y [..., D] in x's dtype, written into `out` (contiguous, x's
     shape and dtype) when given. ValueError naming what breaks the contract."""
-    kernel = _kernel()
-    if kernel is None:
-        raise ValueError("rms_norm_fused: Triton is not importable here")
-    D = x.shape[-1] if x.dim() else 0
-    if x.dtype not in kernel.DTYPES or not 1 <= D <= kernel.MAX_D:
-        raise ValueError(f"rms_norm_fused: x must be [..., D] fp32 / fp16 / bf16 with 1 <= D <= {kernel.MAX_D}, "
-                         f"got {tuple(x.shape)} {x.dtype}")
-    if tuple(weight.shape) != (D,) or not weight.is_floating_point():
-        raise ValueError(f"rms_norm_fused: weight must be a float [D={D}], got {tuple(weight.shape)} {weight.dtype}")
+    kernel, D = _checked_kernel(x, weight, "rms_norm_fused")
     if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype):
         raise ValueError(f"rms_norm_fused: gate must be x's {tuple(x.shape)} {x.dtype}, got {tuple(gate.shape)} "
                          f"{gate.dtype}")
@@ -64,6 +76,22 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_cente
     return out
 
 
+def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       zero_centered: bool = False, out: torch.Tensor | None = None,
+                       out_sum: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused residual add and norm alone (as rms_norm_fused): x, residual [..., D] -> (s, y) in x's
+    dtype, written into `out_sum` / `out` (each contiguous, x's shape and dtype) when given."""
+    kernel, D = _checked_kernel(x, weight, "add_rms_norm_fused")
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm_fused: residual must be x's {tuple(x.shape)} {x.dtype}, got "
+                         f"{tuple(residual.shape)} {residual.dtype}")
+    out = glue.output(out, x, "add_rms_norm_fused")
+    out_sum = glue.output(out_sum, x, "add_rms_norm_fused")
+    kernel.rms_norm_rows(glue.rows(x), weight.contiguous(), eps, zero_centered, None, out.view(-1, D),
+                         residual=glue.rows(residual), s=out_sum.view(-1, D))
+    return out_sum, out
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
              gate: torch.Tensor | None = None) -> torch.Tensor:
     """y [..., D] in x's dtype (the contract above): the fused kernel where `fused_ready`, else the
@@ -71,3 +99,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     if fused_ready(x, weight, gate):
         return rms_norm_fused(x, weight, eps, zero_centered, gate)
     return naive.rms_norm(x, weight, eps, zero_centered, gate)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, y) [..., D] in x's dtype (the contract above): one kernel where `fused_ready(x, weight,
+    residual)`, else the PyTorch add and norm."""
+    if fused_ready(x, weight, residual):
+        return add_rms_norm_fused(x, residual, weight, eps, zero_centered)
+    return naive.add_rms_norm(x, residual, weight, eps, zero_centered)

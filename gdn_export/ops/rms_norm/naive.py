@@ -24,3 +24,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     if gate is not None:
         y = y * F.silu(as_dtype(gate, f32))
     return as_dtype(y, x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual [..., D] -> (s = x + residual, rms_norm(s)) (gdn_export.ops.rms_norm)."""
+    s = x + residual
+    return s, rms_norm(s, weight, eps, zero_centered)

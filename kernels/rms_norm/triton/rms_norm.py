@@ -1,6 +1,10 @@
-"""RMSNorm in one kernel: plain, zero-centred and gated (the three norms of the hybrid families).
+"""RMSNorm in one kernel: plain, zero-centred and gated (the three norms of the hybrid families), and the
+decoder's residual add before a plain or zero-centred norm.
 
     x       [R, D]  fp32 / fp16 / bf16, unit stride along D, any row stride
+    res     [R, D]  x's dtype (residual add only), unit stride along D, any row stride
+    s       [R, D]  x's dtype (residual add only): x + res in fp32, rounded once to x's dtype (PyTorch's
+            add); the norm below then reads s in place of x
     weight  [D]     any float dtype, unit stride
     gate    [R, D]  x's dtype (gated only), unit stride along D, any row stride
     y       [R, D]  x's dtype, unit stride along D, any row stride:
@@ -29,15 +33,20 @@ TILE = 4096
 
 
 @triton.jit
-def rms_norm_kernel(x, w, g, y, R, D, stride_x, stride_g, stride_y, eps,
+def rms_norm_kernel(x, w, g, y, res, s, R, D, stride_x, stride_g, stride_y, stride_res, stride_s, eps,
                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                    GATED: tl.constexpr):
+                    GATED: tl.constexpr, RESIDUAL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
     ok = (rows < R)[:, None] & col_ok[None, :]
     r64 = rows.to(tl.int64)[:, None]
     b_x = tl.load(x + r64 * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        b_r = tl.load(res + r64 * stride_res + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        b_s = (b_x + b_r).to(s.dtype.element_ty)
+        tl.store(s + r64 * stride_s + cols[None, :], b_s, mask=ok)
+        b_x = b_s.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(b_x * b_x, 1) / D + eps)
     b_w = tl.load(w + cols, mask=col_ok, other=0.0).to(tl.float32)
     if ZERO_CENTERED:
@@ -57,16 +66,19 @@ def launch_config(R: int, D: int) -> tuple[int, int, int]:
 
 
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool,
-                  gate: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+                  gate: torch.Tensor | None, y: torch.Tensor, residual: torch.Tensor | None = None,
+                  s: torch.Tensor | None = None) -> torch.Tensor:
     """Launch over x [R, D] (unit stride along D), weight [D], gate [R, D] or None, into y [R, D];
-    returns y. Callers check shapes and dtypes (gdn_export.ops.rms_norm)."""
+    with `residual` [R, D] (no gate) the sum x + residual is written to s [R, D] and normalised.
+    Returns y. Callers check shapes and dtypes (gdn_export.ops.rms_norm)."""
     R, D = x.shape
     if R == 0:
         return y
     block_r, block_d, num_warps = launch_config(R, D)
     g = x if gate is None else gate
+    r, out_s = (x, y) if residual is None else (residual, s)
     rms_norm_kernel[(cdiv(R, block_r),)](
-        x, weight, g, y, R, D, x.stride(0), g.stride(0), y.stride(0), float(eps),
-        BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=bool(zero_centered), GATED=gate is not None,
-        num_warps=num_warps)
+        x, weight, g, y, r, out_s, R, D, x.stride(0), g.stride(0), y.stride(0), r.stride(0), out_s.stride(0),
+        float(eps), BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=bool(zero_centered), GATED=gate is not None,
+        RESIDUAL=residual is not None, num_warps=num_warps)
     return y
