@@ -33,8 +33,9 @@
 # parts joined by "-": the format (fp8, int4-awq, fp8lm: fp8 with --quantize-lm-head), the batch
 # (b1: one 4096-token prompt; b32: 32 prompts of 256 tokens), then optionally "skinny" (M <= 64 to the
 # skinny GEMM of triton/skinny.py, the default route; without it the routes before it),
-# "compile" (--compile) and "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up,
-# the GDN gating and the rotary instead of their fused eager kernels: gdn_export.ops.backends.FUSED).
+# "compile" (--compile), "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up,
+# the GDN gating and the rotary instead of their fused eager kernels: gdn_export.ops.backends.FUSED)
+# and "pdl" (our Triton kernels with programmatic dependent launch: kernels.triton_utils.PDL).
 # The default: the skinny runs of every format first, fp8 compiled, then the batch-1 runs without
 # the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
@@ -130,13 +131,15 @@ def alarm(*_):
 
 signal.signal(signal.SIGALRM, alarm)
 from kernels.quant_linear import gpu as quant_gpu
+from kernels import triton_utils
 from gdn_export.ops import backends
 
 for name in runs:
     parts = name.split("-")
-    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused"))
+    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused", "pdl"))
     quant_gpu.SKINNY_DECODE = "skinny" in parts  # M <= 64 through triton/skinny.py
     backends.FUSED = "unfused" not in parts  # the eager glue kernels (docs/backends.md) or their PyTorch forms
+    triton_utils.PDL = "pdl" in parts  # programmatic dependent launch of our Triton kernels (kernels/triton_utils.py)
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))

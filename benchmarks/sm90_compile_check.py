@@ -40,6 +40,8 @@ def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: i
     the divisibility-by-16 hint; unit strides are passed in constexprs as 1 (Triton's specialisation
     of contiguous tensors)."""
     sig, attrs = {}, {}
+    if "USE_PDL" in fn.arg_names:  # programmatic dependent launch (kernels.triton_utils.PDL): off unless a case sets it
+        constexprs = {"USE_PDL": False, **constexprs}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
@@ -253,6 +255,9 @@ def linear_cases():
                         yield (f"skinny {act} {fname} M={M} BN={cfg['BN']} BK={BK} split={int(partial)}"
                                f"{' pre' if pre else ''}", skinny.skinny_kernel, types, c, cfg["warps"],
                                cfg["stages"])
+                        if M == 1 and not pre:  # with PDL: the weight prefetch and the grid-dependency wait
+                            yield (f"skinny {act} {fname} M=1 BN={cfg['BN']} BK={BK} split={int(partial)} pdl",
+                                   skinny.skinny_kernel, types, {**c, "USE_PDL": True}, cfg["warps"], cfg["stages"])
 
 
 def norm_cases():
@@ -261,18 +266,24 @@ def norm_cases():
     # the families' norms: decode and prefill rows of the hidden size, q / k heads, GDN value heads
     for act in ("bf16", "fp16"):
         for R, D, kind in ((1, 2048, "zero"), (4096, 2048, "zero"), (65536, 256, "zero"), (65536, 128, "gated"),
-                           (1, 5120, "plain"), (4096, 16384, "plain")):
+                           (1, 5120, "plain"), (4096, 16384, "plain"), (1, 2048, "zero+residual"),
+                           (4096, 2048, "zero+residual"), (4096, 4096, "plain+residual")):
             block_r, block_d, nw = launch_config(R, D)
-            types = dict(x=ACT[act], w=ACT[act], g=ACT[act], y=ACT[act], eps="fp32")
-            c = dict(BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=kind == "zero", GATED=kind == "gated")
+            types = dict(x=ACT[act], w=ACT[act], g=ACT[act], y=ACT[act], res=ACT[act], s=ACT[act], eps="fp32")
+            c = dict(BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=kind.startswith("zero"), GATED=kind == "gated",
+                     RESIDUAL=kind.endswith("residual"))
             yield (f"rms_norm {act} {kind} R={R} D={D} {block_r}x{block_d} w={nw}", rms_norm_kernel, types, c, nw, 1)
+            if R == 1:
+                yield (f"rms_norm {act} {kind} R=1 D={D} pdl", rms_norm_kernel, types, {**c, "USE_PDL": True}, nw, 1)
     from kernels.silu_mul.triton.silu_mul import launch_config as silu_config, silu_mul_kernel
 
     for act in ("bf16", "fp16"):
         for R, I in ((1, 6144), (4096, 6144), (8, 300)):
             block_r, block_c, nw = silu_config(R, I)
-            yield (f"silu_mul {act} R={R} I={I} {block_r}x{block_c} w={nw}", silu_mul_kernel,
-                   dict(gate=ACT[act], up=ACT[act], out=ACT[act]), dict(BLOCK_R=block_r, BLOCK_C=block_c), nw, 1)
+            for use_pdl in (False, True) if R == 1 else (False,):
+                yield (f"silu_mul {act} R={R} I={I} {block_r}x{block_c} w={nw}{' pdl' if use_pdl else ''}", silu_mul_kernel,
+                       dict(gate=ACT[act], up=ACT[act], out=ACT[act]),
+                       dict(BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=use_pdl), nw, 1)
     from kernels.gated_delta_rule.triton.gating import gdn_gating_kernel, launch_config as gating_config
 
     for act in ("bf16", "fp16"):
@@ -280,16 +291,18 @@ def norm_cases():
             block_r, block_h, nw = gating_config(R, H)
             types = dict(a=ACT[act], b=ACT[act], A_log="*fp32", dt_bias=ACT[act], real="*u8", g="*fp32",
                          beta=ACT[act], beta_scale="fp32")
-            yield (f"gdn_gating {act} R={R} Hv={H} {block_r}x{block_h} w={nw}", gdn_gating_kernel, types,
-                   dict(BLOCK_R=block_r, BLOCK_H=block_h), nw, 1)
+            for use_pdl in (False, True) if R == 1 else (False,):
+                yield (f"gdn_gating {act} R={R} Hv={H} {block_r}x{block_h} w={nw}{' pdl' if use_pdl else ''}",
+                       gdn_gating_kernel, types, dict(BLOCK_R=block_r, BLOCK_H=block_h, USE_PDL=use_pdl), nw, 1)
     from kernels.rotary.triton.rotary import launch_config as rotary_config, rotary_kernel
 
     for act in ("bf16", "fp16"):
         for T, D in ((1, 256), (4096, 256), (4096, 128)):
             block_t, block_d, nw = rotary_config(T, D)
-            yield (f"rotary {act} T={T} D={D} {block_t}x{block_d} w={nw}", rotary_kernel,
-                   dict(x=ACT[act], cos=ACT[act], sin=ACT[act], out=ACT[act]), dict(BLOCK_T=block_t, BLOCK_D=block_d),
-                   nw, 1)
+            for use_pdl in (False, True) if T == 1 else (False,):
+                yield (f"rotary {act} T={T} D={D} {block_t}x{block_d} w={nw}{' pdl' if use_pdl else ''}", rotary_kernel,
+                       dict(x=ACT[act], cos=ACT[act], sin=ACT[act], out=ACT[act]),
+                       dict(BLOCK_T=block_t, BLOCK_D=block_d, USE_PDL=use_pdl), nw, 1)
 
 
 def main() -> int:

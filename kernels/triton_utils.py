@@ -348,3 +348,65 @@ def int4_nibbles(b_q, dt: tl.constexpr, UP: tl.constexpr, PTX: tl.constexpr):
         lo, hi = tl.inline_asm_elementwise(NIBBLE_ASM_FP16, "=r,=r,=r,=r,r", [b_q], dtype=(tl.float16, tl.float16),
                                            is_pure=True, pack=4)
     return lo, hi
+
+
+# Programmatic dependent launch (Hopper and later): a kernel launched with it may start while the kernel
+# before it in the stream still runs, once every program of that kernel has signalled
+# (gdc_launch_dependents), and its programs wait for that kernel's completion and memory (gdc_wait) before
+# reading what it wrote or writing anything. A decode step is a chain of short kernels; with PDL each one's
+# launch, and the skinny GEMM's weight prefetch into L2, overlap the kernel before it. CUDA graphs keep the
+# dependency (programmatic edges). GDN_EXPORT_PDL=1 turns it on (off by default until timed on a GPU:
+# benchmarks/quant_gpu.sh's "-pdl" runs); never under Triton's interpreter, on GPUs before sm_90 or on
+# Triton builds without `launch_pdl`.
+def pdl_from_env(environ=os.environ) -> bool:
+    return environ.get("GDN_EXPORT_PDL", "0") == "1"
+
+
+PDL = pdl_from_env()
+_PDL_DEVICES: dict = {}
+
+
+def pdl(t: torch.Tensor) -> bool:
+    """Whether the kernels launched for tensor t take programmatic dependent launch (see PDL above). Their
+    launchers pass USE_PDL=pdl(t) and launch_pdl=pdl(t) together (`pdl_launch`)."""
+    if not PDL or not t.is_cuda:
+        return False
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    ok = _PDL_DEVICES.get(index)
+    if ok is None:
+        ok = _PDL_DEVICES[index] = (os.environ.get("TRITON_INTERPRET", "0") != "1" and _triton_has_pdl()
+                                    and torch.cuda.get_device_capability(index)[0] >= 9)
+    return ok
+
+
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}) and hasattr(tl.extra.cuda, "gdc_wait")
+
+
+def pdl_launch(t: torch.Tensor) -> dict:
+    """The launch keywords of a kernel with a USE_PDL constexpr (`pdl_enter` first in its body)."""
+    use = pdl(t)
+    return {"USE_PDL": use, "launch_pdl": True} if use else {"USE_PDL": False}
+
+
+@triton.jit
+def pdl_enter(USE_PDL: tl.constexpr):
+    """First in a kernel launched with PDL: wait for the kernel before this one (its completion and its
+    memory), then let the next kernel launch (it waits here in turn, so at most two kernels of a chain
+    are resident). Nothing may be read from or written to activations before it; a weight prefetch may
+    come before it (`prefetch_l2`)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """prefetch.global.L2 of the 128-byte lines at `ptrs` (valid addresses: callers point masked lanes
+    at one they own): nothing read into registers, nothing ordered; a hint the memory system may drop."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, pdl_enter, pdl_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TILE = 1024  # elements a program holds
@@ -35,7 +35,8 @@ def _log1p(e):
 
 @triton.jit
 def gdn_gating_kernel(a, b, A_log, dt_bias, real, g, beta, R, H, stride_a, stride_b, beta_scale,
-                      BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+                      BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     heads = tl.arange(0, BLOCK_H)
     head_ok = heads < H
@@ -75,5 +76,5 @@ def gdn_gating_rows(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bi
     block_r, block_h, num_warps = launch_config(R, H)
     gdn_gating_kernel[(cdiv(R, block_r),)](
         a, b, A_log, dt_bias, real, g, beta, R, H, a.stride(0), b.stride(0), float(beta_scale),
-        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps)
+        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps, **pdl_launch(g))
     return g, beta

@@ -37,7 +37,7 @@ from kernels.quant_linear.triton import common
 from kernels.quant_linear.triton.common import (
     SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, to_e4m3)
 from kernels import triton_utils
-from kernels.triton_utils import cdiv, int4_nibbles, next_pow2, to_state_dtype
+from kernels.triton_utils import cdiv, int4_nibbles, next_pow2, pdl_enter, pdl_launch, prefetch_l2, to_state_dtype
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
 # Rows of x this kernel takes (gpu.py routes M <= MAX_M here).
@@ -72,8 +72,9 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
                   FMT: tl.constexpr, GS: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr,
                   DOT_FP8: tl.constexpr, PTX: tl.constexpr, HAS_PRE: tl.constexpr, PARTIAL: tl.constexpr,
                   HAS_BIAS: tl.constexpr,
-                  BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """Program (column tile i_n, K split i_s): acc [BN, BM] = W[tile rows, K range] x[:, K range]^T."""
+                  BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Program (column tile i_n, K split i_s): acc [BN, BM] = W[tile rows, K range] x[:, K range]^T.
+    With PDL the program's weight bytes are prefetched into L2 while the kernel before it runs."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -86,12 +87,20 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
         p_w = w + (i_n * BN).to(tl.int64) * KH
     else:
         p_w = w + (i_n * BN).to(tl.int64) * K
+    t0 = i_s * TILES_PER_SPLIT
+    t1 = tl.minimum(t0 + TILES_PER_SPLIT, tl.cdiv(K, BK))
+    if USE_PDL:
+        # the weight is no activation: its lines [t0, t1) of each row go to L2 before the wait
+        row_bytes = KH if FMT == 2 else K
+        tile_bytes = BK // 2 if FMT == 2 else BK
+        p_row = p_w + tl.where(m_n, r_n, 0).to(tl.int64) * row_bytes
+        for off in range(t0 * tile_bytes, t1 * tile_bytes, 128):
+            prefetch_l2(p_row + tl.minimum(off, row_bytes - 1))
+    pdl_enter(USE_PDL)
     if FMT == 0:
         s = tl.load(s_in)
         r = tl.math.div_rn(1.0, s)
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
-    t0 = i_s * TILES_PER_SPLIT
-    t1 = tl.minimum(t0 + TILES_PER_SPLIT, tl.cdiv(K, BK))
     for t in range(t0, t1):
         o_k = t * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -188,8 +197,8 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
         counter = common.counters(x2.device, tiles) if split > 1 else ws
         full = (*args, part, counter, M, N, K, w.shape[1], G, x2.stride(0), split, per)
         if grid_only:  # compile only: the kernel's resources for the occupancy
-            return skinny_kernel.warmup(*full, PARTIAL=True, grid=(tiles, split), **consts)
-        skinny_kernel[(tiles, split)](*full, PARTIAL=split > 1, **consts)
+            return skinny_kernel.warmup(*full, PARTIAL=True, grid=(tiles, split), **consts, **pdl_launch(x2))
+        skinny_kernel[(tiles, split)](*full, PARTIAL=split > 1, **consts, **pdl_launch(x2))
 
     resident = _resident(x2, w, consts, lambda: launch(2, grid_only=True))
     if cfg.get("per_sm"):

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, pdl_enter, pdl_launch
 
 # Widest row held in registers (hidden sizes of the families: 2048 .. 8192).
 MAX_D = 16384
@@ -35,7 +35,8 @@ TILE = 4096
 @triton.jit
 def rms_norm_kernel(x, w, g, y, res, s, R, D, stride_x, stride_g, stride_y, stride_res, stride_s, eps,
                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                    GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+                    GATED: tl.constexpr, RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -80,5 +81,5 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_center
     rms_norm_kernel[(cdiv(R, block_r),)](
         x, weight, g, y, r, out_s, R, D, x.stride(0), g.stride(0), y.stride(0), r.stride(0), out_s.stride(0),
         float(eps), BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=bool(zero_centered), GATED=gate is not None,
-        RESIDUAL=residual is not None, num_warps=num_warps)
+        RESIDUAL=residual is not None, num_warps=num_warps, **pdl_launch(y))
     return y

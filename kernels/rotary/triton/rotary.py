@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, pdl_enter, pdl_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TILE = 2048  # elements a program holds (4096 took ~165 registers a thread at 4 warps)
@@ -29,7 +29,8 @@ TILE = 2048  # elements a program holds (4096 took ~165 registers a thread at 4 
 @triton.jit
 def rotary_kernel(x, cos, sin, out, H, T, D, R,
                   stride_xb, stride_xh, stride_xt,
-                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.arange(0, BLOCK_D)
@@ -70,5 +71,5 @@ def rotary_heads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: tor
     block_t, block_d, num_warps = launch_config(T, D)
     rotary_kernel[(cdiv(T, block_t), H, B)](
         x, cos, sin, out, H, T, D, cos.shape[-1], x.stride(0), x.stride(1), x.stride(2),
-        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps)
+        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps, **pdl_launch(out))
     return out

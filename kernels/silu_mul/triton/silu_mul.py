@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, pdl_enter, pdl_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_C = 1024
@@ -26,7 +26,8 @@ TILE = 4096  # elements a program holds
 
 @triton.jit
 def silu_mul_kernel(gate, up, out, R, I, stride_g, stride_u, stride_o,
-                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = (rows < R)[:, None] & (cols < I)[None, :]
@@ -54,5 +55,5 @@ def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> to
     block_r, block_c, num_warps = launch_config(R, I)
     silu_mul_kernel[(cdiv(R, block_r), cdiv(I, block_c))](
         gate, up, out, R, I, gate.stride(0), up.stride(0), out.stride(0),
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps)
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps, **pdl_launch(out))
     return out
