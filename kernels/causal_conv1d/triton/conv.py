@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import cdiv, next_pow2
+from kernels.triton_utils import cdiv, next_pow2, pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -41,7 +41,9 @@ def causal_conv1d_fwd_kernel(
     T, C, sxb, sxt,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_LENS: tl.constexpr, SILU: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_enter(USE_PDL)
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
@@ -124,6 +126,6 @@ def causal_conv1d(
         x, weight, bias, conv_state, seq_lens, y, s, T, C, x.stride(0), x.stride(1),
         K=K, BT=BT, BC=BC, BS=max(next_pow2(K - 1), 2),
         HAS_BIAS=bias is not None, HAS_STATE=conv_state is not None, HAS_LENS=seq_lens is not None,
-        SILU=bool(silu),
+        SILU=bool(silu), **pdl_launch(y),
     )
     return y, s

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2, prepare_inputs, state_dtype,
-                             to_state_dtype, token_strides)
+from kernels.triton_utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2, pdl_enter, pdl_launch,
+                                  prepare_inputs, state_dtype, to_state_dtype, token_strides)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -37,9 +37,10 @@ def fused_recurrent_fwd_kernel(
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, STORE_STEPS: tl.constexpr,
+    IS_VARLEN: tl.constexpr, STORE_STEPS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     # sq, sk, sv: elements between consecutive tokens of q, k, v (utils.token_stride)
+    pdl_enter(USE_PDL)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     i_hk = i_h // (HV // HK)
@@ -138,6 +139,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV,
         USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, USE_INITIAL_STATE=h0 is not None,
         IS_VARLEN=cu_seqlens is not None, STORE_STEPS=all_states is not None, num_warps=num_warps,
+        **pdl_launch(o),
     )
     return o, ht
 
