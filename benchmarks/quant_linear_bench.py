@@ -300,8 +300,10 @@ class GpuBench:
         K, N = 2048, 12288
         copies = self.copies_for(K, N)
         print("\n| int4_dequant tile | us (2048 -> 12288) | GB/s (% copy) |\n|---|---|---|")
-        for cfg in (dict(BN=16, BH=64, warps=4), dict(BN=32, BH=128, warps=4), dict(BN=64, BH=128, warps=8),
-                    dict(BN=8, BH=256, warps=4), dict(BN=16, BH=256, warps=8)):
+        # packed: each byte's two 16-bit values stored as one 32-bit word (no interleave through shared memory)
+        for cfg in (dict(BN=8, BH=256, warps=4, packed=False), dict(BN=8, BH=256, warps=4, packed=True),
+                    dict(BN=16, BH=128, warps=4, packed=True), dict(BN=4, BH=512, warps=4, packed=True),
+                    dict(BN=16, BH=256, warps=8, packed=True), dict(BN=8, BH=512, warps=8, packed=True)):
             default = dict(ti.DEQUANT)
             ti.DEQUANT.update(cfg)
             try:

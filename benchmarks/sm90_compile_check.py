@@ -236,8 +236,10 @@ def linear_cases():
                dict(EXACT=exact, SOFT=False, G=16), 4, 3)
         if not exact:
             d = DEQUANT
-            yield (f"int4_dequant {act} {d['BN']}x{d['BH']}", int4_dequant_kernel, dict(qw="*u8", sc=x, w=x),
-                   dict(GS=128, UP=False, PTX=True, BN=d["BN"], BH=d["BH"]), d["warps"], 3)
+            for packed in (True, False):
+                yield (f"int4_dequant {act} {d['BN']}x{d['BH']}{' packed' if packed else ''}", int4_dequant_kernel,
+                       dict(qw="*u8", sc=x, w=x), dict(GS=128, UP=False, PTX=True, PACKED=packed, BN=d["BN"], BH=d["BH"]),
+                       d["warps"], 3)
         # the skinny GEMM (decode, M <= 64, every format) with its default launch parameters
         for fmt, fname in ((skinny.FP8_TENSOR, "fp8-tensor"), (skinny.FP8_BLOCK, "fp8-block"), (skinny.INT4, "int4")):
             cfg = skinny.CFG[fmt]

@@ -71,9 +71,11 @@ def int4_gemm_kernel(x, qw, sc, bias, y, part, counter, M, N, K, KH, G, stride_x
 
 @triton.jit
 def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, UP: tl.constexpr, PTX: tl.constexpr,
-                        BN: tl.constexpr, BH: tl.constexpr):
+                        PACKED: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
     """w [N, K] in w's dtype = int4(qw) * sc[n, k // GS], the product in fp32 and rounded once to
-    nearest even (to_state_dtype rounds bf16 on the bits, so the interpreter rounds as the GPU does)."""
+    nearest even (to_state_dtype rounds bf16 on the bits, so the interpreter rounds as the GPU does).
+    PACKED (16-bit w, K even): byte h's two values are one 32-bit word of w (low nibble in the low
+    half), stored as such: no interleave of the two halves in registers."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     o_h = i_h * BH + tl.arange(0, BH)
@@ -81,17 +83,27 @@ def int4_dequant_kernel(qw, sc, w, N, K, KH, G, GS: tl.constexpr, UP: tl.constex
     b_q = tl.load(qw + o_n.to(tl.int64)[:, None] * KH + o_h[None, :], mask=m, other=0)
     b_lo, b_hi = int4_nibbles(b_q, w.dtype.element_ty, UP, PTX)
     b_lo, b_hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
-    o_k = tl.interleave(2 * o_h, 2 * o_h + 1)
-    b_v = tl.interleave(b_lo, b_hi)  # [BN, 2 BH], column k = 2 h + (0 low, 1 high)
-    m_k = (o_n < N)[:, None] & (o_k < K)[None, :]
-    b_s = tl.load(sc + o_n.to(tl.int64)[:, None] * G + o_k[None, :] // GS, mask=m_k, other=0.0).to(tl.float32)
-    tl.store(w + o_n.to(tl.int64)[:, None] * K + o_k[None, :], to_state_dtype(b_v * b_s, w.dtype.element_ty), mask=m_k)
+    if PACKED:
+        # k = 2 h and 2 h + 1 lie in one group (GS is even)
+        b_s = tl.load(sc + o_n.to(tl.int64)[:, None] * G + (2 * o_h[None, :]) // GS, mask=m, other=0.0).to(tl.float32)
+        lo = to_state_dtype(b_lo * b_s, w.dtype.element_ty).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi = to_state_dtype(b_hi * b_s, w.dtype.element_ty).to(tl.uint16, bitcast=True).to(tl.uint32)
+        w32 = w.to(tl.pointer_type(tl.uint32))  # w's rows: KH 32-bit words each (K = 2 KH)
+        tl.store(w32 + o_n.to(tl.int64)[:, None] * KH + o_h[None, :], lo | (hi << 16), mask=m)
+    else:
+        o_k = tl.interleave(2 * o_h, 2 * o_h + 1)
+        b_v = tl.interleave(b_lo, b_hi)  # [BN, 2 BH], column k = 2 h + (0 low, 1 high)
+        m_k = (o_n < N)[:, None] & (o_k < K)[None, :]
+        b_s = tl.load(sc + o_n.to(tl.int64)[:, None] * G + o_k[None, :] // GS, mask=m_k, other=0.0).to(tl.float32)
+        tl.store(w + o_n.to(tl.int64)[:, None] * K + o_k[None, :], to_state_dtype(b_v * b_s, w.dtype.element_ty),
+                 mask=m_k)
 
 
-# int4_dequant's tile: BN rows x BH bytes (2 BH values) a program (benchmarks/quant_linear_bench.py
-# --sweep-skinny times alternatives; H100, Triton 3.6: 8 x 256 took 80 us for 2048 -> 12288, 16 x 64
-# 215 us)
-DEQUANT = dict(BN=8, BH=256, warps=4)
+# int4_dequant's tile: BN rows x BH bytes (2 BH values) a program, and whether 16-bit outputs are stored
+# as packed 32-bit pairs (benchmarks/quant_linear_bench.py --sweep-skinny times alternatives; H100,
+# Triton 3.6, unpacked: 8 x 256 took 80 us for 2048 -> 12288, 16 x 64 215 us; the unpacked form's
+# interleave goes through 4 KB of shared memory, the packed one's through none: sm_90 compile report)
+DEQUANT = dict(BN=8, BH=256, warps=4, packed=True)
 
 
 def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size: int, dtype: torch.dtype):
@@ -99,10 +111,12 @@ def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size
     N, KH = qweight.shape
     w = common.empty(N, K, dtype=dtype, device=qweight.device)
     BN, BH = DEQUANT["BN"], DEQUANT["BH"]
+    packed = dtype != torch.float32 and K % 2 == 0 and DEQUANT["packed"]
     if N and K:
         int4_dequant_kernel[(cdiv(N, BN), cdiv(KH, BH))](qweight, scales, w, N, K, KH, scales.shape[1],
-                                                        GS=group_size, UP=UPCAST, PTX=triton_utils.NIBBLE_PTX, BN=BN,
-                                                        BH=BH, num_warps=DEQUANT["warps"])
+                                                        GS=group_size, UP=UPCAST,
+                                                        PTX=triton_utils.NIBBLE_PTX, PACKED=packed, BN=BN, BH=BH,
+                                                        num_warps=DEQUANT["warps"])
     return w
 
 

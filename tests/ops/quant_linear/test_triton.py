@@ -144,12 +144,15 @@ def test_int4_triton_gemm_prefill_tiles(dtype):
     _check(on_device(int4_gemm)(x, qw, sc, b), ref_int4_linear(x, qw, sc, b), dtype, (M, N), "int4_gemm")
 
 
+@pytest.mark.parametrize("K,gs", [(131, 32), (130, 32), (512, 128), (1056, 96)],
+                         ids=["K131-odd", "K130-gs32", "K512-gs128", "K1056-gs96"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_int4_dequant_kernel_exact(dtype):
-    """W = int4 * scale rounded once to x's dtype, every element written (odd K: padding nibble dropped)."""
+def test_int4_dequant_kernel_exact(dtype, K, gs):
+    """W = int4 * scale rounded once to x's dtype, every element written (odd K: padding nibble dropped;
+    even K: each byte's two values stored as one 32-bit word)."""
     from kernels.quant_linear.triton.int4 import int4_dequant
     from tests.ops.quant_linear.cases import unpack_int4
-    N, K, gs = 37, 131, 32
+    N = 37
     gen = torch.Generator().manual_seed(5)
     qw, sc = int4_weights(N, K, gs, dtype, gen)
     w = on_device(int4_dequant)(qw, sc, K, gs, dtype)
