@@ -9,8 +9,6 @@ draws, x and residual as strided views where a case says so; outputs are NaN-poi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -18,57 +16,39 @@ import gdn_export.ops.rms_norm as op
 from gdn_export.ops import backends, use_backend
 from gdn_export.ops.rms_norm import naive
 from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
-from tests.ops.rms_norm.cases import ALL, check, oracle
+from tests.ops.rms_norm.cases import Case, check, oracle
 
 GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    lead: tuple
-    D: int
-    zero_centered: bool = True
-    strided: bool = False
-    model_like: bool = True
-    dtypes: tuple = ALL
-    tags: frozenset = frozenset({"small"})
-
-    @property
-    def cost(self) -> int:
-        n = self.D
-        for d in self.lead:
-            n *= d
-        return n
-
-
+# view "interleaved": x and residual are halves of wider tensors (strided rows)
 CASES = [
-    Case("decode-hidden2048", (1, 1), 2048),
-    Case("decode-B5-hidden1024-plain", (5, 1), 1024, zero_centered=False),
-    Case("prefill-B2-T37-hidden256", (2, 37), 256),
-    Case("strided-B3-T4-D96", (3, 4), 96, strided=True),
+    Case("decode-hidden2048", (1, 1), 2048, kind="zero"),
+    Case("decode-B5-hidden1024-plain", (5, 1), 1024),
+    Case("prefill-B2-T37-hidden256", (2, 37), 256, kind="zero"),
+    Case("strided-B3-T4-D96", (3, 4), 96, kind="zero", view="interleaved"),
     Case("odd-D1", (4,), 1, model_like=False),
-    Case("odd-D130-plain-normal", (7,), 130, zero_centered=False, model_like=False),
-    Case("no-rows", (0, 3), 64),
-    Case("prefill-T4096-hidden2048", (1, 4096), 2048, tags=frozenset({"gpu"})),
+    Case("odd-D130-plain-normal", (7,), 130, model_like=False),
+    Case("no-rows", (0, 3), 64, kind="zero"),
+    Case("prefill-T4096-hidden2048", (1, 4096), 2048, kind="zero", tags=frozenset({"gpu"})),
 ]
 
 
 def make_inputs(case: Case, dtype: torch.dtype, device: str, seed: int = 0) -> dict:
     """{"x", "residual", "weight", "eps", "zero_centered"} on `device`."""
     g = torch.Generator().manual_seed(seed)
-    width = 2 if case.strided else 1
+    width = 2 if case.view == "interleaved" else 1
     x = torch.randn(*case.lead, width * case.D, generator=g)
     r = torch.randn(*case.lead, width * case.D, generator=g)
     if case.model_like:
         x[..., : case.D: max(1, case.D // 3)] *= 30.0  # the residual stream's outlier channels
         r *= 0.2
-    w = torch.randn(case.D, generator=g) * 0.3 + (0.0 if case.zero_centered else 1.0)
+    zero = case.kind == "zero"
+    w = torch.randn(case.D, generator=g) * 0.3 + (0.0 if zero else 1.0)
     x, r = x.to(dtype).to(device), r.to(dtype).to(device)
-    if case.strided:
+    if case.view == "interleaved":
         x, r = x[..., : case.D], r[..., case.D:]
-    return {"x": x, "residual": r, "weight": w.to(dtype).to(device), "eps": 1e-6,
-            "zero_centered": case.zero_centered}
+    return {"x": x, "residual": r, "weight": w.to(dtype).to(device), "eps": case.eps, "zero_centered": zero}
 
 
 def _naive(inp):
