@@ -111,7 +111,7 @@ def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size
     N, KH = qweight.shape
     w = common.empty(N, K, dtype=dtype, device=qweight.device)
     BN, BH = DEQUANT["BN"], DEQUANT["BH"]
-    packed = dtype != torch.float32 and K % 2 == 0 and DEQUANT["packed"]
+    packed = dtype != torch.float32 and K % 2 == 0 and group_size % 2 == 0 and DEQUANT["packed"]
     if N and K:
         int4_dequant_kernel[(cdiv(N, BN), cdiv(KH, BH))](qweight, scales, w, N, K, KH, scales.shape[1],
                                                         GS=group_size, UP=UPCAST,
