@@ -74,13 +74,15 @@ class DecoderLayer(nn.Module):
         else:
             self.input_layernorm, self.post_attention_layernorm = norm(), norm()
 
+    def mix(self, h, step: StepInputs, state_a, state_b):
+        """The block's mixer (GDN or attention) over h [B, T, hidden]: (out, state_a, state_b)."""
+        mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
+        return mixer(h, step, state_a, state_b)
+
     def forward(self, x, step: StepInputs, state_a, state_b):
         """x [B, T, hidden]; (state_a, state_b) = (conv, recurrent) or (key, value)."""
         h = x if self.post_norm else self.input_layernorm(x)
-        if self.kind == LINEAR:
-            h, state_a, state_b = self.linear_attn(h, step, state_a, state_b)
-        else:
-            h, state_a, state_b = self.self_attn(h, step, state_a, state_b)
+        h, state_a, state_b = self.mix(h, step, state_a, state_b)
         if self.post_norm:
             x = x + self.post_attention_layernorm(h)
             return x + self.post_feedforward_layernorm(self.mlp(x)), state_a, state_b
@@ -97,10 +99,7 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(x)
         else:
             x, h = self.input_layernorm.add(x, pending)
-        if self.kind == LINEAR:
-            h, state_a, state_b = self.linear_attn(h, step, state_a, state_b)
-        else:
-            h, state_a, state_b = self.self_attn(h, step, state_a, state_b)
+        h, state_a, state_b = self.mix(h, step, state_a, state_b)
         x, h = self.post_attention_layernorm.add(x, h)
         return x, self.mlp(h), state_a, state_b
 

@@ -11,13 +11,7 @@ import pytest
 import torch
 
 from kernels import triton_utils
-from tests.conftest import GPU_ONLY
-
-
-def gpu_only(test):
-    for mark in GPU_ONLY:
-        test = mark(test)
-    return test
+from tests.ops.impl import HAS_CUDA, NO_GPU
 
 
 @pytest.fixture
@@ -44,7 +38,8 @@ def test_off_by_default_and_by_environment():
     assert triton_utils.pdl_from_env({"GDN_EXPORT_PDL": "1"}) is True
 
 
-@gpu_only
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)
 def test_taken_on_hopper_cuda_tensors(pdl_switch):
     pdl_switch(True)
     x = torch.zeros(2, device="cuda")
@@ -77,7 +72,8 @@ def _params(H=2048, I=3072):
                 sc=(torch.rand(H, I // 128, device="cuda", generator=g) * 0.01).to(torch.bfloat16))
 
 
-@gpu_only
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)
 @pytest.mark.parametrize("M", [1, 5, 64])
 def test_kernel_chain_equal_with_and_without_pdl(pdl_switch, M):
     """The chain eagerly and replayed from a CUDA graph, PDL on, against PDL off: bit-equal, fresh inputs
@@ -105,7 +101,8 @@ def test_kernel_chain_equal_with_and_without_pdl(pdl_switch, M):
         assert torch.equal(out[0], ws) and torch.equal(out[1], wy)
 
 
-@gpu_only
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU)
 @pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
 def test_graph_runner_tokens_and_logits_equal_with_and_without_pdl(pdl_switch, tmp_path, family):
     """Greedy generation on the GraphRunner (eager prefill, CUDA-graph decode, triton ops, bf16): the
