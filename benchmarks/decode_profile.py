@@ -9,7 +9,9 @@ records `steps` greedy decode steps (graph replays) under torch.profiler and rep
 wall time, the number of kernels, their summed device time, the idle gaps between them, and a table
 of kernel groups (GEMMs, GDN / conv ops, attention, norms, elementwise, copies...) with counts and
 times, plus the 25 costliest kernel names. Writes decode_profile.md / .json under --out (default $OUT, else a new temp folder).
---prefill profiles `steps` prefills of the prompt instead (one call each, no CUDA graph).
+--prefill profiles `steps` prefills of the prompt instead (one call each, no CUDA graph) and adds the
+host's side: how long a call takes to return when the GPU's queue is empty at its start (near the
+wall time, the launches bound the prefill) and a cProfile of the calls.
 """
 
 from __future__ import annotations
@@ -50,6 +52,40 @@ def group_of(name: str) -> str:
         if re.search(pattern, low):
             return group
     return "other"
+
+
+def host_side(call, calls: int) -> tuple[float, str]:
+    """(median ms for `call` to return with an empty queue at its start, a text report: cProfile of
+    `calls` calls (the 30 functions with the most own time, the 40 with the most cumulative time) and
+    torch.profiler's CPU-side table of one call, CUDA runtime calls included)."""
+    import cProfile
+    import io
+    import pstats
+
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as ops:  # CUDA runtime calls: syncs, mallocs
+        call()
+        torch.cuda.synchronize()
+    text.write("\ntorch.profiler, one call, by self CPU time:\n")
+    text.write(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70))
+    return statistics.median(times), text.getvalue()
 
 
 def main() -> int:
@@ -111,6 +147,9 @@ def main() -> int:
     timed = run_prefill if args.prefill else run_decode
     timed(args.steps)  # capture, compiles
     wall = statistics.median(timed(args.steps) for _ in range(5))
+    host = host_profile = None
+    if args.prefill:
+        host, host_profile = host_side(lambda: runner.prefill_device(ids, runner.empty_states(B), T), args.steps)
     if args.prefill:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run_prefill(args.steps)
@@ -138,7 +177,8 @@ def main() -> int:
     s = args.steps
     result = {"checkpoint": args.checkpoint, "batch": B, "op_backend": args.op_backend,
               "compile": args.compile, "compile_mode": args.compile_mode, "dtype": args.dtype, "steps": s,
-              "prefill": args.prefill, "prompt_len": T, "wall_ms_per_step": wall, "kernels_per_step": len(kernels) / s,
+              "prefill": args.prefill, "prompt_len": T, "wall_ms_per_step": wall, "host_ms_per_step": host,
+              "kernels_per_step": len(kernels) / s,
               "kernel_busy_ms_per_step": busy_us / s / 1e3,
               "profiled_span_ms_per_step": span_us / s / 1e3,
               "groups": {k: {"kernels_per_step": v[0] / s, "ms_per_step": v[1] / s / 1e3}
@@ -150,13 +190,18 @@ def main() -> int:
              f"{', torch.compile' if args.compile else ''}{' (max-autotune)' if args.compile_mode != 'default' else ''}", "",
              f"wall {wall:.3f} ms/step (unprofiled median of 5 x {s} steps); {len(kernels) / s:.0f} "
              f"kernels/step, busy {busy_us / s / 1e3:.3f} ms/step, span {span_us / s / 1e3:.3f} ms/step "
-             f"(span - busy = gaps between kernels)", "",
+             f"(span - busy = gaps between kernels)"
+             + (f"; host {host:.3f} ms/call (the call's return, its queue empty at the start: near wall, the "
+                f"host's launches bound the prefill)" if host is not None else ""), "",
              "| group | kernels/step | ms/step | share of busy |", "|---|---|---|---|"]
     for k, v in sorted(per_group.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"| {k} | {v[0] / s:.0f} | {v[1] / s / 1e3:.3f} | {v[1] / max(busy_us, 1e-9):.0%} |")
     lines += ["", "| kernel | per step | us/step |", "|---|---|---|"]
     for row in result["top"]:
         lines.append(f"| `{row['name']}` | {row['per_step']:.0f} | {row['us_per_step']:.1f} |")
+    if host_profile:
+        lines += ["", "Host side of the profiled calls (cProfile, by own time; its overhead inflates them):", "",
+                  "```", host_profile.rstrip(), "```"]
     save_table(args.out, "decode_profile", result, "\n".join(lines))
     return 0
 

@@ -17,7 +17,8 @@
 # benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU; PROFILES
 # the models, default "bf16 fp8 int4-awq", "fp8lm" is fp8 with --quantize-lm-head; PROFILE_MODES
 # default "decode prefill"), SWEEP_CONFIGS
-# (the first N launch configurations of the sweep),
+# (the first N launch configurations of the sweep), TESTS_S (seconds for the GPU tests, default 160; a
+# failing test is named in tests.txt as it fails),
 # BUDGET (seconds for the whole script, default 520), LAYERS (default 24: the full 1.66B Qwen3.5
 # with its 248320 vocabulary; fewer layers cut the vocabulary by the same factor), RUNS (the
 # end-to-end runs in order, default below), CK (checkpoint folder, default /tmp/quant_gpu_ck).
@@ -51,6 +52,7 @@ CK=${CK:-/tmp/quant_gpu_ck}
 KM=${KM:-1 32 4096}                                    # the kernel table's rows M
 KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
+TESTS_S=${TESTS_S:-160}                                # seconds for the GPU tests at most
 TESTS=${TESTS:-tests/ops/rms_norm tests/ops/silu_mul tests/ops/rotary tests/ops/gated_delta_rule/test_gating.py tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
@@ -78,9 +80,10 @@ fi
 # ------------------------------------------------------------------ GPU tests
 part_tests() {
   echo "[$(el)s] tests" >&2
-  timeout $(( $(left) > 160 ? 160 : $(left) )) python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+  timeout $(( $(left) > TESTS_S ? TESTS_S : $(left) )) python3 -m pytest -v -m gpu -n 8 -p no:cacheprovider \
     ${TEST_K:+-k "$TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")" > "$OUT/tests.txt"
+  grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/tests.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u >> "$OUT/tests.txt"
   cat "$OUT/tests.txt" >&2
 }
 
@@ -237,7 +240,8 @@ if profs:
         d = json.load(open(f))
         groups = ", ".join(f"{k} {v['ms_per_step']:.3f}" for k, v in
                            sorted(d["groups"].items(), key=lambda kv: -kv[1]["ms_per_step"])[:6])
-        print(f"- {os.path.basename(os.path.dirname(f))}: {d['wall_ms_per_step']:.3f} / {d['kernel_busy_ms_per_step']:.3f} "
+        host = f" (host {d['host_ms_per_step']:.3f})" if d.get("host_ms_per_step") else ""
+        print(f"- {os.path.basename(os.path.dirname(f))}: {d['wall_ms_per_step']:.3f}{host} / {d['kernel_busy_ms_per_step']:.3f} "
               f"({d['kernels_per_step']:.0f} kernels); {groups}")
 PY
 echo "[$(el)s] done" >&2

@@ -175,7 +175,7 @@ def linear_cases():
     from kernels.quant_linear.triton.fp8 import fp8_gemm_kernel, quant_group_kernel, quant_tensor_kernel
     from kernels.quant_linear.triton.gemv import CFG, FP8_BLOCK, FP8_TENSOR, INT4, gemv_kernel
     from kernels.quant_linear.triton import skinny
-    from kernels.quant_linear.triton.int4 import DEQUANT, int4_dequant_kernel, int4_gemm_kernel, tile_k
+    from kernels.quant_linear.triton.int4 import DEQUANT, int4_dequant_kernel, int4_gemm_kernel, scale_columns_kernel, tile_k
 
     for act in ("bf16", "fp16", "fp32"):
         x = ACT.get(act, "*fp32")
@@ -240,6 +240,7 @@ def linear_cases():
                 yield (f"int4_dequant {act} {d['BN']}x{d['BH']}{' packed' if packed else ''}", int4_dequant_kernel,
                        dict(qw="*u8", sc=x, w=x), dict(GS=128, UP=False, PTX=True, PACKED=packed, BN=d["BN"], BH=d["BH"]),
                        d["warps"], 3)
+            yield (f"scale_columns {act} 4x1024", scale_columns_kernel, dict(x=x, s=x, y=x), dict(BM=4, BK=1024), 4, 3)
         # the skinny GEMM (decode, M <= 64, every format) with its default launch parameters
         for fmt, fname in ((skinny.FP8_TENSOR, "fp8-tensor"), (skinny.FP8_BLOCK, "fp8-block"), (skinny.INT4, "int4")):
             cfg = skinny.CFG[fmt]

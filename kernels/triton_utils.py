@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # Every chunked kernel works on chunks of this many tokens; the WY solve is written for 4 x 16.
 CHUNK = 64
@@ -288,6 +289,18 @@ def prepare_inputs(q, k, v, g, beta, gates, scale, cu_seqlens):
 # Triton's CPU interpreter (3.9) returns garbage from bf16 x bf16 tl.dot: there, 16-bit operands
 # are widened first (their values are unchanged, so the result is what the GPU computes).
 UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def exp_libm(x):
+    """fp32 exp(x) as CUDA's expf computes it (libdevice's __nv_expf, what PyTorch's CUDA kernels call),
+    so a kernel can match PyTorch bit for bit; tl.exp is ex2.approx on a scaled argument, a few ulp off.
+    numpy's exp under Triton's interpreter (which has no libdevice)."""
+    if INTERPRETED:
+        return tl.exp(x)
+    else:
+        return libdevice.exp(x)
 
 
 @triton.jit

@@ -18,6 +18,13 @@ What makes it fast, against TorchRunner (which is the same model, stepped eagerl
   over its weights, and a few large ones get nearer the copy bandwidth than many small ones.
 - The model's own input checks (which read lengths back from the GPU) are off: Runner.forward
   checks ids, lengths and cache room on the host before anything runs.
+- A prefill call of equal-length rows is captured too, once its shape (batch, tokens per row) comes
+  a second time (the first call runs eagerly and warms every kernel up), and replayed from then on:
+  a 4096-token prefill launches ~500-700 kernels from Python, which on an H100 took the host longer
+  than the GPU (FP8: 46 ms of host time for 26 ms of kernels). At most MAX_PREFILL_GRAPHS shapes
+  stay captured (the least recently used goes); they share one memory pool, which keeps one prefill
+  call's activations while any is held (`release_prefill_graphs` frees it). Ragged rows run
+  eagerly.
 - compile=True wraps the model in torch.compile (inductor fuses the small elementwise ops: norms
   with their gates, rotary, the gates of the GDN layer) before the capture; the gdn custom ops stay
   opaque calls into the op backend. Prefill runs eagerly (compiled too with compile=True), in
@@ -30,6 +37,8 @@ CPU tests check against TorchRunner.
 
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +63,8 @@ ACTIVATION_SHARE = 0.25
 # allocator's slack and the kernels' workspaces.
 ACTIVATION_FACTOR = 2
 WARMUP_CALLS = 3  # before a capture: lazy init (cuBLAS handles, Triton / inductor compiles)
+# Prefill shapes (batch, tokens per row) kept as captured graphs, least recently used dropped first.
+MAX_PREFILL_GRAPHS = 4
 # GraphRunner's compile modes -> torch.compile's (the runner captures its own CUDA graphs)
 COMPILE_MODES = {"default": None, "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -75,6 +86,20 @@ class _Static:
     next_token: torch.Tensor | None = None
 
 
+@dataclass
+class _PrefillGraph:
+    """One captured prefill shape: ids [B, T] int64, past [B] int64 and lens [B] int64 (all T) are
+    its static inputs, logits [B, 1, V] fp32 its output (in the shared prefill pool); `st` the
+    batch size's static states it updates."""
+
+    st: _Static
+    ids: torch.Tensor
+    past: torch.Tensor
+    lens: torch.Tensor
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+
+
 class GraphRunner(TorchRunner):
     """HybridForCausalLM with static states and CUDA-graph decode (module docstring).
 
@@ -87,7 +112,8 @@ class GraphRunner(TorchRunner):
     """
 
     def __init__(self, model, device: str | torch.device = "cuda", op_backend: str | None = None,
-                 cuda_graph: bool | None = None, compile: bool = False, compile_mode: str = "default"):
+                 cuda_graph: bool | None = None, compile: bool = False, compile_mode: str = "default",
+                 prefill_graphs: bool | None = None):
         if compile_mode not in COMPILE_MODES:
             raise InputError(f"compile mode must be one of {sorted(COMPILE_MODES)}, got {compile_mode!r}")
         super().__init__(model, device=device, op_backend=op_backend)
@@ -111,6 +137,13 @@ class GraphRunner(TorchRunner):
                             if compile else self.model)
         self._static: dict[int, _Static] = {}
         self._pool: list[torch.Tensor] | None = None  # bind_states: every batch size's rows in one pool
+        self.prefill_graphs = self.cuda_graph if prefill_graphs is None else bool(prefill_graphs)
+        if self.prefill_graphs and not self.cuda_graph:
+            raise InputError("prefill graphs need CUDA graphs (cuda_graph=True on a CUDA device)")
+        self._prefill: OrderedDict[tuple[int, int], _PrefillGraph] = OrderedDict()
+        self._prefill_seen: set[tuple[int, int]] = set()  # shapes run once eagerly
+        self._prefill_failed: set[tuple[int, int]] = set()  # shapes whose capture failed: eager
+        self._prefill_mempool = None
 
     def default_prefill_chunk(self, batch: int, prompt_len: int | None = None) -> int:
         """Tokens per row per prefill call: PREFILL_TOKENS // batch on the CPU; on a GPU the whole
@@ -179,6 +212,7 @@ class GraphRunner(TorchRunner):
         if not sizes or sizes[0] < 1 or sizes[-1] > rows:
             raise InputError(f"batch sizes {sizes} must lie in [1, {rows}] (the pool's rows)")
         self._static, self._pool = {}, None
+        self.release_prefill_graphs()  # captured on the dropped buffers
         for b in sizes:
             self._new_static(b, [t[:b] for t in pool])
         self._pool = list(pool)
@@ -240,6 +274,62 @@ class GraphRunner(TorchRunner):
         st.graph.replay()
         return st.logits, st.next_token
 
+    # ------------------------------------------------------------------ prefill graphs
+    def release_prefill_graphs(self) -> None:
+        """Drop the captured prefill graphs and their memory pool (captured again as shapes repeat)."""
+        self._prefill.clear()
+        self._prefill_seen.clear()
+        self._prefill_mempool = None
+
+    def _prefill_call(self, st: _Static, ids: torch.Tensor, past: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """One prefill call of rows that all take ids.shape[1] tokens (lens all T) on st's states:
+        ids [B, T] int64, past [B] int64 on the device. Eager the first time a shape comes, a captured
+        graph's replay after (prefill_graphs on). Returns logits [B, 1, V] fp32, a tensor of its own."""
+        key = (int(ids.shape[0]), int(ids.shape[1]))
+        g = self._prefill.get(key) if self.prefill_graphs else None
+        if (g is None and self.prefill_graphs and key in self._prefill_seen and key not in self._prefill_failed):
+            g = self._capture_prefill(st, key)
+        if g is None or g.st is not st:
+            if self.prefill_graphs:
+                self._prefill_seen.add(key)
+            logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
+            self._load(st, new_states)
+            return logits
+        self._prefill.move_to_end(key)
+        g.ids.copy_(ids)
+        g.past.copy_(past)
+        g.graph.replay()
+        return g.logits.clone()  # the pool is rewritten by the next prefill replay of any shape
+
+    def _capture_prefill(self, st: _Static, key: tuple[int, int]) -> _PrefillGraph | None:
+        """Capture the prefill of `key` = (batch, tokens) on st's states, or None (a warning) when the
+        capture fails: that shape then stays eager. No warm-up calls: the shape's eager call did the
+        lazy initialisation, and a warm-up would step the caller's states."""
+        B, T = key
+        dev = self.device
+        g = _PrefillGraph(st=st, ids=torch.zeros(B, T, dtype=torch.int64, device=dev),
+                          past=torch.zeros(B, dtype=torch.int64, device=dev),
+                          lens=torch.full((B,), T, dtype=torch.int64, device=dev))
+
+        def call():
+            logits, new_states = self._call(g.ids, g.past, g.lens, st.states, model=self._step_model)
+            self._load(st, new_states)
+            g.logits = logits
+
+        if self._prefill_mempool is None:
+            self._prefill_mempool = torch.cuda.graph_pool_handle()
+        try:
+            g.graph = capture_graph(call, dev, f"the prefill of {B} x {T} tokens", "--no-cuda-graph",
+                                    warmup=0, pool=self._prefill_mempool)
+        except GdnExportError as exc:
+            self._prefill_failed.add(key)
+            warnings.warn(f"{exc}; prefills of this shape run eagerly", RuntimeWarning, stacklevel=3)
+            return None
+        self._prefill[key] = g
+        while len(self._prefill) > MAX_PREFILL_GRAPHS:
+            self._prefill.popitem(last=False)
+        return g
+
     # ------------------------------------------------------------------ Runner
     def _forward(self, input_ids: np.ndarray, past_lengths: np.ndarray, seq_lens: np.ndarray, states):
         batch, seq = input_ids.shape
@@ -254,6 +344,8 @@ class GraphRunner(TorchRunner):
         ids = torch.from_numpy(input_ids).to(self.device)
         past = torch.from_numpy(past_lengths).to(self.device)
         lens = torch.from_numpy(seq_lens).to(self.device)
+        if bool((seq_lens == seq).all()):
+            return self._prefill_call(st, ids, past, lens).float().cpu().numpy(), st.states
         logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
         self._load(st, new_states)
         return logits.float().cpu().numpy(), st.states
@@ -278,9 +370,7 @@ class GraphRunner(TorchRunner):
             size = min(chunk, seq - start)
             past = torch.full((batch,), start, dtype=torch.int64, device=self.device)
             lens = torch.full((batch,), size, dtype=torch.int64, device=self.device)
-            logits, new_states = self._call(ids[:, start:start + size], past, lens, st.states,
-                                            model=self._step_model)
-            self._load(st, new_states)
+            logits = self._prefill_call(st, ids[:, start:start + size], past, lens)
         return logits, st.states
 
     def decode_greedy(self, tokens, past_lengths, states, steps: int,
@@ -316,10 +406,11 @@ class GraphRunner(TorchRunner):
         return picked, st.states, kept
 
 
-def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int = WARMUP_CALLS):
+def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int = WARMUP_CALLS, pool=None):
     """fn() captured as a torch.cuda.CUDAGraph after `warmup` calls on a side stream (lazy
-    initialisation, Triton compiles); GdnExportError naming `what` and the flag that runs without
-    graphs (`instead`) when an op cannot be captured (a host sync or a host-side allocation)."""
+    initialisation, Triton compiles), in memory pool `pool` (torch.cuda.graph_pool_handle(); None:
+    a private one); GdnExportError naming `what` and the flag that runs without graphs (`instead`)
+    when an op cannot be captured (a host sync or a host-side allocation)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -328,7 +419,7 @@ def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             fn()
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -18,7 +18,8 @@ fp8_block_linear  M <= 32: Triton skinny GEMM, per-token group-128 quantization 
                   M: one quantization pass, then torch._scaled_mm's blockwise form (1x128 activation
                   scales x 128x128 weight scales) where it runs (16-bit x, K and N multiples of 128),
                   else the Triton block-scaled fp8 x fp8 GEMM.
-int4_linear       (x * pre_scale first where given) M <= 32 or fp32 x: Triton W4A16 of
+int4_linear       (x * pre_scale first where given: one Triton pass for 16-bit x above 32 rows)
+                  M <= 32 or fp32 x: Triton W4A16 of
                   triton/int4.py, split K for M <= 32. Larger M with 16-bit x: W dequantized by one
                   Triton pass, then the 16-bit GEMM. group_size not a multiple of 32: dequantized in
                   fp32 and torch.matmul.
@@ -33,7 +34,7 @@ import torch
 from kernels.quant_linear.triton import common as triton_common, gemv as triton_gemv, skinny as triton_skinny
 from kernels.quant_linear.triton.common import SKINNY_M
 from kernels.quant_linear.triton.fp8 import GROUP, fp8_gemm, quantize_groups, quantize_tensor
-from kernels.quant_linear.triton.int4 import int4_dequant, int4_gemm, tile_k
+from kernels.quant_linear.triton.int4 import int4_dequant, int4_gemm, scale_columns, tile_k
 from kernels.triton_utils import cdiv
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -204,7 +205,10 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
                                  group_size, None if pre_scale is None else _contig(pre_scale.to(x.dtype)))
         return y.view(*x.shape[:-1], N)
     if pre_scale is not None:
-        x2 = x2 * pre_scale.to(x.dtype)
+        if M > SKINNY_M and x.dtype != torch.float32:
+            x2 = scale_columns(x2, _contig(pre_scale.to(x.dtype)))
+        else:
+            x2 = x2 * pre_scale.to(x.dtype)
     if M == 1 and triton_common.GEMV and group_size % 128 == 0:
         y = triton_gemv.gemv(triton_gemv.INT4, x2, _contig(qweight), _contig(scales.to(x.dtype)), None, b, group_size)
     elif tile_k(group_size) is None:

@@ -20,3 +20,18 @@ def check_elementwise(out: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
     bound = want.abs() * rel + torch.finfo(dtype).tiny
     worst = ((got - want).abs() / bound).max().item()
     assert worst <= 1.0, f"an element is {worst:.2f} x its bound from the oracle ({dtype})"
+
+
+def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 x rounded to dtype once, to nearest even, as float64. torch's float64 -> fp16 / bf16
+    cast goes through fp32 and can round twice: -0.16766356893 (silu(-2.724609375)) lies just inside
+    the fp16 midpoint -0.16766357421875, which fp32 holds, so the two casts give -0.1677246 where the
+    nearest fp16 is -0.1676025. Here fp32 rounds to odd (truncated, last bit set when inexact; 24 bits
+    >= the 16-bit significand + 2), which leaves the second rounding the only one."""
+    if dtype in (torch.float64, torch.float32):
+        return x.to(dtype).double()
+    f = x.float()
+    toward_zero = torch.where(f.double().abs() > x.abs(), torch.nextafter(f, torch.zeros_like(f)), f)
+    bits = toward_zero.view(torch.int32)
+    odd = torch.where(f.double() != x, bits | 1, bits).view(torch.float32)
+    return odd.to(dtype).double()

@@ -163,3 +163,100 @@ def test_default_prefill_chunk_on_a_gpu_follows_the_free_memory(monkeypatch):
     assert chunk(1, int(2.4e9)) == 6000  # between the bounds: what fits
     assert chunk(4, 64 * 10**9) == cg.MAX_PREFILL_TOKENS // 4
     assert chunk(1, 64 * 10**9, 65536) == 8192 and chunk(1, 64 * 10**9, 9000) == 4544
+
+
+class _ReplayByCalling:
+    """A stand-in for a captured CUDA graph on the CPU: replay() calls the captured function."""
+
+    def __init__(self, fn, *args, **kwargs):
+        self.fn, self.replays = fn, 0
+
+    def replay(self):
+        self.replays += 1
+        self.fn()
+
+
+def _prefill_graph_runners(ckpt, device, monkeypatch, cache_len=64):
+    """(eager TorchRunner, GraphRunner with prefill graphs): on the CPU the capture is
+    _ReplayByCalling (the runner's bookkeeping, static inputs and copies are what runs); on a GPU
+    real CUDA graphs."""
+    import gdn_export.runtime.cuda_graph as cg
+
+    eager, fast = _runners(ckpt, device, cache_len)
+    if device == "cpu":
+        monkeypatch.setattr(cg, "capture_graph", lambda fn, *a, **k: _ReplayByCalling(fn))
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+        fast.prefill_graphs = True
+    assert fast.prefill_graphs
+    return eager, fast
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_graphs_replay_the_eager_prefill(ckpt, device, monkeypatch):
+    """A prefill shape's second call is captured and replayed from then on: the logits (tensors of
+    their own, not the pool's) and states equal the eager runner's for every call, chunked and
+    whole, across batch sizes; ragged rows stay eager."""
+    eager, fast = _prefill_graph_runners(ckpt, device, monkeypatch)
+    vocab = eager.vocab_size
+    for seed, lengths, chunk in [(1, (9, 9), 4), (2, (9, 9), 4), (3, (8, 8), 4), (4, (5,), None), (5, (5,), None)]:
+        prompts = _ragged_prompts(seed, vocab, lengths)
+        want = generate(eager, prompts, 3)
+        got = generate(fast, prompts, 3, prefill_chunk=chunk)
+        np.testing.assert_array_equal(got.generated, want.generated, err_msg=f"seed {seed}")
+        for i, (a, b) in enumerate(zip(got.step_logits, want.step_logits)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-4, err_msg=f"seed {seed} step {i}")
+    assert set(fast._prefill) == {(2, 4), (1, 5)}  # (2, 1): the 9-token rows' last call came once
+    # device prefill: the same logits call after call, each a tensor of its own
+    ids = torch.as_tensor(np.stack(_ragged_prompts(6, vocab, (12, 12)))).to(device)
+    first, _ = fast.prefill_device(ids, fast.empty_states(2), 6)
+    states_first = [t.clone() for t in fast._static[2].states]
+    again, states = fast.prefill_device(ids, fast.empty_states(2), 6)
+    assert (2, 6) in fast._prefill
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    for a, b in zip(states, states_first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    kept = again.clone()
+    fast.prefill_device(ids.flip(1), fast.empty_states(2), 6)  # a replay on other tokens
+    torch.testing.assert_close(again, kept, rtol=0, atol=0)
+    # ragged rows padded to a captured shape (2 x 6, lengths 6 and 4) run eagerly
+    graph = fast._prefill[(2, 6)].graph
+    replays = getattr(graph, "replays", None)
+    ragged = _ragged_prompts(7, vocab, (6, 4))
+    for _ in range(2):
+        np.testing.assert_array_equal(generate(fast, ragged, 2).generated, generate(eager, ragged, 2).generated)
+    assert getattr(graph, "replays", None) == replays
+
+
+def test_prefill_graphs_keep_the_latest_shapes_and_fall_back_on_a_failed_capture(ckpt, monkeypatch):
+    import gdn_export.runtime.cuda_graph as cg
+    from gdn_export.errors import GdnExportError
+
+    eager, fast = _prefill_graph_runners(ckpt, "cpu", monkeypatch)
+    monkeypatch.setattr(cg, "MAX_PREFILL_GRAPHS", 2)
+    vocab = eager.vocab_size
+    for n in (3, 4, 5, 3):
+        for _ in range(2):
+            fast.forward(np.stack(_ragged_prompts(n, vocab, (n,))), 0, fast.empty_states(1))
+    assert list(fast._prefill) == [(1, 5), (1, 3)]  # (1, 4) and the first (1, 3) were dropped
+    fast.release_prefill_graphs()
+    assert not fast._prefill
+    # a capture that fails: a warning naming the shape, the prefill runs eagerly and still agrees
+
+    def fail(*a, **k):
+        raise GdnExportError("capturing the prefill of 1 x 7 tokens as a CUDA graph failed: boom")
+
+    monkeypatch.setattr(cg, "capture_graph", fail)
+    prompt = _ragged_prompts(8, vocab, (7,))
+    want = generate(eager, prompt, 2)
+    with pytest.warns(RuntimeWarning, match="1 x 7 tokens .* run eagerly"):
+        for _ in range(2):
+            got = generate(fast, prompt, 2)
+    np.testing.assert_array_equal(got.generated, want.generated)
+    assert (1, 7) in fast._prefill_failed and (1, 7) not in fast._prefill
+    generate(fast, prompt, 2)  # no second capture attempt
+
+
+def test_prefill_graphs_need_cuda_graphs(ckpt):
+    with pytest.raises(InputError, match="prefill graphs need CUDA graphs"):
+        GraphRunner(load_checkpoint(ckpt), device="cpu", prefill_graphs=True)
+    assert not GraphRunner(load_checkpoint(ckpt), device="cpu").prefill_graphs

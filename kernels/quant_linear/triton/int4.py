@@ -21,7 +21,7 @@ from kernels.quant_linear.triton.common import (
     SKINNY_M, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, skinny_block_m, split_k)
 from kernels.quant_linear.triton import common
 from kernels import triton_utils
-from kernels.triton_utils import cdiv, int4_nibbles, to_state_dtype
+from kernels.triton_utils import cdiv, int4_nibbles, next_pow2, to_state_dtype
 
 
 @triton.jit
@@ -118,6 +118,33 @@ def int4_dequant(qweight: torch.Tensor, scales: torch.Tensor, K: int, group_size
                                                         PTX=triton_utils.NIBBLE_PTX, PACKED=packed, BN=BN, BH=BH,
                                                         num_warps=DEQUANT["warps"])
     return w
+
+
+@triton.jit
+def scale_columns_kernel(x, s, y, M, K, stride_x, BM: tl.constexpr, BK: tl.constexpr):
+    """y[m, k] = x[m, k] * s[k], the product in fp32 rounded once to y's dtype (torch's x * s)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    ok = (rows < M)[:, None] & (cols < K)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    b_x = tl.load(x + r64 * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    b_s = tl.load(s + cols, mask=cols < K, other=0.0).to(tl.float32)
+    tl.store(y + r64 * K + cols[None, :], (b_x * b_s[None, :]).to(y.dtype.element_ty), mask=ok)
+
+
+def scale_columns(x2: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """AWQ's pre-scale at prefill: x2 [M, K] (unit stride along K) times scale [K] (x2's dtype,
+    contiguous), rounded to x2's dtype as torch's x2 * scale; [M, K] contiguous. One vectorised pass
+    for torch's broadcast multiply, which took 39 us a call on an H100 at the 1.66B Qwen3.5 shapes
+    (M = 4096, 96 calls per prefill: 3.8 ms of 36.7)."""
+    M, K = x2.shape
+    y = common.empty(M, K, dtype=x2.dtype, device=x2.device)
+    if M and K:
+        BK = min(1024, next_pow2(K))
+        BM = max(1, min(4096 // BK, next_pow2(M)))
+        scale_columns_kernel[(cdiv(M, BM), cdiv(K, BK))](x2, scale, y, M, K, x2.stride(0), BM=BM, BK=BK,
+                                                         num_warps=4)
+    return y
 
 
 def tile_k(group_size: int, cap: int = 128) -> int | None:

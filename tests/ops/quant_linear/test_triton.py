@@ -288,3 +288,25 @@ def test_activation_quantization_is_the_exact_quotient(M, dtype, skinny_route, m
     y = on_device(gpu.fp8_linear)(x, w, torch.ones(K), s)
     want = ((x.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).to(dtype)
     torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("M,K,strided", [(1, 7, False), (37, 130, True), (300, 2048, False), (5, 3000, True)],
+                         ids=["M1-K7", "M37-K130-strided", "M300-K2048", "M5-K3000-strided"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_scale_columns_rounds_as_torch(dtype, M, K, strided):
+    """AWQ's pre-scale pass: x * s rounded once, bit for bit torch's x * s, every element written
+    (outputs poisoned by the autouse fixture), x with a row stride wider than K. bf16 under Triton's
+    interpreter (truncating casts): within one bf16 ulp."""
+    from kernels.quant_linear.triton.int4 import scale_columns
+
+    gen = torch.Generator().manual_seed(M + K)
+    wide = (torch.randn(M, K + 5 if strided else K, generator=gen) * 4).to(dtype).to(DEVICE)
+    x = wide[:, :K]
+    s = (torch.rand(K, generator=gen) * 3 + 0.05).to(dtype)
+    y = scale_columns(x, s.to(DEVICE))
+    assert y.is_contiguous()
+    y, x = y.cpu(), x.cpu()
+    if DEVICE == "cpu" and dtype == torch.bfloat16:  # the interpreter casts to bf16 by truncation
+        assert ((y.float() - (x * s).float()).abs() <= (x.float() * s.float()).abs() * 2.0 ** -7).all()
+    else:
+        torch.testing.assert_close(y, x * s, rtol=0, atol=0)

@@ -186,7 +186,7 @@ def test_attention_layer_through_the_fused_kernel(monkeypatch, family):
     fused = op.apply_rotary_fused
     if not HAS_CUDA:
         monkeypatch.setattr(backends, "on_gpu", lambda t: True)
-        monkeypatch.setattr(backends, "current_name", lambda: "triton")  # the rest stays on the reference ops
+    monkeypatch.setattr(backends, "current_name", lambda: "triton")  # the GDN / conv ops then run through Triton too
     monkeypatch.setattr(op, "apply_rotary_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
     for name in ("rms_norm", "silu_mul"):  # this test is the rotation's: the other glue kernels stay out
         module = __import__(f"gdn_export.ops.{name}", fromlist=["fused_ready"])
