@@ -102,6 +102,11 @@ def params(impls, cases, dtypes, cost=lambda case: 0):
     return out
 
 
+def runnable(cases):
+    """The cases this machine runs: those tagged "gpu" (GPU-sized shapes) only where CUDA is."""
+    return [c for c in cases if "gpu" not in c.tags or HAS_CUDA]
+
+
 def poisoned(shape, dtype, device) -> torch.Tensor:
     """An output buffer full of NaN: whatever a kernel leaves unwritten fails the check."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)

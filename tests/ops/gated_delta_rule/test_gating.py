@@ -15,7 +15,7 @@ import torch
 
 from gdn_export.ops.gated_delta_rule import gating as op
 from gdn_export.ops import backends, use_backend
-from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
+from tests.ops.impl import HAS_CUDA, Impl, params, poisoned, runnable
 
 ALL = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -102,7 +102,7 @@ def _triton(x):
 
 IMPLS = [Impl("torch-form", "reference", _torch), Impl("op-triton-backend", "triton", _op),
          Impl("triton", "triton", _triton)]
-RUN = [c for c in CASES if "gpu" not in c.tags or HAS_CUDA]
+RUN = runnable(CASES)
 
 
 @pytest.mark.parametrize("impl,case,dtype", params(IMPLS, RUN, None, cost=lambda c: c.cost // 64))

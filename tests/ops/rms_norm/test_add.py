@@ -15,7 +15,7 @@ import torch
 import gdn_export.ops.rms_norm as op
 from gdn_export.ops import backends, use_backend
 from gdn_export.ops.rms_norm import naive
-from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
+from tests.ops.impl import HAS_CUDA, Impl, params, poisoned, runnable
 from tests.ops.rms_norm.cases import Case, check, oracle
 
 GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
@@ -75,7 +75,7 @@ IMPLS = [
     Impl("op-triton-backend", "triton", _op),
     Impl("triton", "triton", _triton),
 ]
-RUN = [c for c in CASES if "gpu" not in c.tags or HAS_CUDA]
+RUN = runnable(CASES)
 
 
 def check_sum(s: torch.Tensor, inp: dict, exact: bool) -> None:

@@ -4,11 +4,11 @@
 import pytest
 import torch
 
-from tests.ops.impl import HAS_CUDA, params
+from tests.ops.impl import params, runnable
 from tests.ops.rms_norm.cases import CASES, check, make_inputs, oracle
 from tests.ops.rms_norm.impls import IMPLS
 
-RUN = [c for c in CASES if "gpu" not in c.tags or HAS_CUDA]
+RUN = runnable(CASES)
 
 
 @pytest.mark.parametrize("impl,case,dtype", params(IMPLS, RUN, None, cost=lambda c: c.cost // 64))

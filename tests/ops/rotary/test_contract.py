@@ -16,7 +16,7 @@ import torch
 
 from gdn_export.modules.rotary import RotaryEmbedding
 from gdn_export.ops import backends, rotary as op, use_backend
-from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
+from tests.ops.impl import HAS_CUDA, Impl, params, poisoned, runnable
 
 # the kernel itself on a GPU (`pytest -m gpu` runs it there); Triton's interpreter on a CPU
 GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
@@ -121,7 +121,7 @@ def _triton(inp):
 
 IMPLS = [Impl("torch-form", "reference", _torch), Impl("op-triton-backend", "triton", _op),
          Impl("triton", "triton", _triton)]
-RUN = [c for c in CASES if "gpu" not in c.tags or HAS_CUDA]
+RUN = runnable(CASES)
 
 
 @pytest.mark.parametrize("impl,case,dtype", params(IMPLS, RUN, None, cost=lambda c: c.cost // 64))

@@ -7,7 +7,7 @@ import torch
 
 import gdn_export.ops.silu_mul as op
 from gdn_export.ops import backends, use_backend
-from tests.ops.impl import HAS_CUDA, Impl, params, poisoned
+from tests.ops.impl import HAS_CUDA, Impl, params, poisoned, runnable
 from tests.ops.silu_mul.cases import CASES, check, make_inputs, oracle
 
 # the kernel itself on a GPU (`pytest -m gpu` runs it there); Triton's interpreter on a CPU
@@ -34,7 +34,7 @@ def _triton(inp):
 
 IMPLS = [Impl("reference", "reference", _naive), Impl("op-triton-backend", "triton", _op),
          Impl("triton", "triton", _triton)]
-RUN = [c for c in CASES if "gpu" not in c.tags or HAS_CUDA]
+RUN = runnable(CASES)
 
 
 @pytest.mark.parametrize("impl,case,dtype", params(IMPLS, RUN, None, cost=lambda c: c.cost // 64))
