@@ -177,16 +177,21 @@ def test_attention_layer_through_the_fused_kernel(monkeypatch, family):
     model = HybridForCausalLM(parse_config(tiny_config_dict(family)), DeployLayout.make(cache_len=16)).eval()
     init_tiny_weights(model, 0)
     model = model.to(torch.bfloat16).to(device).requires_grad_(False)
-    ids = torch.randint(0, model.config.vocab_size, (2, 6)).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)).to(device)
     lens = torch.tensor([6, 4]).to(device)
     past = torch.zeros(2, dtype=torch.long, device=device)
     with use_backend("reference"):
         want = model(ids, past, lens, *model.empty_states(2))[0]
     calls = []
-    fused = op.apply_rotary_fused
+    fused, ready = op.apply_rotary_fused, op.fused_ready
     if not HAS_CUDA:
         monkeypatch.setattr(backends, "on_gpu", lambda t: True)
-    monkeypatch.setattr(backends, "current_name", lambda: "triton")  # the GDN / conv ops then run through Triton too
+
+    def ready_as_triton(*a, **k):  # the rotation's check sees the triton backend; every other op the reference
+        with use_backend("triton"):
+            return ready(*a, **k)
+
+    monkeypatch.setattr(op, "fused_ready", ready_as_triton)
     monkeypatch.setattr(op, "apply_rotary_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
     for name in ("rms_norm", "silu_mul"):  # this test is the rotation's: the other glue kernels stay out
         module = __import__(f"gdn_export.ops.{name}", fromlist=["fused_ready"])
@@ -198,9 +203,9 @@ def test_attention_layer_through_the_fused_kernel(monkeypatch, family):
         got = model(ids, past, lens, *model.empty_states(2))[0]
     layers = sum(1 for kind in model.config.layer_kinds if kind != "linear_attention")
     assert len(calls) == 2 * layers
-    # bf16 logits through a whole model: relative RMS (the interpreter's truncating casts included)
+    # bf16 logits through a whole model: relative RMS (3-4e-3 under the interpreter, whose casts truncate)
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
-    assert err <= 2e-2, err
+    assert err <= 1e-2, err
 
 
 def test_fused_entry_refuses_what_breaks_the_contract():
