@@ -231,7 +231,7 @@ def linear_cases():
                         yield (f"gemv {act} {fname} split={int(partial)}", gemv_kernel, types, c, CFG["warps"],
                                CFG["stages"])
         yield (f"quant_tensor {act}", quant_tensor_kernel, dict(x=x, xq="*fp8e4nv", row_scale="*fp32", s_in="*fp32"),
-               dict(EXACT=exact, SOFT=False, BK=1024), 4, 3)
+               dict(EXACT=exact, SOFT=False, BM=4, BK=1024), 4, 3)
         yield (f"quant_group {act}", quant_group_kernel, dict(x=x, xq="*fp8e4nv", xs="*fp32"),
                dict(EXACT=exact, SOFT=False, G=16), 4, 3)
         if not exact:

@@ -26,6 +26,10 @@ from kernels.quant_linear.triton import common
 from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
 GROUP = 128  # block size of the fine-grained format, both dims
+# Elements a quant_tensor_kernel program holds (rows x up to 1024 columns). With one row a program it
+# took 1.41 ms for the 96 calls of a 4096-token 1.66B prefill on an H100 (14.7 us each); silu * up's
+# 4-row x 1024 tiles move 2.8 TB/s on that prefill's [4096, 6144] halves.
+QUANT_TILE = 4096
 
 
 @triton.jit
@@ -49,15 +53,19 @@ def _group_scale(b_x):
 
 @triton.jit
 def quant_tensor_kernel(x, xq, row_scale, s_in, M, K, stride_xm, EXACT: tl.constexpr, SOFT: tl.constexpr,
-                        BK: tl.constexpr):
+                        BM: tl.constexpr, BK: tl.constexpr):
+    """Program (BM rows, BK columns) of x [M, K]: e4m3(clamp(x / s_in)); the first column tile also
+    writes the rows' scale."""
     i_m, i_k = tl.program_id(0), tl.program_id(1)
+    o_m = i_m * BM + tl.arange(0, BM)
     o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
+    m_x = (o_m < M)[:, None] & (o_k < K)[None, :]
+    r64 = o_m.to(tl.int64)[:, None]
     s = tl.load(s_in)
-    b_x = tl.load(x + i_m.to(tl.int64) * stride_xm + o_k, mask=m_k, other=0.0).to(tl.float32)
-    tl.store(xq + i_m.to(tl.int64) * K + o_k, _quantize(b_x, s, EXACT, SOFT), mask=m_k)
+    b_x = tl.load(x + r64 * stride_xm + o_k[None, :], mask=m_x, other=0.0).to(tl.float32)
+    tl.store(xq + r64 * K + o_k[None, :], _quantize(b_x, s, EXACT, SOFT), mask=m_x)
     if i_k == 0:
-        tl.store(row_scale + i_m, s)
+        tl.store(row_scale + o_m, tl.zeros([BM], tl.float32) + s, mask=o_m < M)
 
 
 @triton.jit
@@ -148,10 +156,11 @@ def quantize_tensor(x2: torch.Tensor, input_scale: torch.Tensor):
     xq = common.empty(M, K, dtype=torch.float8_e4m3fn, device=x2.device)
     rs = common.empty(M, 1, dtype=torch.float32, device=x2.device)
     BK = min(1024, next_pow2(K))
+    BM = max(1, min(QUANT_TILE // BK, next_pow2(M)))
     if M:
-        quant_tensor_kernel[(M, cdiv(K, BK))](x2, xq, rs, input_scale, M, K, x2.stride(0),
-                                              EXACT=True, SOFT=SOFT_FP8, BK=BK,
-                                              num_warps=4)
+        quant_tensor_kernel[(cdiv(M, BM), cdiv(K, BK))](x2, xq, rs, input_scale, M, K, x2.stride(0),
+                                                        EXACT=True, SOFT=SOFT_FP8, BM=BM, BK=BK,
+                                                        num_warps=4)
     return xq, rs
 
 

@@ -310,3 +310,21 @@ def test_scale_columns_rounds_as_torch(dtype, M, K, strided):
         assert ((y.float() - (x * s).float()).abs() <= (x.float() * s.float()).abs() * 2.0 ** -7).all()
     else:
         torch.testing.assert_close(y, x * s, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("M,K", [(1, 16), (3, 7), (37, 1030), (130, 2048)], ids=["M1-K16", "M3-K7", "M37-K1030", "M130-K2048"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_tensor_is_the_contracts_quotient(dtype, M, K):
+    """The prefill's x pass (fp8_linear's torch._scaled_mm route): e4m3(clamp(x / input_scale, +-448))
+    bit for bit torch's, and input_scale in every row of the [M, 1] scale; a tile of several rows
+    meets row and column edges (outputs poisoned by the autouse fixture)."""
+    from kernels.quant_linear.triton.fp8 import quantize_tensor
+
+    gen = torch.Generator().manual_seed(M * K)
+    x = activations(M, K, dtype, "model", gen)
+    s = torch.tensor(float(x.float().abs().max()) / 300.0)  # some elements past +-448 after the division
+    xq, rs = on_device(lambda a, b: torch.cat(
+        [t.float().reshape(M, -1) for t in quantize_tensor(a, b)], 1))(x, s).split([K, 1], 1)
+    want = (x.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+    torch.testing.assert_close(xq, want, rtol=0, atol=0)
+    torch.testing.assert_close(rs, s.expand(M, 1), rtol=0, atol=0)
