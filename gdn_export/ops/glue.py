@@ -1,6 +1,6 @@
 """What the ops with an eager glue kernel share (gdn_export.ops.rms_norm, .silu_mul,
 .gated_delta_rule.gating, .rotary; docs/backends.md): their Triton module imported on first use,
-their inputs as row views, their output buffer checked."""
+their inputs as row views (`rows`, or `head_rows`: rows at two strides), their output buffer checked."""
 
 from __future__ import annotations
 
@@ -25,6 +25,17 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     projection's output are), else a copy."""
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 or t2.shape[-1] <= 1 else t2.contiguous()
+
+
+def head_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [..., H, D] as [R, H, D] with unit stride along D (t [D] or [R, D] as [R, 1, D]): a view
+    where one exists (a head split [B, T, H, D] of one slice of a fused projection's output is one:
+    its rows are (token, head) at two strides, which `rows` would copy), else a copy."""
+    if t.dim() < 3:
+        t3 = t.reshape(-1, 1, t.shape[-1])
+    else:
+        t3 = t.reshape(-1, t.shape[-2], t.shape[-1])
+    return t3 if t3.stride(-1) == 1 or t3.shape[-1] <= 1 else t3.contiguous()
 
 
 def output(out: torch.Tensor | None, like: torch.Tensor, op: str) -> torch.Tensor:

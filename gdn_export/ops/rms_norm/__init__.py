@@ -66,13 +66,13 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_cente
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): x [..., D],
     weight [D], gate [..., D] or None -> y [..., D] in x's dtype, written into `out` (contiguous, x's
     shape and dtype) when given. ValueError naming what breaks the contract."""
-    kernel, D = _checked_kernel(x, weight, "rms_norm_fused")
+    kernel, _ = _checked_kernel(x, weight, "rms_norm_fused")
     if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype):
         raise ValueError(f"rms_norm_fused: gate must be x's {tuple(x.shape)} {x.dtype}, got {tuple(gate.shape)} "
                          f"{gate.dtype}")
     out = glue.output(out, x, "rms_norm_fused")
-    gate_rows = None if gate is None else glue.rows(gate)
-    kernel.rms_norm_rows(glue.rows(x), weight.contiguous(), eps, zero_centered, gate_rows, out.view(-1, D))
+    gate_rows = None if gate is None else glue.head_rows(gate)
+    kernel.rms_norm_rows(glue.head_rows(x), weight.contiguous(), eps, zero_centered, gate_rows, glue.head_rows(out))
     return out
 
 
@@ -81,14 +81,14 @@ def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        out_sum: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused residual add and norm alone (as rms_norm_fused): x, residual [..., D] -> (s, y) in x's
     dtype, written into `out_sum` / `out` (each contiguous, x's shape and dtype) when given."""
-    kernel, D = _checked_kernel(x, weight, "add_rms_norm_fused")
+    kernel, _ = _checked_kernel(x, weight, "add_rms_norm_fused")
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"add_rms_norm_fused: residual must be x's {tuple(x.shape)} {x.dtype}, got "
                          f"{tuple(residual.shape)} {residual.dtype}")
     out = glue.output(out, x, "add_rms_norm_fused")
     out_sum = glue.output(out_sum, x, "add_rms_norm_fused")
-    kernel.rms_norm_rows(glue.rows(x), weight.contiguous(), eps, zero_centered, None, out.view(-1, D),
-                         residual=glue.rows(residual), s=out_sum.view(-1, D))
+    kernel.rms_norm_rows(glue.head_rows(x), weight.contiguous(), eps, zero_centered, None, glue.head_rows(out),
+                         residual=glue.head_rows(residual), s=glue.head_rows(out_sum))
     return out_sum, out
 
 

@@ -1,13 +1,15 @@
 """RMSNorm in one kernel: plain, zero-centred and gated (the three norms of the hybrid families), and the
 decoder's residual add before a plain or zero-centred norm.
 
-    x       [R, D]  fp32 / fp16 / bf16, unit stride along D, any row stride
-    res     [R, D]  x's dtype (residual add only), unit stride along D, any row stride
-    s       [R, D]  x's dtype (residual add only): x + res in fp32, rounded once to x's dtype (PyTorch's
-            add); the norm below then reads s in place of x
-    weight  [D]     any float dtype, unit stride
-    gate    [R, D]  x's dtype (gated only), unit stride along D, any row stride
-    y       [R, D]  x's dtype, unit stride along D, any row stride:
+    x       [R1, H, D]  fp32 / fp16 / bf16, unit stride along D, any other strides: rows r = (r1, h),
+                        R = R1 H of them (a head-split view such as [B T, H, D] of one slice of a fused
+                        projection's output is read in place: no copy)
+    res     [R1, H, D]  x's dtype (residual add only), unit stride along D, any other strides
+    s       [R1, H, D]  x's dtype (residual add only): x + res in fp32, rounded once to x's dtype
+                        (PyTorch's add); the norm below then reads s in place of x
+    weight  [D]         any float dtype, unit stride
+    gate    [R1, H, D]  x's dtype (gated only), unit stride along D, any other strides
+    y       [R1, H, D]  x's dtype, unit stride along D, any other strides:
             y = x * rsqrt(mean(x^2) + eps) * w * silu(gate), all in fp32, rounded once to y's dtype;
             w = 1 + weight (zero-centred) or weight; the silu factor only when gated
 
@@ -33,20 +35,23 @@ TILE = 4096
 
 
 @triton.jit
-def rms_norm_kernel(x, w, g, y, res, s, R, D, stride_x, stride_g, stride_y, stride_res, stride_s, eps,
+def rms_norm_kernel(x, w, g, y, res, s, R, D, H, stride_x, stride_xh, stride_g, stride_gh, stride_y, stride_yh,
+                    stride_res, stride_resh, stride_s, stride_sh, eps,
                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ZERO_CENTERED: tl.constexpr,
                     GATED: tl.constexpr, RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
+    """Rows r = (r // H, r % H) of [R / H, H, D] tensors; stride_t / stride_th: each tensor's two row strides."""
     pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
     ok = (rows < R)[:, None] & col_ok[None, :]
-    r64 = rows.to(tl.int64)[:, None]
-    b_x = tl.load(x + r64 * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    r1 = (rows // H).to(tl.int64)[:, None]
+    rh = (rows % H).to(tl.int64)[:, None]
+    b_x = tl.load(x + r1 * stride_x + rh * stride_xh + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if RESIDUAL:
-        b_r = tl.load(res + r64 * stride_res + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        b_r = tl.load(res + r1 * stride_res + rh * stride_resh + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         b_s = (b_x + b_r).to(s.dtype.element_ty)
-        tl.store(s + r64 * stride_s + cols[None, :], b_s, mask=ok)
+        tl.store(s + r1 * stride_s + rh * stride_sh + cols[None, :], b_s, mask=ok)
         b_x = b_s.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(b_x * b_x, 1) / D + eps)
     b_w = tl.load(w + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -54,9 +59,9 @@ def rms_norm_kernel(x, w, g, y, res, s, R, D, stride_x, stride_g, stride_y, stri
         b_w = b_w + 1.0
     out = b_x * rstd[:, None] * b_w[None, :]
     if GATED:
-        b_g = tl.load(g + r64 * stride_g + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        b_g = tl.load(g + r1 * stride_g + rh * stride_gh + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         out = out * (b_g * tl.sigmoid(b_g))
-    tl.store(y + r64 * stride_y + cols[None, :], out.to(y.dtype.element_ty), mask=ok)
+    tl.store(y + r1 * stride_y + rh * stride_yh + cols[None, :], out.to(y.dtype.element_ty), mask=ok)
 
 
 def launch_config(R: int, D: int) -> tuple[int, int, int]:
@@ -69,17 +74,21 @@ def launch_config(R: int, D: int) -> tuple[int, int, int]:
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool,
                   gate: torch.Tensor | None, y: torch.Tensor, residual: torch.Tensor | None = None,
                   s: torch.Tensor | None = None) -> torch.Tensor:
-    """Launch over x [R, D] (unit stride along D), weight [D], gate [R, D] or None, into y [R, D];
-    with `residual` [R, D] (no gate) the sum x + residual is written to s [R, D] and normalised.
-    Returns y. Callers check shapes and dtypes (gdn_export.ops.rms_norm)."""
-    R, D = x.shape
+    """Launch over x [R1, H, D] (unit stride along D; [R, D] is taken as [R, 1, D]), weight [D], gate
+    (x's shape) or None, into y (x's shape); with `residual` (x's shape, no gate) the sum x + residual
+    is written to s (x's shape) and normalised. Returns y. Callers check shapes and dtypes
+    (gdn_export.ops.rms_norm)."""
+    if x.dim() == 2:
+        x, y, gate, residual, s = (None if t is None else t.unsqueeze(1) for t in (x, y, gate, residual, s))
+    R1, H, D = x.shape
+    R = R1 * H
     if R == 0:
         return y
     block_r, block_d, num_warps = launch_config(R, D)
     g = x if gate is None else gate
     r, out_s = (x, y) if residual is None else (residual, s)
     rms_norm_kernel[(cdiv(R, block_r),)](
-        x, weight, g, y, r, out_s, R, D, x.stride(0), g.stride(0), y.stride(0), r.stride(0), out_s.stride(0),
-        float(eps), BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=bool(zero_centered), GATED=gate is not None,
-        RESIDUAL=residual is not None, num_warps=num_warps, **pdl_launch(y))
+        x, weight, g, y, r, out_s, R, D, H, *x.stride()[:2], *g.stride()[:2], *y.stride()[:2], *r.stride()[:2],
+        *out_s.stride()[:2], float(eps), BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=bool(zero_centered),
+        GATED=gate is not None, RESIDUAL=residual is not None, num_warps=num_warps, **pdl_launch(y))
     return y
