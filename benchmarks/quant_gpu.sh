@@ -13,7 +13,8 @@
 #
 # Environment: PARTS, run in the order given (default "tests sweep kernels e2e"; "sweep" times the
 # skinny-GEMM launch parameters and int4_dequant's tile and the later parts use the fastest,
-# "profile" a torch.profiler pass over bf16 / fp8 / int4-awq prefills (4096 tokens) and decode steps,
+# "profile" a torch.profiler pass over bf16 / fp8 / int4-awq prefills (4096 tokens) and decode steps after a
+# 4096-token prompt (the e2e batch-1 depth, so the decode attention kernel runs),
 # benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU; PROFILES
 # the models, default "bf16 fp8 int4-awq", "fp8lm" is fp8 with --quantize-lm-head; PROFILE_MODES
 # default "decode prefill"), SWEEP_CONFIGS
@@ -185,7 +186,7 @@ part_profile() {
     [ -f "$ck/config.json" ] || continue
     TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
     case " ${PROFILE_MODES:-decode prefill} " in *" decode "*) ;; *) false;; esac && [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --steps 20 \
-      $TUNED --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
+      --prompt-len 4096 $TUNED --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
     case " ${PROFILE_MODES:-decode prefill} " in *" prefill "*) ;; *) false;; esac && [ "$(left)" -gt 30 ] && \
       timeout $(( $(left) - 10 )) python3 benchmarks/decode_profile.py "$ck" --prefill \
       --steps 2 --prompt-len 4096 $TUNED --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
