@@ -23,12 +23,12 @@ What makes it fast, against TorchRunner (which is the same model, stepped eagerl
   a 4096-token prefill launches ~500-700 kernels from Python, which on an H100 took the host longer
   than the GPU (FP8: 46 ms of host time for 26 ms of kernels). At most MAX_PREFILL_GRAPHS shapes
   stay captured (the least recently used goes); they share one memory pool, which keeps one prefill
-  call's activations while any is held (`release_prefill_graphs` frees it). Ragged rows run
-  eagerly.
+  call's activations while any is held (`release_prefill_graphs` frees it;
+  GDN_EXPORT_PREFILL_GRAPHS=0 keeps every prefill eager). Ragged rows run eagerly.
 - compile=True wraps the model in torch.compile (inductor fuses the small elementwise ops: norms
   with their gates, rotary, the gates of the GDN layer) before the capture; the gdn custom ops stay
-  opaque calls into the op backend. Prefill runs eagerly (compiled too with compile=True), in
-  calls of at most `prefill_chunk` tokens per row, by default sized from the prompt and the free
+  opaque calls into the op backend. Prefill (compiled too with compile=True) runs in calls of at
+  most `prefill_chunk` tokens per row, by default sized from the prompt and the free
   memory (`default_prefill_chunk`: 4K..16K tokens a call; gdn_export.runtime.base.prefill).
 
 On the CPU (or cuda_graph=False) it behaves like TorchRunner with static buffers, which is what the
@@ -37,6 +37,7 @@ CPU tests check against TorchRunner.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ ACTIVATION_FACTOR = 2
 WARMUP_CALLS = 3  # before a capture: lazy init (cuBLAS handles, Triton / inductor compiles)
 # Prefill shapes (batch, tokens per row) kept as captured graphs, least recently used dropped first.
 MAX_PREFILL_GRAPHS = 4
+MAX_SEEN_SHAPES = 4096  # shapes remembered as run once (forgotten all at once past this)
+PREFILL_GRAPHS_ENV = "GDN_EXPORT_PREFILL_GRAPHS"  # 0: every prefill eager (prefill_graphs_default)
 # GraphRunner's compile modes -> torch.compile's (the runner captures its own CUDA graphs)
 COMPILE_MODES = {"default": None, "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -137,7 +140,7 @@ class GraphRunner(TorchRunner):
                             if compile else self.model)
         self._static: dict[int, _Static] = {}
         self._pool: list[torch.Tensor] | None = None  # bind_states: every batch size's rows in one pool
-        self.prefill_graphs = self.cuda_graph if prefill_graphs is None else bool(prefill_graphs)
+        self.prefill_graphs = prefill_graphs_default(self.cuda_graph) if prefill_graphs is None else bool(prefill_graphs)
         if self.prefill_graphs and not self.cuda_graph:
             raise InputError("prefill graphs need CUDA graphs (cuda_graph=True on a CUDA device)")
         self._prefill: OrderedDict[tuple[int, int], _PrefillGraph] = OrderedDict()
@@ -291,6 +294,8 @@ class GraphRunner(TorchRunner):
             g = self._capture_prefill(st, key)
         if g is None or g.st is not st:
             if self.prefill_graphs:
+                if len(self._prefill_seen) >= MAX_SEEN_SHAPES:  # a server's many prompt lengths
+                    self._prefill_seen.clear()
                 self._prefill_seen.add(key)
             logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
             self._load(st, new_states)
@@ -404,6 +409,15 @@ class GraphRunner(TorchRunner):
             if keep_logits:
                 kept.append(logits.clone())
         return picked, st.states, kept
+
+
+def prefill_graphs_default(cuda_graph: bool) -> bool:
+    """Prefill graphs follow CUDA graphs unless GDN_EXPORT_PREFILL_GRAPHS=0 (every prefill eager,
+    no pool held between calls); other values than 0 / 1: InputError."""
+    value = os.environ.get(PREFILL_GRAPHS_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise InputError(f"{PREFILL_GRAPHS_ENV} must be 0 or 1, got {value!r}")
+    return cuda_graph and value == "1"
 
 
 def capture_graph(fn, device: torch.device, what: str, instead: str, warmup: int = WARMUP_CALLS, pool=None):

@@ -256,7 +256,15 @@ def test_prefill_graphs_keep_the_latest_shapes_and_fall_back_on_a_failed_capture
     generate(fast, prompt, 2)  # no second capture attempt
 
 
-def test_prefill_graphs_need_cuda_graphs(ckpt):
+def test_prefill_graphs_need_cuda_graphs_and_follow_the_environment(ckpt, monkeypatch):
+    from gdn_export.runtime.cuda_graph import PREFILL_GRAPHS_ENV, prefill_graphs_default
+
     with pytest.raises(InputError, match="prefill graphs need CUDA graphs"):
         GraphRunner(load_checkpoint(ckpt), device="cpu", prefill_graphs=True)
     assert not GraphRunner(load_checkpoint(ckpt), device="cpu").prefill_graphs
+    assert prefill_graphs_default(True) and not prefill_graphs_default(False)
+    monkeypatch.setenv(PREFILL_GRAPHS_ENV, "0")
+    assert not prefill_graphs_default(True)
+    monkeypatch.setenv(PREFILL_GRAPHS_ENV, "yes")
+    with pytest.raises(InputError, match="GDN_EXPORT_PREFILL_GRAPHS must be 0 or 1, got 'yes'"):
+        prefill_graphs_default(True)
