@@ -285,8 +285,12 @@ def norm_cases():
             block_r, block_c, nw = silu_config(R, I)
             for use_pdl in (False, True) if R == 1 else (False,):
                 yield (f"silu_mul {act} R={R} I={I} {block_r}x{block_c} w={nw}{' pdl' if use_pdl else ''}", silu_mul_kernel,
-                       dict(gate=ACT[act], up=ACT[act], out=ACT[act]),
-                       dict(BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=use_pdl), nw, 1)
+                       dict(gate=ACT[act], up=ACT[act], out=ACT[act], s_in=ACT[act], row_scale=ACT[act]),
+                       dict(BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=use_pdl, QUANT=False, SOFT=False), nw, 1)
+            if R > 64:  # the FP8 down projection's x pass fused in (prefill rows)
+                yield (f"silu_mul {act} R={R} I={I} fp8 out", silu_mul_kernel,
+                       dict(gate=ACT[act], up=ACT[act], out="*fp8e4nv", s_in="*fp32", row_scale="*fp32"),
+                       dict(BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=False, QUANT=True, SOFT=False), nw, 1)
     from kernels.gated_delta_rule.triton.gating import gdn_gating_kernel, launch_config as gating_config
 
     for act in ("bf16", "fp16"):

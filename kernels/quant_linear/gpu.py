@@ -142,6 +142,31 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return y.view(*x.shape[:-1], N)
 
 
+def silu_mul_fp8_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
+    """Whether `silu_mul_fp8_linear` runs for M rows of gate / up [M, K] in dtype into an FP8 [N, K]
+    projection: the rows fp8_linear sends to torch._scaled_mm (more than the skinny GEMM's, 16-bit x,
+    K and N multiples of 16, the rowwise form probed on this GPU)."""
+    return (M > triton_skinny.MAX_M and dtype in (torch.float16, torch.bfloat16) and K % 16 == 0 and N % 16 == 0
+            and device.type == "cuda" and _scaled_mm_ok(dtype, has_bias, device))
+
+
+def silu_mul_fp8_linear(gate2: torch.Tensor, up2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        input_scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8_linear(silu(gate2) * up2, ...) with the x pass inside the silu * up kernel: gate2, up2 [M, K]
+    16-bit (unit stride along K); weight [N, K] float8_e4m3fn, weight_scale [N], input_scale [], bias
+    [N] or None. y [M, N] in gate2's dtype, bit for bit the two ops one after the other (the same
+    quantized x, the same cuBLASLt call). Callers check `silu_mul_fp8_ready` first."""
+    from kernels.silu_mul.triton.silu_mul import silu_mul_rows
+
+    M, K = gate2.shape
+    N = weight.shape[0]
+    xq = triton_common.empty(M, K, dtype=torch.float8_e4m3fn, device=gate2.device)
+    rs = triton_common.empty(M, 1, dtype=torch.float32, device=gate2.device)
+    silu_mul_rows(gate2, up2, xq, input_scale.float().reshape(()), rs)
+    return torch._scaled_mm(xq, _contig(weight).t(), scale_a=rs, scale_b=_contig(weight_scale.float().reshape(N)).view(1, N),
+                            bias=_bias_as(bias, gate2.dtype), out_dtype=gate2.dtype)
+
+
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """Fine-grained FP8 (Qwen / DeepSeek published form): 128 x 128 weight blocks, dynamic per-token

@@ -180,4 +180,35 @@ def int4_linear(x, qweight, scales, bias=None, group_size: int = 128, pre_scale=
     return torch.ops.gdn.int4_linear(x, qweight, scales, bias, int(group_size), pre_scale)
 
 
-__all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "check_fp8", "check_fp8_block", "check_int4"]
+def silu_mul_fp8_ready(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias=None) -> bool:
+    """Whether `silu_mul_fp8_linear` fuses: silu * up's fused kernel runs for gate / up
+    (gdn_export.ops.silu_mul.fused_ready: eager, on a GPU), an FP8 weight [N, K] with K gate's last
+    dim, and the rows are ones fp8_linear sends to torch._scaled_mm (kernels.quant_linear.gpu)."""
+    from gdn_export.ops import silu_mul
+
+    if not silu_mul.fused_ready(gate, up) or weight.dtype != FP8 or weight.dim() != 2:
+        return False
+    gpu = _gpu()
+    N, K = weight.shape
+    if gpu is None or gate.shape[-1] != K or K == 0:
+        return False
+    return gpu.silu_mul_fp8_ready(gate.numel() // K, K, N, gate.dtype, bias is not None, gate.device)
+
+
+def silu_mul_fp8_linear(gate, up, weight, weight_scale, input_scale, bias=None) -> torch.Tensor:
+    """fp8_linear(silu_mul(gate, up), weight, weight_scale, input_scale, bias): gate, up [..., K] ->
+    y [..., N] in gate's dtype. Where `silu_mul_fp8_ready`, one kernel writes the product already
+    quantized (FP8 x and its row scales) for cuBLASLt's FP8 GEMM, which then reads 1 byte an element
+    where the two ops write and read y in 16 bits and read it again to quantize it; the same bits.
+    Elsewhere the two ops."""
+    from gdn_export.ops import glue, silu_mul
+
+    if silu_mul_fp8_ready(gate, up, weight, bias):
+        check_fp8(gate, weight, weight_scale, input_scale, bias)
+        y = _gpu().silu_mul_fp8_linear(glue.rows(gate), glue.rows(up), weight, weight_scale, input_scale, bias)
+        return y.view(*gate.shape[:-1], weight.shape[0])
+    return fp8_linear(silu_mul.silu_mul(gate, up), weight, weight_scale, input_scale, bias)
+
+
+__all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "silu_mul_fp8_linear", "silu_mul_fp8_ready",
+           "check_fp8", "check_fp8_block", "check_int4"]
