@@ -8,7 +8,7 @@ import os
 import torch
 
 # Files that call the Triton kernels directly (outside the contract suites, whose Impl marks itself).
-TRITON_FILES = ("test_triton", "test_token_strided_inputs")
+TRITON_FILES = ("test_triton", "test_token_strided_inputs", "test_silu_mul_fp8", "test_head_rows")
 
 
 def pytest_collection_modifyitems(config, items):
