@@ -23,6 +23,8 @@ int4_linear       (x * pre_scale first where given: one Triton pass for 16-bit x
                   triton/int4.py, split K for M <= 32. Larger M with 16-bit x: W dequantized by one
                   Triton pass, then the 16-bit GEMM. group_size not a multiple of 32: dequantized in
                   fp32 and torch.matmul.
+silu_mul_fp8_linear  prefill rows (> 64) of an FP8 down projection: x_q and its row scales written by
+                  the silu * up kernel (kernels/silu_mul), then torch._scaled_mm as fp8_linear.
 GEMV              (triton_common.GEMV, off) one-row x to the CUDA-core GEMV of triton/gemv.py.
 The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """

@@ -20,6 +20,10 @@ and the ONNX translation.
         x * pre_scale rounded to x's dtype (the product a separate 16-bit multiply gives), so a
         kernel can apply it while it reads x.
 
+    silu_mul_fp8_linear(gate, up, weight, weight_scale, input_scale, bias=None)
+        fp8_linear(silu_mul(gate, up), ...) (an FP8 MLP's down projection): at prefill rows on a GPU
+        the silu * up kernel writes x_q itself; everywhere else the two ops. Not a graph node.
+
 x [..., K] fp32 / fp16 / bf16; y [..., N] in x's dtype; bias [N] or None; accumulation in fp32.
 
 Dispatch: CUDA tensors go to kernels.quant_linear.gpu.<same name> when that module imports,
