@@ -3,7 +3,7 @@
     python benchmarks/sm90_compile_check.py [--filter SUBSTRING]
 
 Each kernel is compiled (triton.compile, target cuda sm_90) with the constexprs, num_warps / num_stages
-and pointer dtypes its Python launcher passes (the glue kernels: RMSNorm, silu * up, GDN gating and
+and pointer dtypes its Python launcher passes (the glue kernels: RMSNorm, silu * up, GDN gating, the output gate and
 rotary at the families' shapes; bf16 and fp16 activations; FP8 cache on / off; MoE
 FP8 per-channel / block-128 / INT4, static FP8 activations on / off; quantized linears at M = 1, 32,
 300). Pointers carry the 16-byte divisibility hint a real launch of aligned tensors gets; integer
@@ -301,6 +301,15 @@ def norm_cases():
             for use_pdl in (False, True) if R == 1 else (False,):
                 yield (f"gdn_gating {act} R={R} Hv={H} {block_r}x{block_h} w={nw}{' pdl' if use_pdl else ''}",
                        gdn_gating_kernel, types, dict(BLOCK_R=block_r, BLOCK_H=block_h, USE_PDL=use_pdl), nw, 1)
+    from kernels.output_gate.triton.output_gate import launch_config as gate_config, output_gate_kernel
+
+    for act in ("bf16", "fp16"):
+        for T, D in ((1, 256), (4096, 256)):
+            block_t, block_d, nw = gate_config(T, D)
+            for use_pdl in (False, True) if T == 1 else (False,):
+                yield (f"output_gate {act} T={T} D={D} {block_t}x{block_d} w={nw}{' pdl' if use_pdl else ''}",
+                       output_gate_kernel, dict(o=ACT[act], gate=ACT[act], out=ACT[act]),
+                       dict(BLOCK_T=block_t, BLOCK_D=block_d, USE_PDL=use_pdl), nw, 1)
     from kernels.rotary.triton.rotary import launch_config as rotary_config, rotary_kernel
 
     for act in ("bf16", "fp16"):

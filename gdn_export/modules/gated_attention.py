@@ -29,6 +29,7 @@ from gdn_export.modules.rotary import apply_rotary
 from gdn_export.ops.attention import (attention, attention_at, decode_shaped, kv_cache_update, slot_index,
                                       write_kv_cache_)
 from gdn_export.ops.backends import exporting
+from gdn_export.ops.output_gate import output_gate
 
 
 def causal_mask(t: int, past: int | torch.SymInt, device: torch.device) -> torch.Tensor:
@@ -70,15 +71,14 @@ class GatedAttention(nn.Module):
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, T, hidden] -> q [B, H, T, D], k, v [B, Hkv, T, D] (normed, rotated) and the output
-        gate [B, T, H*D] (None without `attn_output_gate`). Families override this alone."""
+        gate [B, T, H, D] (None without `attn_output_gate`). Families override this alone."""
         B, T, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = project_together(x, self.q_proj, self.k_proj, self.v_proj)
         gate = None
         if self.gated:
             # The checkpoint interleaves per head: [q_0 | gate_0 | q_1 | gate_1 | ...].
-            q, gate = q.reshape(B, T, H, 2 * D).chunk(2, dim=-1)
-            gate = gate.reshape(B, T, H * D)
+            q, gate = q.reshape(B, T, H, 2 * D).chunk(2, dim=-1)  # gate: a [B, T, H, D] view
         q = self.q_norm(q.reshape(B, T, H, D)).transpose(1, 2)  # [B, H, T, D]
         k = self.k_norm(k.reshape(B, T, Hkv, D)).transpose(1, 2)  # [B, Hkv, T, D]
         v = v.reshape(B, T, Hkv, D).transpose(1, 2)
@@ -101,9 +101,10 @@ class GatedAttention(nn.Module):
                 o = attention(q, key, value, step.attn_mask, self.scaling)  # (a small mask, built once)
             else:  # prefill: the mask from positions, inside the kernels (no [B, 1, T, L] tensor)
                 o = attention_at(q, key, value, step.past_lengths, self.scaling, step.sinks, step.window)
-        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        if gate is not None:
-            o = o * torch.sigmoid(gate)
+        if gate is not None:  # [B, H, T, D] -> [B, T, H D] times sigmoid(gate): one kernel in eager GPU runs
+            o = output_gate(o, gate)
+        else:
+            o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         return self.o_proj(o), key, value
 
     def _attend_concat(self, q, k, v, past_key, past_value):

@@ -176,7 +176,7 @@ def on_gpu(t: torch.Tensor) -> bool:
 
 
 def fused_eager(x: torch.Tensor, *others, params: tuple = ()) -> bool:
-    """Whether an op with a fused eager kernel (rms_norm, silu_mul, gdn_gating, rotary) takes it for x and
+    """Whether an op with a fused eager kernel (rms_norm, silu_mul, gdn_gating, rotary, output_gate) takes it for x and
     `others` (tensors or None) and its module's `params`: `FUSED`, x on a GPU (`on_gpu`), a backend
     other than "reference" active (triton, cuda: what the fast runtime runs), `can_call_directly` on x
     and `others` (eager mode, plain tensors: traces and torch.compile keep the PyTorch form), and no

@@ -1,8 +1,9 @@
 """A whole model through every eager glue kernel (docs/backends.md: RMSNorm, the residual add fused
-into the norm after it, silu * up, GDN gating, rotary) against the same model in their PyTorch forms:
-the four families, fp32 and bf16, a ragged prefill then decode steps on the runner's in-place states. On a CPU the kernels run under Triton's
-interpreter with fused_eager's device check forced (the gdn ops stay on the reference backend); on a
-GPU they run for real with the triton backend.
+into the norm after it, silu * up, GDN gating, rotary, the attention's output gate) against the same
+model in their PyTorch forms: the four families, fp32 and bf16, a ragged prefill then decode steps on
+the runner's in-place states. On a CPU the kernels run under Triton's interpreter with fused_eager's
+device check forced (the gdn ops stay on the reference backend); on a GPU they run for real with the
+triton backend.
 
 fp32: logits within 1e-5 relative RMS and the same greedy tokens; bf16 (fed the PyTorch run's tokens,
 so that a near-tie flipped once does not change later inputs): within 1e-2 on a GPU (each kernel
@@ -78,6 +79,8 @@ def test_model_through_the_glue_kernels(monkeypatch, family, dtype):
         got, tokens = _run(model, ids, lens, 3, forced=None if dtype == torch.float32 else want_tokens)
     # the MoE's shared expert is a SwiGLUMLP; every family has pre-norm blocks (OLMo's GDN blocks)
     expected = {"rms_norm", "gating", "rotary", "silu_mul", "add_rms_norm"}
+    if getattr(model.model.layers[model.config.layer_kinds.index("full_attention")].self_attn, "gated", False):
+        expected.add("output_gate")  # Qwen3-Next / Qwen3.5's gated attention (OLMo's has no gate)
     assert expected <= set(taken), f"kernels that ran: {sorted(set(taken))}"
     bound = 1e-5 if dtype == torch.float32 else (1e-2 if HAS_CUDA else 4e-2)
     for step, (g, w) in enumerate(zip(got, want)):

@@ -1,0 +1,73 @@
+"""The gated attention's output gate (Qwen3-Next / Qwen3.5): the heads back in token order, times the
+sigmoid of the gate half of the q projection. The contract shared by the PyTorch form and the fused
+Triton kernel.
+
+    output_gate(o, gate) -> out
+        o     [B, H, T, D]  fp32 / fp16 / bf16, the attention's output (heads first)
+        gate  [B, T, H, D]  o's dtype (the attention's gate: per head, interleaved with q in the q
+                            projection's output, so a strided view)
+        out   [B, T, H D]   o's dtype: round(o * round(sigmoid(gate))), sigmoid and the product in fp32,
+                            each rounded to the dtype (PyTorch's o.transpose(1, 2).reshape(B, T, H D)
+                            * torch.sigmoid(gate.reshape(B, T, H D)): the exported graph's arithmetic)
+
+Where it runs: the fused kernel (kernels/output_gate/triton/) where gdn_export.ops.backends.fused_eager
+says (eager mode on CUDA tensors, a backend other than "reference" active, no gradient asked for;
+GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form in `naive.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_export.ops import backends, glue
+from gdn_export.ops.output_gate import naive
+
+
+def _kernel():
+    return glue.kernel_module("kernels.output_gate.triton.output_gate")
+
+
+def fused_ready(o: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether `output_gate` takes the fused kernel: backends.fused_eager, o [B, H, T, D] and gate
+    [B, T, H, D] of one kernel dtype on one device, each with unit stride along D."""
+    if not backends.fused_eager(o, gate):
+        return False
+    kernel = _kernel()
+    if kernel is None or o.dim() != 4 or gate.dim() != 4 or o.dtype not in kernel.DTYPES:
+        return False
+    B, H, T, D = o.shape
+    return (tuple(gate.shape) == (B, T, H, D) and gate.dtype == o.dtype and gate.device == o.device
+            and (o.stride(-1) == 1 or D <= 1) and (gate.stride(-1) == 1 or D <= 1))
+
+
+def output_gate_fused(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): o [B, H, T, D],
+    gate [B, T, H, D] -> out [B, T, H D], written into `out` (contiguous, that shape, o's dtype) when
+    given. ValueError naming what breaks the contract."""
+    kernel = _kernel()
+    if kernel is None:
+        raise ValueError("output_gate_fused: Triton is not importable here")
+    if o.dim() != 4 or o.dtype not in kernel.DTYPES:
+        raise ValueError(f"output_gate_fused: o must be [B, H, T, D] fp32 / fp16 / bf16, got {tuple(o.shape)} "
+                         f"{o.dtype}")
+    B, H, T, D = o.shape
+    if tuple(gate.shape) != (B, T, H, D) or gate.dtype != o.dtype:
+        raise ValueError(f"output_gate_fused: gate must be [{B}, {T}, {H}, {D}] {o.dtype}, got {tuple(gate.shape)} "
+                         f"{gate.dtype}")
+    if out is None:
+        out = torch.empty(B, T, H * D, dtype=o.dtype, device=o.device)
+    elif tuple(out.shape) != (B, T, H * D) or out.dtype != o.dtype or not out.is_contiguous():
+        raise ValueError(f"output_gate_fused: out must be contiguous [{B}, {T}, {H * D}] {o.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    o = o if o.stride(-1) == 1 else o.contiguous()
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    kernel.output_gate_heads(o, gate, out)
+    return out
+
+
+def output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """out [B, T, H D] in o's dtype (the contract above): the fused kernel where `fused_ready`, else the
+    PyTorch form."""
+    if fused_ready(o, gate):
+        return output_gate_fused(o, gate)
+    return naive.output_gate(o, gate)

@@ -1,0 +1,1 @@
+"""The fused output gate Triton kernel (output_gate.py)."""
