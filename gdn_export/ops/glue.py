@@ -20,6 +20,17 @@ def kernel_module(name: str):
         return None
 
 
+def fused_kernel(name: str, op: str, x: torch.Tensor, shape: str, dim: int):
+    """The kernels module `name` for the fused entry `op`, after its first input x's check: rank `dim`
+    and a dtype in the module's DTYPES (`shape` names x's layout in the ValueError)."""
+    kernel = kernel_module(name)
+    if kernel is None:
+        raise ValueError(f"{op}: Triton is not importable here")
+    if x.dim() != dim or x.dtype not in kernel.DTYPES:
+        raise ValueError(f"{op}: {shape} fp32 / fp16 / bf16, got {tuple(x.shape)} {x.dtype}")
+    return kernel
+
+
 def rows(t: torch.Tensor) -> torch.Tensor:
     """t [..., D] as [R, D] with unit stride along D: a view where one exists (the slices of a fused
     projection's output are), else a copy."""

@@ -23,8 +23,11 @@ from gdn_export.ops import backends, glue
 from gdn_export.ops.output_gate import naive
 
 
+KERNEL = "kernels.output_gate.triton.output_gate"
+
+
 def _kernel():
-    return glue.kernel_module("kernels.output_gate.triton.output_gate")
+    return glue.kernel_module(KERNEL)
 
 
 def fused_ready(o: torch.Tensor, gate: torch.Tensor) -> bool:
@@ -44,12 +47,7 @@ def output_gate_fused(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | N
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): o [B, H, T, D],
     gate [B, T, H, D] -> out [B, T, H D], written into `out` (contiguous, that shape, o's dtype) when
     given. ValueError naming what breaks the contract."""
-    kernel = _kernel()
-    if kernel is None:
-        raise ValueError("output_gate_fused: Triton is not importable here")
-    if o.dim() != 4 or o.dtype not in kernel.DTYPES:
-        raise ValueError(f"output_gate_fused: o must be [B, H, T, D] fp32 / fp16 / bf16, got {tuple(o.shape)} "
-                         f"{o.dtype}")
+    kernel = glue.fused_kernel(KERNEL, "output_gate_fused", o, "o must be [B, H, T, D]", 4)
     B, H, T, D = o.shape
     if tuple(gate.shape) != (B, T, H, D) or gate.dtype != o.dtype:
         raise ValueError(f"output_gate_fused: gate must be [{B}, {T}, {H}, {D}] {o.dtype}, got {tuple(gate.shape)} "

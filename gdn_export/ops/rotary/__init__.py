@@ -22,8 +22,11 @@ import torch
 from gdn_export.ops import backends, glue
 
 
+KERNEL = "kernels.rotary.triton.rotary"
+
+
 def _kernel():
-    return glue.kernel_module("kernels.rotary.triton.rotary")
+    return glue.kernel_module(KERNEL)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -58,12 +61,7 @@ def apply_rotary_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1), written into
     `out` (contiguous, x's shape and dtype) when given. ValueError naming what breaks the contract."""
-    kernel = _kernel()
-    if kernel is None:
-        raise ValueError("apply_rotary_fused: Triton is not importable here")
-    if x.dim() != 4 or x.dtype not in kernel.DTYPES:
-        raise ValueError(f"apply_rotary_fused: x must be [B, H, T, D] fp32 / fp16 / bf16, got {tuple(x.shape)} "
-                         f"{x.dtype}")
+    kernel = glue.fused_kernel(KERNEL, "apply_rotary_fused", x, "x must be [B, H, T, D]", 4)
     B, _, T, D = x.shape
     R = cos.shape[-1] if cos.dim() else 0
     if cos.shape != sin.shape or tuple(cos.shape) != (B, T, R) or not (2 <= R <= D and R % 2 == 0):

@@ -155,36 +155,10 @@ def test_gradients_keep_the_pytorch_form(monkeypatch):
 def test_attention_layer_through_the_fused_kernel(monkeypatch):
     """A Qwen3.5 model's gated attention output through the kernel gives its PyTorch form's logits (bf16,
     a ragged prefill), and the kernel ran in every attention layer; the other ops stay on the reference."""
-    from gdn_export.hf_config import parse_config
-    from gdn_export.layout import DeployLayout
-    from gdn_export.models import HybridForCausalLM
-    from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
-    from tests.triton_interpreter import interpret_without_gpu
+    from tests.ops.glue_model import logits_through_one_kernel, relative_rms
 
-    interpret_without_gpu()
-    device = "cuda" if HAS_CUDA else "cpu"
-    model = HybridForCausalLM(parse_config(tiny_config_dict("qwen3_5")), DeployLayout.make(cache_len=16)).eval()
-    init_tiny_weights(model, 0)
-    model = model.to(torch.bfloat16).to(device).requires_grad_(False)
-    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)).to(device)
-    lens = torch.tensor([6, 4]).to(device)
-    past = torch.zeros(2, dtype=torch.long, device=device)
-    with use_backend("reference"):
-        want = model(ids, past, lens, *model.empty_states(2))[0]
-    calls = []
-    fused, ready = op.output_gate_fused, op.fused_ready
-    if not HAS_CUDA:
-        monkeypatch.setattr(backends, "on_gpu", lambda t: True)
-
-    def ready_as_triton(*a, **k):  # the gate's check sees the triton backend; every other op the reference
-        with use_backend("triton"):
-            return ready(*a, **k)
-
-    monkeypatch.setattr(op, "fused_ready", ready_as_triton)
-    monkeypatch.setattr(op, "output_gate_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
-    with use_backend("reference"), torch.no_grad():
-        got = model(ids, past, lens, *model.empty_states(2))[0]
+    want, got, calls, model = logits_through_one_kernel(monkeypatch, op, "output_gate_fused", "qwen3_5")
     layers = sum(1 for kind in model.config.layer_kinds if kind != "linear_attention")
     assert len(calls) == layers
-    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    err = relative_rms(got, want)
     assert err <= 1e-2, err

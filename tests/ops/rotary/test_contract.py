@@ -166,45 +166,13 @@ def test_cpu_tensors_and_other_dtypes_take_the_pytorch_form(monkeypatch):
 def test_attention_layer_through_the_fused_kernel(monkeypatch, family):
     """A model's q / k rotations through the kernel give its PyTorch form's logits (bf16, a ragged
     prefill's positions), and the kernel ran for q and k of every attention layer."""
-    from gdn_export.hf_config import parse_config
-    from gdn_export.layout import DeployLayout
-    from gdn_export.models import HybridForCausalLM
-    from gdn_export.weights.tiny import init_tiny_weights, tiny_config_dict
-    from tests.triton_interpreter import interpret_without_gpu
+    from tests.ops.glue_model import logits_through_one_kernel, relative_rms
 
-    interpret_without_gpu()
-    device = "cuda" if HAS_CUDA else "cpu"
-    model = HybridForCausalLM(parse_config(tiny_config_dict(family)), DeployLayout.make(cache_len=16)).eval()
-    init_tiny_weights(model, 0)
-    model = model.to(torch.bfloat16).to(device).requires_grad_(False)
-    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)).to(device)
-    lens = torch.tensor([6, 4]).to(device)
-    past = torch.zeros(2, dtype=torch.long, device=device)
-    with use_backend("reference"):
-        want = model(ids, past, lens, *model.empty_states(2))[0]
-    calls = []
-    fused, ready = op.apply_rotary_fused, op.fused_ready
-    if not HAS_CUDA:
-        monkeypatch.setattr(backends, "on_gpu", lambda t: True)
-
-    def ready_as_triton(*a, **k):  # the rotation's check sees the triton backend; every other op the reference
-        with use_backend("triton"):
-            return ready(*a, **k)
-
-    monkeypatch.setattr(op, "fused_ready", ready_as_triton)
-    monkeypatch.setattr(op, "apply_rotary_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
-    for name in ("rms_norm", "silu_mul"):  # this test is the rotation's: the other glue kernels stay out
-        module = __import__(f"gdn_export.ops.{name}", fromlist=["fused_ready"])
-        monkeypatch.setattr(module, "fused_ready", lambda *a, **k: False)
-    from gdn_export.ops.gated_delta_rule import gating
-
-    monkeypatch.setattr(gating, "fused_ready", lambda *a, **k: False)
-    with use_backend("reference"), torch.no_grad():
-        got = model(ids, past, lens, *model.empty_states(2))[0]
+    want, got, calls, model = logits_through_one_kernel(monkeypatch, op, "apply_rotary_fused", family)
     layers = sum(1 for kind in model.config.layer_kinds if kind != "linear_attention")
     assert len(calls) == 2 * layers
     # bf16 logits through a whole model: relative RMS (3-4e-3 under the interpreter, whose casts truncate)
-    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    err = relative_rms(got, want)
     assert err <= 1e-2, err
 
 
