@@ -1,6 +1,7 @@
 """What the ops with an eager glue kernel share (gdn_export.ops.rms_norm, .silu_mul,
-.gated_delta_rule.gating, .rotary, .output_gate; docs/backends.md): their Triton module imported on first use,
-their inputs as row views (`rows`, or `head_rows`: rows at two strides), their output buffer checked."""
+.gated_delta_rule.gating, .rotary, .output_gate; docs/backends.md): their Triton module imported on
+first use and checked (`fused_kernel`), their inputs as row views (`rows`, or `head_rows`: rows at two
+strides), their output buffer checked."""
 
 from __future__ import annotations
 

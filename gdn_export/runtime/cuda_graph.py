@@ -140,7 +140,8 @@ class GraphRunner(TorchRunner):
                             if compile else self.model)
         self._static: dict[int, _Static] = {}
         self._pool: list[torch.Tensor] | None = None  # bind_states: every batch size's rows in one pool
-        self.prefill_graphs = prefill_graphs_default(self.cuda_graph) if prefill_graphs is None else bool(prefill_graphs)
+        self.prefill_graphs = (prefill_graphs_default(self.cuda_graph) if prefill_graphs is None
+                               else bool(prefill_graphs))
         if self.prefill_graphs and not self.cuda_graph:
             raise InputError("prefill graphs need CUDA graphs (cuda_graph=True on a CUDA device)")
         self._prefill: OrderedDict[tuple[int, int], _PrefillGraph] = OrderedDict()

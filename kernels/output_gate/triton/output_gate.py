@@ -11,8 +11,8 @@
           torch.sigmoid(gate.reshape(B, T, H D)) rounds them (the exported graph's arithmetic)
 
 One pass where PyTorch's form takes four kernels (the copies of o and of the gate into token order,
-the sigmoid, the product) and writes and reads three [B, T, H D] intermediates. Compiled without floating-point contraction, as
-kernels/silu_mul (1 + expf(-g) would fuse with expf's last multiply).
+the sigmoid, the product) and writes and reads three [B, T, H D] intermediates. Compiled without
+floating-point contraction, as kernels/silu_mul (1 + expf(-g) would fuse with expf's last multiply).
 """
 
 from __future__ import annotations
