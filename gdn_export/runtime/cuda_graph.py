@@ -92,10 +92,9 @@ class _Static:
 @dataclass
 class _PrefillGraph:
     """One captured prefill shape: ids [B, T] int64, past [B] int64 and lens [B] int64 (all T) are
-    its static inputs, logits [B, 1, V] fp32 its output (in the shared prefill pool); `st` the
-    batch size's static states it updates."""
+    its static inputs, logits [B, 1, V] fp32 its output (in the shared prefill pool); it updates the
+    batch size's static states (bind_states, which replaces them, drops every prefill graph)."""
 
-    st: _Static
     ids: torch.Tensor
     past: torch.Tensor
     lens: torch.Tensor
@@ -245,6 +244,13 @@ class GraphRunner(TorchRunner):
         logits, token = self._replay(st)
         return logits[:n], token[:n]
 
+    def _step_on(self, st: _Static, ids: torch.Tensor, past: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """One model call on st's states (device tensors ids [B, T], past [B], lens [B]), the new states
+        left in st's buffers; returns the logits."""
+        logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
+        self._load(st, new_states)
+        return logits
+
     def _load(self, st: _Static, states: list[torch.Tensor]) -> None:
         """Copy `states` into the static buffers where they are other tensors (a caller's own
         states, or those an eager prefill returned)."""
@@ -256,8 +262,7 @@ class GraphRunner(TorchRunner):
     def _decode_step(self, st: _Static) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode call on the static buffers: states updated in place, the greedy token written
         to st.ids, lengths advanced by one. Returns (logits [B, 1, V] fp32, next token [B])."""
-        logits, new_states = self._call(st.ids, st.past, st.lens, st.states, model=self._step_model)
-        self._load(st, new_states)
+        logits = self._step_on(st, st.ids, st.past, st.lens)
         token = logits[:, -1].argmax(-1)
         st.ids.copy_(token[:, None])
         st.past.add_(1)
@@ -293,14 +298,12 @@ class GraphRunner(TorchRunner):
         g = self._prefill.get(key) if self.prefill_graphs else None
         if (g is None and self.prefill_graphs and key in self._prefill_seen and key not in self._prefill_failed):
             g = self._capture_prefill(st, key)
-        if g is None or g.st is not st:
+        if g is None:
             if self.prefill_graphs:
                 if len(self._prefill_seen) >= MAX_SEEN_SHAPES:  # a server's many prompt lengths
                     self._prefill_seen.clear()
                 self._prefill_seen.add(key)
-            logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
-            self._load(st, new_states)
-            return logits
+            return self._step_on(st, ids, past, lens)
         self._prefill.move_to_end(key)
         g.ids.copy_(ids)
         g.past.copy_(past)
@@ -313,14 +316,12 @@ class GraphRunner(TorchRunner):
         lazy initialisation, and a warm-up would step the caller's states."""
         B, T = key
         dev = self.device
-        g = _PrefillGraph(st=st, ids=torch.zeros(B, T, dtype=torch.int64, device=dev),
+        g = _PrefillGraph(ids=torch.zeros(B, T, dtype=torch.int64, device=dev),
                           past=torch.zeros(B, dtype=torch.int64, device=dev),
                           lens=torch.full((B,), T, dtype=torch.int64, device=dev))
 
         def call():
-            logits, new_states = self._call(g.ids, g.past, g.lens, st.states, model=self._step_model)
-            self._load(st, new_states)
-            g.logits = logits
+            g.logits = self._step_on(st, g.ids, g.past, g.lens)
 
         if self._prefill_mempool is None:
             self._prefill_mempool = torch.cuda.graph_pool_handle()
@@ -351,9 +352,9 @@ class GraphRunner(TorchRunner):
         past = torch.from_numpy(past_lengths).to(self.device)
         lens = torch.from_numpy(seq_lens).to(self.device)
         if bool((seq_lens == seq).all()):
-            return self._prefill_call(st, ids, past, lens).float().cpu().numpy(), st.states
-        logits, new_states = self._call(ids, past, lens, st.states, model=self._step_model)
-        self._load(st, new_states)
+            logits = self._prefill_call(st, ids, past, lens)
+        else:
+            logits = self._step_on(st, ids, past, lens)
         return logits.float().cpu().numpy(), st.states
 
     def prefill_device(self, ids: torch.Tensor, states, chunk: int | None = None):
