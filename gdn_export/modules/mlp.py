@@ -15,7 +15,7 @@ from gdn_export.config import HybridConfig
 from gdn_export.modules.fused_linear import project_together
 from gdn_export.ops.moe import sparse_moe_forward
 from gdn_export.modules.quant_linear import Fp8Linear
-from gdn_export.ops.quant_linear import silu_mul_fp8_linear, silu_mul_fp8_ready
+from gdn_export.ops.quant_linear import silu_mul_fp8_linear_fused, silu_mul_fp8_ready
 from gdn_export.ops.silu_mul import silu_mul
 
 
@@ -37,7 +37,7 @@ class SwiGLUMLP(nn.Module):
         down = self.down_proj
         if isinstance(down, Fp8Linear) and silu_mul_fp8_ready(gate, up, down.weight, down.bias):
             # eager GPU prefill: the FP8 down projection's x pass inside the silu * up kernel
-            return silu_mul_fp8_linear(gate, up, down.weight, down.weight_scale, down.input_scale, down.bias)
+            return silu_mul_fp8_linear_fused(gate, up, down.weight, down.weight_scale, down.input_scale, down.bias)
         return down(silu_mul(gate, up))
 
 

@@ -113,6 +113,20 @@ def _scaled_mm_ok(out_dtype: torch.dtype, has_bias: bool, device: torch.device, 
     return _SCALED_MM_OK[key]
 
 
+def _fp8_operands(weight, weight_scale, input_scale, bias, dtype):
+    """(weight [N, K] contiguous, weight_scale as fp32 [N] contiguous, input_scale as an fp32 scalar,
+    bias in dtype or None): fp8_linear's operands as its routes take them."""
+    N = weight.shape[0]
+    return (_contig(weight), _contig(weight_scale.float().reshape(N)), input_scale.float().reshape(()),
+            _bias_as(bias, dtype))
+
+
+def _rowwise_mm(xq, rs, weight, ws, bias, out_dtype):
+    """cuBLASLt's FP8 GEMM, rowwise form: xq [M, K] e4m3 with row scales rs [M, 1], weight [N, K] e4m3
+    with ws [N] (fp8_linear's prefill route, and silu_mul_fp8_linear's)."""
+    return torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, -1), bias=bias, out_dtype=out_dtype)
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """Per-channel FP8 weights, static per-tensor FP8 activations (ModelOpt FP8).
@@ -128,9 +142,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     _check_bias("fp8_linear", bias, N)
     x2 = _rows(x, K)
     M = x2.shape[0]
-    weight, ws = _contig(weight), _contig(weight_scale.float().reshape(N))
-    s_in = input_scale.float().reshape(())
-    b = _bias_as(bias, x.dtype)
+    weight, ws, s_in, b = _fp8_operands(weight, weight_scale, input_scale, bias, x.dtype)
     if M <= triton_skinny.MAX_M and SKINNY_DECODE:
         y = triton_skinny.skinny(triton_skinny.FP8_TENSOR, x2, weight, ws, s_in, b)
     elif M == 1 and triton_common.GEMV:
@@ -138,7 +150,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     elif ((M > SKINNY_M or N >= SCALED_MM_DECODE_MIN_N) and x.dtype != torch.float32 and K % 16 == 0
             and N % 16 == 0 and x2.is_cuda and _scaled_mm_ok(x.dtype, b is not None, x2.device)):
         xq, rs = quantize_tensor(x2, s_in)
-        y = torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, N), bias=b, out_dtype=x.dtype)
+        y = _rowwise_mm(xq, rs, weight, ws, b, x.dtype)
     else:
         y = fp8_gemm(x2, weight, ws, s_in, b, blockwise=False)
     return y.view(*x.shape[:-1], N)
@@ -161,12 +173,11 @@ def silu_mul_fp8_linear(gate2: torch.Tensor, up2: torch.Tensor, weight: torch.Te
     from kernels.silu_mul.triton.silu_mul import silu_mul_rows
 
     M, K = gate2.shape
-    N = weight.shape[0]
+    weight, ws, s_in, b = _fp8_operands(weight, weight_scale, input_scale, bias, gate2.dtype)
     xq = triton_common.empty(M, K, dtype=torch.float8_e4m3fn, device=gate2.device)
     rs = triton_common.empty(M, 1, dtype=torch.float32, device=gate2.device)
-    silu_mul_rows(gate2, up2, xq, input_scale.float().reshape(()), rs)
-    return torch._scaled_mm(xq, _contig(weight).t(), scale_a=rs, scale_b=_contig(weight_scale.float().reshape(N)).view(1, N),
-                            bias=_bias_as(bias, gate2.dtype), out_dtype=gate2.dtype)
+    silu_mul_rows(gate2, up2, xq, s_in, rs)
+    return _rowwise_mm(xq, rs, weight, ws, b, gate2.dtype)
 
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,

@@ -199,20 +199,28 @@ def silu_mul_fp8_ready(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tenso
     return gpu.silu_mul_fp8_ready(gate.numel() // K, K, N, gate.dtype, bias is not None, gate.device)
 
 
+def silu_mul_fp8_linear_fused(gate, up, weight, weight_scale, input_scale, bias=None) -> torch.Tensor:
+    """The fused form alone (callers check `silu_mul_fp8_ready` first): gate, up [..., K] -> y [..., N]
+    in gate's dtype, the silu * up kernel writing x_q and its row scales for cuBLASLt's FP8 GEMM."""
+    from gdn_export.ops import glue
+
+    check_fp8(gate, weight, weight_scale, input_scale, bias)
+    y = _gpu().silu_mul_fp8_linear(glue.rows(gate), glue.rows(up), weight, weight_scale, input_scale, bias)
+    return y.view(*gate.shape[:-1], weight.shape[0])
+
+
 def silu_mul_fp8_linear(gate, up, weight, weight_scale, input_scale, bias=None) -> torch.Tensor:
     """fp8_linear(silu_mul(gate, up), weight, weight_scale, input_scale, bias): gate, up [..., K] ->
     y [..., N] in gate's dtype. Where `silu_mul_fp8_ready`, one kernel writes the product already
     quantized (FP8 x and its row scales) for cuBLASLt's FP8 GEMM, which then reads 1 byte an element
     where the two ops write and read y in 16 bits and read it again to quantize it; the same bits.
     Elsewhere the two ops."""
-    from gdn_export.ops import glue, silu_mul
+    from gdn_export.ops import silu_mul
 
     if silu_mul_fp8_ready(gate, up, weight, bias):
-        check_fp8(gate, weight, weight_scale, input_scale, bias)
-        y = _gpu().silu_mul_fp8_linear(glue.rows(gate), glue.rows(up), weight, weight_scale, input_scale, bias)
-        return y.view(*gate.shape[:-1], weight.shape[0])
+        return silu_mul_fp8_linear_fused(gate, up, weight, weight_scale, input_scale, bias)
     return fp8_linear(silu_mul.silu_mul(gate, up), weight, weight_scale, input_scale, bias)
 
 
-__all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "silu_mul_fp8_linear", "silu_mul_fp8_ready",
-           "check_fp8", "check_fp8_block", "check_int4"]
+__all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "silu_mul_fp8_linear", "silu_mul_fp8_linear_fused",
+           "silu_mul_fp8_ready", "check_fp8", "check_fp8_block", "check_int4"]
