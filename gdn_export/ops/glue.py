@@ -21,12 +21,17 @@ def kernel_module(name: str):
         return None
 
 
+def require(kernel, op: str):
+    """`kernel` (a kernel_module result) for the fused entry `op`; ValueError when it did not import."""
+    if kernel is None:
+        raise ValueError(f"{op}: Triton is not importable here")
+    return kernel
+
+
 def fused_kernel(name: str, op: str, x: torch.Tensor, shape: str, dim: int):
     """The kernels module `name` for the fused entry `op`, after its first input x's check: rank `dim`
     and a dtype in the module's DTYPES (`shape` names x's layout in the ValueError)."""
-    kernel = kernel_module(name)
-    if kernel is None:
-        raise ValueError(f"{op}: Triton is not importable here")
+    kernel = require(kernel_module(name), op)
     if x.dim() != dim or x.dtype not in kernel.DTYPES:
         raise ValueError(f"{op}: {shape} fp32 / fp16 / bf16, got {tuple(x.shape)} {x.dtype}")
     return kernel

@@ -66,9 +66,7 @@ def gdn_gating_fused(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1), written into
     `out` = (g, beta) (contiguous, the contract's shapes and dtypes) when given. ValueError naming
     what breaks the contract."""
-    kernel = _kernel()
-    if kernel is None:
-        raise ValueError("gdn_gating_fused: Triton is not importable here")
+    kernel = glue.require(_kernel(), "gdn_gating_fused")
     if a.dim() != 3 or a.dtype not in kernel.DTYPES or b.shape != a.shape or b.dtype != a.dtype:
         raise ValueError(f"gdn_gating_fused: a and b must be one [B, T, Hv] float tensor shape and dtype, got "
                          f"{tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}")

@@ -49,9 +49,7 @@ def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
 
 def _checked_kernel(x: torch.Tensor, weight: torch.Tensor, op: str):
     """The kernel module, and D, after x's and weight's checks (ValueError naming `op`)."""
-    kernel = _kernel()
-    if kernel is None:
-        raise ValueError(f"{op}: Triton is not importable here")
+    kernel = glue.require(_kernel(), op)
     D = x.shape[-1] if x.dim() else 0
     if x.dtype not in kernel.DTYPES or not 1 <= D <= kernel.MAX_D:
         raise ValueError(f"{op}: x must be [..., D] fp32 / fp16 / bf16 with 1 <= D <= {kernel.MAX_D}, "

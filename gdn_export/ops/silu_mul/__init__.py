@@ -38,9 +38,7 @@ def silu_mul_fused(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | Non
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): gate, up
     [..., I] -> out [..., I], written into `out` (contiguous, their shape and dtype) when given.
     ValueError naming what breaks the contract."""
-    kernel = _kernel()
-    if kernel is None:
-        raise ValueError("silu_mul_fused: Triton is not importable here")
+    kernel = glue.require(_kernel(), "silu_mul_fused")
     if gate.dim() < 1 or gate.dtype not in kernel.DTYPES:
         raise ValueError(f"silu_mul_fused: gate must be [..., I] fp32 / fp16 / bf16, got {tuple(gate.shape)} "
                          f"{gate.dtype}")
