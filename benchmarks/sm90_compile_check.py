@@ -36,9 +36,11 @@ ACT = {"bf16": "*bf16", "fp16": "*fp16"}
 
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int):
     """(regs, stack, shared bytes) of fn compiled for sm_90. types: argument name -> Triton type for the
-    pointers and float scalars; every other non-constexpr argument is i32. Pointers and strides get
-    the divisibility-by-16 hint; unit strides are passed in constexprs as 1 (Triton's specialisation
-    of contiguous tensors)."""
+    pointers and float scalars, "i32/16" for an integer the launch passes as a multiple of 16; every
+    other non-constexpr argument is i32. Pointers, strides and "i32/16" integers get the
+    divisibility-by-16 hint, as Triton specialises them at launch (without it the skinny GEMM's weight
+    loads are not pipelined); unit strides are passed in constexprs as 1 (Triton's specialisation of
+    contiguous tensors)."""
     sig, attrs = {}, {}
     if "USE_PDL" in fn.arg_names:  # programmatic dependent launch (kernels.triton_utils.PDL): off unless a case sets it
         constexprs = {"USE_PDL": False, **constexprs}
@@ -47,7 +49,10 @@ def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: i
             sig[name] = "constexpr"
         else:
             sig[name] = types.get(name, "i32")
-            if sig[name].startswith("*") or name.startswith(("stride", "s_")):
+            aligned = sig[name] == "i32/16"  # an integer the launch passes as a multiple of 16 (Triton specialises it)
+            if aligned:
+                sig[name] = "i32"
+            if aligned or sig[name].startswith("*") or name.startswith(("stride", "s_")):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -250,9 +255,11 @@ def linear_cases():
                         BK = skinny.block_k(fmt, 2048, 128, cfg)
                         types = dict(x=x, w="*u8" if fmt == skinny.INT4 else "*fp8e4nv",
                                      ws=x if fmt == skinny.INT4 else "*fp32", s_in="*fp32", pre=x, bias=x, y=x,
-                                     part="*fp32" if partial else x, counter="*i32" if partial else "*fp32")
+                                     part="*fp32" if partial else x, counter="*i32" if partial else "*fp32",
+                                     N="i32/16", K="i32/16", KH="i32/16")  # the models' sizes: multiples of 16
                         c = dict(FMT=fmt, GS=128, SOFT=False, UP=False, DOT_FP8=cfg["dot_fp8"] and not exact, PTX=True,
-                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, BN=cfg["BN"], BM=max(16, M), BK=BK)
+                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, BN=cfg["BN"], BM=max(16, M), BK=BK,
+                                 **({"M": 1} if M == 1 else {}))
                         if fmt == skinny.FP8_TENSOR:
                             c["G"] = 1
                         yield (f"skinny {act} {fname} M={M} BN={cfg['BN']} BK={BK} split={int(partial)}"

@@ -101,9 +101,17 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
         s = tl.load(s_in)
         r = tl.math.div_rn(1.0, s)
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
+    # the weight scales and AWQ pre_scale of a tile are loaded one iteration ahead (the pipeliner
+    # streams only the operands of tl.dot; a load in the loop body waited its full latency per tile)
+    b_sn = _tile_scales(ws, o_n, m_n, t0, G, FMT, GS, BK)
+    b_pn = _tile_pre(pre, t0, K, HAS_PRE, BK)
     for t in range(t0, t1):
         o_k = t * BK + tl.arange(0, BK)
         m_k = o_k < K
+        b_s, b_p = b_sn, b_pn
+        t_n = tl.minimum(t + 1, t1 - 1)
+        b_sn = _tile_scales(ws, o_n, m_n, t_n, G, FMT, GS, BK)
+        b_pn = _tile_pre(pre, t_n, K, HAS_PRE, BK)
         b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         if FMT == 2:
             # byte h of a weight row holds k = 2 h (low nibble) and 2 h + 1 (high): the low nibbles
@@ -112,13 +120,11 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             b_q = tl.load(p_w + r_n[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :], other=0)
             b_lo, b_hi = int4_nibbles(b_q, tl.float32 if UP else xdt, UP, PTX)
             if HAS_PRE:
-                b_p = tl.load(pre + o_k, mask=m_k, other=0.0).to(tl.float32)
                 b_x = to_state_dtype(b_x.to(tl.float32) * b_p[None, :], xdt)
             if UP:
                 b_x = b_x.to(tl.float32)
             b_xe, b_xo = tl.split(tl.reshape(b_x, [BM, BK // 2, 2]))  # [BM, BK / 2]: x's even, odd columns
             b_d = exact_dot(b_lo, tl.trans(b_xe), UP) + exact_dot(b_hi, tl.trans(b_xo), UP)
-            b_s = tl.load(ws + o_n64 * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
             b_acc += b_d * b_s[:, None]
         else:
             b_w = tl.load(p_w + r_n[:, None] * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
@@ -135,8 +141,7 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             else:
                 b_d = exact_dot(b_w.to(tl.bfloat16), tl.trans(b_a.to(tl.bfloat16)), UP)
             if FMT == 1:
-                b_ws = tl.load(ws + (o_n // 128) * G + t, mask=m_n, other=0.0)
-                b_acc += b_d * b_ws[:, None] * b_g[None, :]
+                b_acc += b_d * b_s[:, None] * b_g[None, :]
             else:
                 b_acc += b_d
     mask = m_n[:, None] & m_m[None, :]
@@ -148,6 +153,28 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
         if HAS_BIAS:
             b_acc += tl.load(bias + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
         tl.store(y + o_y, to_state_dtype(b_acc, y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tile_scales(ws, o_n, m_n, t, G, FMT: tl.constexpr, GS: tl.constexpr, BK: tl.constexpr):
+    """[BN] fp32 weight scales of K tile t: FP8_BLOCK the 128-row block's for group t, INT4 each row's
+    for group t * BK // GS; FP8_TENSOR none (its per-channel scales apply after the sum)."""
+    if FMT == 1:
+        return tl.load(ws + (o_n // 128) * G + t, mask=m_n, other=0.0)
+    elif FMT == 2:
+        return tl.load(ws + o_n.to(tl.int64) * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(o_n.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _tile_pre(pre, t, K, HAS_PRE: tl.constexpr, BK: tl.constexpr):
+    """[BK] fp32 AWQ pre_scale of K tile t (zeros without one)."""
+    o_k = t * BK + tl.arange(0, BK)
+    if HAS_PRE:
+        return tl.load(pre + o_k, mask=o_k < K, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros([BK], dtype=tl.float32)
 
 
 def block_k(fmt: int, K: int, group_size: int, cfg: dict) -> int:

@@ -263,6 +263,34 @@ def test_int4_pre_scale_every_route(M, skinny_route, monkeypatch):
            (M, N), "int4 awq")
 
 
+@pytest.mark.parametrize("K,split", [(2600, 21), (2048, 16)], ids=["K2600-split21", "K2048-split16"])
+@pytest.mark.parametrize("M", [1, 3], ids=lambda m: f"M{m}")
+def test_skinny_deep_split(M, K, split, monkeypatch):
+    """Split K as deep as on a GPU's 132 multiprocessors (the interpreter's 4 give <= 8 splits), one K
+    tile a program: the last program of each column tile sums 16 or 21 partials; every format against
+    the reference, and the partial buffer had `split` splits."""
+    monkeypatch.setattr(skinny, "device_sms", lambda t: 32)
+    splits = []
+
+    def recording_empty(*shape, dtype, device):
+        if len(shape) == 3:  # the split-K partials [SPLIT, M, N]
+            splits.append(shape[0])
+        return nan_empty(*shape, dtype=dtype, device=device)
+
+    monkeypatch.setattr(triton_common, "empty", recording_empty)
+    N, dtype = 70, torch.bfloat16
+    gen = torch.Generator().manual_seed(K + M)
+    x = activations(M, K, dtype, "model", gen)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    run = on_device(skinny.skinny)
+    _check(run(skinny.FP8_TENSOR, x, w, ws, s_in), ref_fp8_linear(x, w, ws, s_in, None), dtype, (M, N), "fp8")
+    wb, wsi = block_weights(N, K, gen)
+    _check(run(skinny.FP8_BLOCK, x, wb, wsi), ref_fp8_block_linear(x, wb, wsi, None), dtype, (M, N), "fp8 block")
+    qw, sc = int4_weights(N, K, 128, dtype, gen)
+    _check(run(skinny.INT4, x, qw, sc), ref_int4_linear(x, qw, sc, None), dtype, (M, N), "int4")
+    assert splits == [split] * 3, splits
+
 def test_skinny_refuses_bad_launches():
     x = torch.zeros(65, 64)
     with pytest.raises(ValueError, match="more than 64"):
