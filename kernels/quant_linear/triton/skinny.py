@@ -45,13 +45,14 @@ MAX_M = 64
 # Launch parameters per format: BN weight rows a program, BK of K a tile, warps, pipeline stages,
 # at most per_sm programs a multiprocessor (None: as many as its registers and shared memory hold),
 # fp8 x fp8 MMAs (fp8 formats), min_tiles (optional, default 1): K tiles a program streams at least
-# (a cap on the split); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives
-# (H100, Triton 3.6, 2026-12-06: BN 64 the fastest of three at M = 1 and 32 on the 1.66B shapes,
-# e.g. 16.8 against 18.6 us for the fused GDN projection at M = 32).
+# (a cap on the split); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's
+# choice on the H100 (Triton 3.6, 2026-12-07, the 1.66B's fused GDN projection and MLP down
+# projection at M = 1 and 32): min_tiles 8 and 4 stages for FP8 per-channel (mlp_down at M = 1: 10.3
+# against 12.2 us with min_tiles 1), min_tiles 4 for the block and INT4 formats.
 CFG = {
-    FP8_TENSOR: dict(BN=64, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=True),
-    FP8_BLOCK: dict(BN=64, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=True),
-    INT4: dict(BN=64, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=False),
+    FP8_TENSOR: dict(BN=64, BK=128, warps=4, stages=4, per_sm=None, dot_fp8=True, min_tiles=8),
+    FP8_BLOCK: dict(BN=64, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=True, min_tiles=4),
+    INT4: dict(BN=64, BK=128, warps=4, stages=3, per_sm=None, dot_fp8=False, min_tiles=4),
 }
 # (compiled-kernel key) -> programs one multiprocessor holds at once
 _RESIDENT: dict = {}

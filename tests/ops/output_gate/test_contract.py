@@ -3,8 +3,11 @@ float64 oracle (ids `impl-case-dtype`), the kernel against the PyTorch form, and
 fused path forced on the CPU through Triton's interpreter).
 
 The oracle: sigmoid(gate) in float64 rounded once to the dtype, times o, rounded once
-(elementwise_check.round_once); out within one ulp of it (fp16 2^-10, bf16 2^-7 relative plus the
-dtype's smallest normal; fp32 1e-6) and within a relative RMS of 1e-6 / 5e-4 / 4e-3. o comes as the
+(elementwise_check.round_once); out within two ulps of it (fp16 2^-9, bf16 2^-6 relative plus the
+dtype's smallest normal; fp32 1e-6) and within a relative RMS of 1e-6 / 5e-4 / 4e-3. Two: the
+contract's sigmoid is PyTorch's fp32 one, whose last-bit error can put it on the other side of a
+16-bit rounding midpoint than the exact value, one ulp of the rounded sigmoid, which the product
+carries (fp16 at [4096, 16 x 256]: 3 elements at 1.29 ulps). o comes as the
 attention gives it ([B, H, T, D], contiguous or a transposed view) and the gate as the per-head half of
 the q projection's output (a strided [B, T, H, D] view); outputs are NaN-poisoned."""
 
@@ -20,7 +23,7 @@ from tests.ops.impl import HAS_CUDA, Impl, params, poisoned, runnable
 
 GPU_WHEN_PRESENT = pytest.mark.gpu if HAS_CUDA else (lambda test: test)
 ALL = (torch.float32, torch.bfloat16, torch.float16)
-REL = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+REL = {torch.float32: 1e-6, torch.float16: 2.0 ** -9, torch.bfloat16: 2.0 ** -6}
 RMS = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
 
 
