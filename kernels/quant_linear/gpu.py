@@ -7,9 +7,10 @@ shapes and dtypes only, never on data, and nothing synchronises with the host.
 
 SKINNY_DECODE     (on) M <= 64 rows of every format go to the skinny GEMM of triton/skinny.py (weight
                   rows as the MMA's wide side, fp8 x fp8 MMAs, x quantized in the tile, AWQ's
-                  pre_scale applied to x's tile, split K in one launch): per 1.66B decode step at
-                  M = 1 on the H100, 0.72x bf16's GEMM time for FP8 (the routes below: 0.78x) and
-                  0.96x for INT4-AWQ (1.06x) (benchmarks/quant_gpu.sh, docs/perf/quantization.md).
+                  pre_scale applied to x's tile, split K in one launch): in a 1.66B decode step at
+                  M = 1 on the H100, 1.05 ms of FP8 skinny GEMMs where bf16 spends 1.38 ms on the
+                  same projections (0.76x; the routes below: 0.78x of the kernel table's sum), INT4
+                  0.75x of it (benchmarks/quant_gpu.sh, docs/perf/quantization.md).
 fp8_linear        M <= 32 (decode) and N < 6144: Triton skinny GEMM of triton/fp8.py (x quantized per
                   tile, split K). Otherwise, with 16-bit x and K, N multiples of 16: x quantized by
                   one Triton pass, then torch._scaled_mm (cuBLASLt FP8, rowwise scales [M, 1] x
