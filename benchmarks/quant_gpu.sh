@@ -17,7 +17,8 @@
 # 4096-token prompt (the e2e batch-1 depth, so the decode attention kernel runs),
 # benchmarks/decode_profile.py on checkpoints that `gdn-export quantize` writes on the GPU; PROFILES
 # the models, default "bf16 fp8 int4-awq", "fp8lm" is fp8 with --quantize-lm-head; PROFILE_MODES
-# default "decode prefill"), SWEEP_CONFIGS
+# default "decode prefill"; PROFILE_BATCH the decode profiles' batch, default 1, each row's prompt 4096 /
+# PROFILE_BATCH tokens, at least 256: the e2e batch-32 rows' length), SWEEP_CONFIGS
 # (the first N launch configurations of the sweep), TESTS_S (seconds for the GPU tests, default 160; a
 # failing test is named in tests.txt as it fails),
 # BUDGET (seconds for the whole script, default 520), LAYERS (default 24: the full 1.66B Qwen3.5
@@ -50,6 +51,7 @@ LAYERS=${LAYERS:-24}
 VOCAB=${VOCAB:-$(( (248320 * LAYERS / 24 + 127) / 128 * 128 ))}
 RUNS=${RUNS:-fp8-b1-skinny int4-awq-b1-skinny fp8lm-b1-skinny fp8-b1-skinny-compile fp8-b32-skinny int4-awq-b32-skinny fp8-b1 int4-awq-b1 fp8lm-b1}
 CK=${CK:-/tmp/quant_gpu_ck}
+PROFILE_BATCH=${PROFILE_BATCH:-1}                      # the decode profiles' batch
 KM=${KM:-1 32 4096}                                    # the kernel table's rows M
 KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
@@ -186,7 +188,8 @@ part_profile() {
     [ -f "$ck/config.json" ] || continue
     TUNED=""; [ -f "$OUT/tuned.json" ] && TUNED="--tuned $OUT/tuned.json"
     case " ${PROFILE_MODES:-decode prefill} " in *" decode "*) ;; *) false;; esac && [ "$(left)" -gt 40 ] && timeout $(( $(left) - 20 )) python3 benchmarks/decode_profile.py "$ck" --steps 20 \
-      --prompt-len 4096 $TUNED --out "$OUT/prof-$name-decode" > "$OUT/prof-$name-decode.log" 2>&1
+      --batch "$PROFILE_BATCH" --prompt-len $(( 4096 / PROFILE_BATCH > 256 ? 4096 / PROFILE_BATCH : 256 )) $TUNED --out "$OUT/prof-$name-decode" \
+      > "$OUT/prof-$name-decode.log" 2>&1
     case " ${PROFILE_MODES:-decode prefill} " in *" prefill "*) ;; *) false;; esac && [ "$(left)" -gt 30 ] && \
       timeout $(( $(left) - 10 )) python3 benchmarks/decode_profile.py "$ck" --prefill \
       --steps 2 --prompt-len 4096 $TUNED --out "$OUT/prof-$name-prefill" > "$OUT/prof-$name-prefill.log" 2>&1
