@@ -257,14 +257,21 @@ def linear_cases():
                                      ws=x if fmt == skinny.INT4 else "*fp32", s_in="*fp32", pre=x, bias=x, y=x,
                                      part="*fp32" if partial else x, counter="*i32" if partial else "*fp32",
                                      N="i32/16", K="i32/16", KH="i32/16")  # the models' sizes: multiples of 16
-                        c = dict(FMT=fmt, GS=128, SOFT=False, UP=False, DOT_FP8=cfg["dot_fp8"] and not exact, PTX=True,
-                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, BN=cfg["BN"], BM=max(16, M), BK=BK,
-                                 **({"M": 1} if M == 1 else {}))
+                        c = dict(FMT=fmt, GS=128, SOFT=False, UP=False, DOT_FP8=cfg["dot_fp8"] and not exact, PTX=1,
+                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, EVEN=True, BN=cfg["BN"], BM=max(16, M),
+                                 BK=BK, **({"M": 1} if M == 1 else {}))
                         if fmt == skinny.FP8_TENSOR:
                             c["G"] = 1
                         yield (f"skinny {act} {fname} M={M} BN={cfg['BN']} BK={BK} split={int(partial)}"
                                f"{' pre' if pre else ''}", skinny.skinny_kernel, types, c, cfg["warps"],
                                cfg["stages"])
+                        if fmt == skinny.INT4 and M == 1:  # the nibbles on 2 bytes an instance; ragged tiles
+                            yield (f"skinny {act} {fname} M=1 BN={cfg['BN']} BK={BK} split={int(partial)}"
+                                   f"{' pre' if pre else ''} nibbles2", skinny.skinny_kernel, types, {**c, "PTX": 2},
+                                   cfg["warps"], cfg["stages"])
+                            yield (f"skinny {act} {fname} M=1 BN={cfg['BN']} BK={BK} split={int(partial)}"
+                                   f"{' pre' if pre else ''} masked", skinny.skinny_kernel, types, {**c, "EVEN": False},
+                                   cfg["warps"], cfg["stages"])
                         if M == 1 and not pre:  # with PDL: the weight prefetch and the grid-dependency wait
                             yield (f"skinny {act} {fname} M=1 BN={cfg['BN']} BK={BK} split={int(partial)} pdl",
                                    skinny.skinny_kernel, types, {**c, "USE_PDL": True}, cfg["warps"], cfg["stages"])

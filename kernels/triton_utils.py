@@ -336,24 +336,59 @@ fma.rn.TY $1, t1, one, off;
 fma.rn.TY $2, s0, one, off;
 fma.rn.TY $3, s1, one, off;
 }"""
+# The same on 2 bytes an instance (a 16-bit operand): one prmt, one shift, two lop3 and two packed
+# FMAs give (lo(b0), lo(b1)) and (hi(b0), hi(b1)). Where the nibbles feed tl.dot as its register
+# operand (the INT4 skinny GEMM's even / odd dots), a thread holds byte pairs of its fragment, and the
+# 4-byte form made Triton assemble words from 16-bit shared-memory loads and take the results apart
+# again: 86 PRMT and 421 instructions a [64, 128] K tile of the skinny GEMM's sm_90 code (Triton 3.6),
+# 30 and 365 with this form.
+_NIBBLE_ASM2 = """{
+.reg .b32 w, t0, s0, one, off;
+mov.b32 one, ONE;
+mov.b32 off, OFF;
+cvt.u32.u16 w, $2;
+prmt.b32 t0, w, 0, 0x4140;
+shr.b32 s0, t0, 4;
+lop3.b32 t0, t0, 0x000F000F, MAGIC, 0x6A;
+lop3.b32 s0, s0, 0x000F000F, MAGIC, 0x6A;
+fma.rn.TY $0, t0, one, off;
+fma.rn.TY $1, s0, one, off;
+}"""
 # The launchers' PTX argument of int4_nibbles (the INT4 skinny GEMM, int4_dequant, the quantized
-# MoE experts); off: the shift-and-convert path (benchmarks/quant_linear_bench.py times both).
-NIBBLE_PTX = True
-NIBBLE_ASM_BF16 = tl.constexpr(_NIBBLE_ASM.replace("MAGIC", "0x43084308").replace("ONE", "0x3F803F80")
-                   .replace("OFF", "0xC308C308").replace("TY", "bf16x2"))
-NIBBLE_ASM_FP16 = tl.constexpr(_NIBBLE_ASM.replace("MAGIC", "0x64086408").replace("ONE", "0x3C003C00")
-                   .replace("OFF", "0xE408E408").replace("TY", "f16x2"))
+# MoE experts): 0 the shift-and-convert path, 1 the PTX on 4 bytes an instance, 2 on 2 bytes an
+# instance (the skinny GEMM's launch configuration may pick it: `nibbles` in skinny.CFG; not yet timed
+# on a GPU). benchmarks/quant_linear_bench.py times them.
+NIBBLE_PTX = 1
+
+
+def _nibble_asm(asm: str, dtype: str) -> tl.constexpr:
+    if dtype == "bf16":
+        return tl.constexpr(asm.replace("MAGIC", "0x43084308").replace("ONE", "0x3F803F80").replace("OFF", "0xC308C308")
+                            .replace("TY", "bf16x2"))
+    return tl.constexpr(asm.replace("MAGIC", "0x64086408").replace("ONE", "0x3C003C00").replace("OFF", "0xE408E408")
+                        .replace("TY", "f16x2"))
+
+
+NIBBLE_ASM_BF16, NIBBLE_ASM_FP16 = _nibble_asm(_NIBBLE_ASM, "bf16"), _nibble_asm(_NIBBLE_ASM, "fp16")
+NIBBLE_ASM2_BF16, NIBBLE_ASM2_FP16 = _nibble_asm(_NIBBLE_ASM2, "bf16"), _nibble_asm(_NIBBLE_ASM2, "fp16")
 
 
 @triton.jit
 def int4_nibbles(b_q, dt: tl.constexpr, UP: tl.constexpr, PTX: tl.constexpr):
     """uint8 bytes [..., H] -> (lo, hi) [..., H] in dt: the two's-complement int4 values of each byte's
-    low and high nibble (exact in fp16 / bf16 / fp32). With PTX (the launchers pass NIBBLE_PTX) on the
-    GPU with a 16-bit dt, magic-number arithmetic in registers (_NIBBLE_ASM); otherwise (fp32, the
-    interpreter, PTX off) sign-extending shifts and an int8 -> fp32 conversion."""
-    if UP or dt == tl.float32 or not PTX:
+    low and high nibble (exact in fp16 / bf16 / fp32). With PTX 1 or 2 (the launchers pass NIBBLE_PTX)
+    on the GPU with a 16-bit dt, magic-number arithmetic in registers on 4 or 2 bytes an instance
+    (_NIBBLE_ASM, _NIBBLE_ASM2); otherwise (fp32, the interpreter, PTX 0) sign-extending shifts and an
+    int8 -> fp32 conversion."""
+    if UP or dt == tl.float32 or PTX == 0:
         lo = ((b_q << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float32).to(dt)
         hi = (b_q.to(tl.int8, bitcast=True) >> 4).to(tl.float32).to(dt)
+    elif PTX == 2 and dt == tl.bfloat16:
+        lo, hi = tl.inline_asm_elementwise(NIBBLE_ASM2_BF16, "=r,=r,h", [b_q], dtype=(tl.bfloat16, tl.bfloat16),
+                                           is_pure=True, pack=2)
+    elif PTX == 2:
+        lo, hi = tl.inline_asm_elementwise(NIBBLE_ASM2_FP16, "=r,=r,h", [b_q], dtype=(tl.float16, tl.float16),
+                                           is_pure=True, pack=2)
     elif dt == tl.bfloat16:
         lo, hi = tl.inline_asm_elementwise(NIBBLE_ASM_BF16, "=r,=r,=r,=r,r", [b_q], dtype=(tl.bfloat16, tl.bfloat16),
                                            is_pure=True, pack=4)

@@ -45,7 +45,8 @@ MAX_M = 64
 # Launch parameters per format: BN weight rows a program, BK of K a tile, warps, pipeline stages,
 # at most per_sm programs a multiprocessor (None: as many as its registers and shared memory hold),
 # fp8 x fp8 MMAs (fp8 formats), min_tiles (optional, default 1): K tiles a program streams at least
-# (a cap on the split); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's
+# (a cap on the split), nibbles (INT4, optional, default triton_utils.NIBBLE_PTX): the nibble
+# conversion's form; benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's
 # choice on the H100 (Triton 3.6, 2026-12-07, the 1.66B's fused GDN projection and MLP down
 # projection at M = 1 and 32): min_tiles 8 and 4 stages for FP8 per-channel (mlp_down at M = 1: 10.3
 # against 12.2 us with min_tiles 1), min_tiles 4 for the block and INT4 formats.
@@ -72,10 +73,11 @@ def _quantize(b_x, s, r, SOFT: tl.constexpr):
 def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, stride_xm, SPLIT, TILES_PER_SPLIT,
                   FMT: tl.constexpr, GS: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr,
                   DOT_FP8: tl.constexpr, PTX: tl.constexpr, HAS_PRE: tl.constexpr, PARTIAL: tl.constexpr,
-                  HAS_BIAS: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (column tile i_n, K split i_s): acc [BN, BM] = W[tile rows, K range] x[:, K range]^T.
-    With PDL the program's weight bytes are prefetched into L2 while the kernel before it runs."""
+    EVEN: BN divides N and BK divides K, so the weight tiles need no bounds masks. With PDL the
+    program's weight bytes are prefetched into L2 while the kernel before it runs."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -118,7 +120,11 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             # byte h of a weight row holds k = 2 h (low nibble) and 2 h + 1 (high): the low nibbles
             # meet x's even columns and the high ones its odd columns, two dots of BK / 2
             o_h = t * (BK // 2) + tl.arange(0, BK // 2)
-            b_q = tl.load(p_w + r_n[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :], other=0)
+            if EVEN:
+                b_q = tl.load(p_w + r_n[:, None] * KH + o_h[None, :])
+            else:
+                b_q = tl.load(p_w + r_n[:, None] * KH + o_h[None, :], mask=m_n[:, None] & (o_h < KH)[None, :],
+                              other=0)
             b_lo, b_hi = int4_nibbles(b_q, tl.float32 if UP else xdt, UP, PTX)
             if HAS_PRE:
                 b_x = to_state_dtype(b_x.to(tl.float32) * b_p[None, :], xdt)
@@ -128,7 +134,10 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             b_d = exact_dot(b_lo, tl.trans(b_xe), UP) + exact_dot(b_hi, tl.trans(b_xo), UP)
             b_acc += b_d * b_s[:, None]
         else:
-            b_w = tl.load(p_w + r_n[:, None] * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+            if EVEN:
+                b_w = tl.load(p_w + r_n[:, None] * K + o_k[None, :])
+            else:
+                b_w = tl.load(p_w + r_n[:, None] * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
             b_xf = b_x.to(tl.float32)
             if FMT == 1:
                 b_g = tl.maximum(tl.max(tl.abs(b_xf), axis=1), 1e-10)
@@ -212,9 +221,11 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
     tiles, k_tiles = cdiv(N, BN), cdiv(K, BK)
     G = ws.shape[1] if fmt != FP8_TENSOR else 1
     consts = dict(FMT=fmt, GS=group_size, SOFT=SOFT_FP8, UP=UPCAST,
-                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32, PTX=triton_utils.NIBBLE_PTX,
+                  DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32,
+                  PTX=int(cfg.get("nibbles", triton_utils.NIBBLE_PTX)),
                   HAS_PRE=pre_scale is not None,
-                  HAS_BIAS=bias is not None, BN=BN, BM=BM, BK=BK, num_warps=cfg["warps"], num_stages=cfg["stages"])
+                  HAS_BIAS=bias is not None, EVEN=N % BN == 0 and K % BK == 0, BN=BN, BM=BM, BK=BK,
+                  num_warps=cfg["warps"], num_stages=cfg["stages"])
     args = [x2, w, ws, s_in if s_in is not None else ws, pre_scale if pre_scale is not None else ws,
             bias if bias is not None else ws, y]
 

@@ -121,11 +121,12 @@ def test_skinny_route_gpu(M, dtype, monkeypatch):
                ref_int4_linear(x, qw, sc, b, 128, pre), dtype, (M, N), "skinny int4")
 
 
-@pytest.mark.parametrize("ptx", [True, False], ids=["ptx", "shifts"])
+@pytest.mark.parametrize("ptx", [1, 2, 0], ids=["ptx4", "ptx2", "shifts"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int4_every_byte_exact_gpu(dtype, ptx, monkeypatch):
     """Every byte value's two nibbles, exactly, through int4_dequant and the skinny GEMM (the low / high
-    nibble dots against x's even / odd columns), with the PTX nibble conversion (16-bit) and without."""
+    nibble dots against x's even / odd columns), with the PTX nibble conversion on 4 or 2 bytes an
+    instance (16-bit) and without."""
     monkeypatch.setattr(triton_utils, "NIBBLE_PTX", ptx)
     from kernels.quant_linear.triton import skinny
     from tests.ops.quant_linear.cases import every_byte_int4, unpack_int4

@@ -173,8 +173,9 @@ def test_int4_every_byte_exact(dtype):
     if dtype != torch.float32:
         w = on_device(int4_dequant)(qw, sc, K, 32, dtype)
         torch.testing.assert_close(w, expected.to(dtype), rtol=0, atol=0)
-    y = on_device(skinny.skinny)(skinny.INT4, x, qw, sc, None, None, 32)
-    torch.testing.assert_close(y, expected[:, cols].t().to(dtype), rtol=0, atol=0)
+    for nibbles in (1, 2):
+        y = on_device(skinny.skinny)(skinny.INT4, x, qw, sc, None, None, 32, cfg=dict(nibbles=nibbles))
+        torch.testing.assert_close(y, expected[:, cols].t().to(dtype), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
@@ -201,12 +202,13 @@ def test_gemv_route_all_formats(KN, dtype, bias, monkeypatch):
 from kernels.quant_linear.triton import skinny  # noqa: E402
 from tests.ops.quant_linear.cases import pre_scales  # noqa: E402
 
-# launch configurations the benchmark's sweep times (a K tile of 256, 64-row tiles, bf16 MMAs)
+# launch configurations the benchmark's sweep times (a K tile of 256, 64-row tiles, bf16 MMAs, the
+# nibble conversion on 2 bytes an instance); (3, 384, 128): tiles that divide K and N (no masks)
 SKINNY_CFGS = {"default": None, "BK256": dict(BK=256, stages=3), "BN64": dict(BN=64, per_sm=4),
-               "bf16-mma": dict(dot_fp8=False)}
+               "bf16-mma": dict(dot_fp8=False), "nibbles2": dict(nibbles=2)}
 
 
-SKINNY_CASES = [(mkn, dtype, "default") for mkn in [(1, 520, 70), (64, 264, 130), (17, 1000, 257)]
+SKINNY_CASES = [(mkn, dtype, "default") for mkn in [(1, 520, 70), (64, 264, 130), (17, 1000, 257), (3, 384, 128)]
                 for dtype in (torch.float32, torch.float16, torch.bfloat16)] \
     + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg != "default"]
 
