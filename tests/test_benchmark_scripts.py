@@ -111,3 +111,16 @@ def test_records_go_outside_the_repository_by_default(tmp_path, monkeypatch):
             if default is not None and not (isinstance(default, ast.Constant) and default.value is None):
                 offenders.append(f"{script.relative_to(ROOT)}:{node.lineno} {names[0]}")
     assert not offenders, offenders
+
+
+def test_every_tool_is_in_the_readme_and_every_shell_script_parses():
+    """benchmarks/README.md names every script of benchmarks/ and benchmarks/investigations/ (the index a
+    newcomer reads first), and every shell script there passes `bash -n`."""
+    readme = (ROOT / "benchmarks/README.md").read_text()
+    scripts = sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.sh"),
+                      *(ROOT / "benchmarks/investigations").glob("*.py")])
+    missing = [s.name for s in scripts if f"`{s.name}" not in readme and s.name != "__init__.py"]
+    assert not missing, f"not in benchmarks/README.md: {missing}"
+    for script in (ROOT / "benchmarks").glob("*.sh"):
+        out = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        assert out.returncode == 0, f"{script.name}: {out.stderr}"
