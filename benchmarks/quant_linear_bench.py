@@ -14,7 +14,8 @@ default (the Triton GEMMs of fp8.py / int4.py for M <= 32, _scaled_mm for fp8 wi
 32; int4 with its AWQ pre_scale, a separate multiply there); `skinny`: M <= 64 through the skinny
 GEMM of triton/skinny.py (gpu.SKINNY_DECODE; int4's pre_scale applied in the kernel); `shifts`:
 int4 nibbles by shifts and conversions instead of triton_utils.int4_nibbles' PTX (NIBBLE_PTX off); fp8
-_scaled_mm: x quantized by one Triton pass, then torch._scaled_mm rowwise.
+_scaled_mm: x quantized by one Triton pass, then torch._scaled_mm rowwise; at prefill rows (M > 64)
+also with `use_fast_accum` (`fast`) and in the tensorwise form with one weight scale (`tensorwise`).
 
 Each op is captured in a CUDA graph that calls it once for each of R weight copies (R copies hold
 >= --min-bytes of bf16 weights, so weights stream from HBM rather than L2, as in a model's decode
@@ -147,11 +148,27 @@ class GpuBench:
             xq, rs = tf8.quantize_tensor(x, s)
             return torch._scaled_mm(xq, W["w8"].t(), scale_a=rs, scale_b=W["ws"].view(1, -1), out_dtype=x.dtype)
 
+        # the prefill GEMM's alternatives (cuBLASLt reached 64% of its FP8 peak at M = 4096 on the H100,
+        # bf16 80%): the same rowwise call with fast accumulation (no periodic promotion to fp32), and
+        # the tensorwise form (one scale each: a per-tensor weight scale, ModelOpt's FP8 default for a
+        # Linear outside a fused sibling group)
+        def scaled_mm_fast(x, W, s):
+            xq, rs = tf8.quantize_tensor(x, s)
+            return torch._scaled_mm(xq, W["w8"].t(), scale_a=rs, scale_b=W["ws"].view(1, -1), out_dtype=x.dtype,
+                                    use_fast_accum=True)
+
+        def scaled_mm_tensorwise(x, W, s):
+            xq, _ = tf8.quantize_tensor(x, s)
+            return torch._scaled_mm(xq, W["w8"].t(), scale_a=s.reshape(()), scale_b=W["ws"][:1].reshape(()),
+                                    out_dtype=x.dtype)
+
         return {
             "bf16": ("bf16", lambda x, W, s: torch.nn.functional.linear(x, W["bf16"])),
             "fp8": ("fp8", lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s)),
             "fp8_skinny": ("fp8", skinny(lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s))),
             "fp8_scaled_mm": ("fp8", scaled_mm),
+            "fp8_scaled_mm_fast": ("fp8", scaled_mm_fast),
+            "fp8_scaled_mm_tensorwise": ("fp8", scaled_mm_tensorwise),
             "fp8_block": ("fp8_block", lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"])),
             "fp8_block_skinny": ("fp8_block", skinny(lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]))),
             "int4": ("int4", lambda x, W, s: gpu.int4_linear(x, W["qw"], W["sc"], None, 128, W["pre"])),
@@ -231,6 +248,8 @@ class GpuBench:
                 for meth, (fmt, fn) in methods.items():
                     if ("_skinny" in meth and M > self.skinny.MAX_M) or (meth == "int4_shifts" and M <= 64):
                         continue  # the same route as another column
+                    if meth in ("fp8_scaled_mm_fast", "fp8_scaled_mm_tensorwise") and M <= self.skinny.MAX_M:
+                        continue  # prefill alternatives only
                     try:
                         res[meth] = self.time_method(fn, x, copies, s_in)
                     except Exception as exc:  # one failed method must not cost the table
