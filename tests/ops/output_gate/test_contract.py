@@ -7,9 +7,9 @@ The oracle: sigmoid(gate) in float64 rounded once to the dtype, times o, rounded
 dtype's smallest normal; fp32 1e-6) and within a relative RMS of 1e-6 / 5e-4 / 4e-3. Two: the
 contract's sigmoid is PyTorch's fp32 one, whose last-bit error can put it on the other side of a
 16-bit rounding midpoint than the exact value, one ulp of the rounded sigmoid, which the product
-carries (fp16 at [4096, 16 x 256]: 3 elements at 1.29 ulps). o comes as the
-attention gives it ([B, H, T, D], contiguous or a transposed view) and the gate as the per-head half of
-the q projection's output (a strided [B, T, H, D] view); outputs are NaN-poisoned."""
+carries (fp16 at [4096, 16 x 256]: 3 elements at 1.29 ulps). o comes as the attention gives it
+([B, H, T, D], contiguous or a transposed view) and the gate as the per-head half of the q
+projection's output (a strided [B, T, H, D] view); outputs are NaN-poisoned."""
 
 from __future__ import annotations
 

@@ -269,8 +269,8 @@ def test_int4_pre_scale_every_route(M, skinny_route, monkeypatch):
 @pytest.mark.parametrize("M", [1, 3], ids=lambda m: f"M{m}")
 def test_skinny_deep_split(M, K, split, monkeypatch):
     """Split K as deep as on a GPU's 132 multiprocessors (the interpreter's 4 give <= 8 splits), one K
-    tile a program (min_tiles 1): the last program of each column tile sums 16 or 21 partials; every format against
-    the reference, and the partial buffer had `split` splits."""
+    tile a program (min_tiles 1): the last program of each column tile sums 16 or 21 partials; every
+    format against the reference, and the partial buffer had `split` splits."""
     monkeypatch.setattr(skinny, "device_sms", lambda t: 32)
     splits = []
 
