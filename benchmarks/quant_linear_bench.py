@@ -268,14 +268,15 @@ class GpuBench:
         print(table(rows, list(methods), copy, name))
         return 0
 
-    # the last field: the INT4 nibble conversion's form (triton_utils.NIBBLE_PTX; None: the default),
-    # timed for int4 only
-    SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d, min_tiles=mt,
-                  **({} if nib is None else {"nibbles": nib}))
-             for bn, bk, w, st, d, mt, nib in [
-                 (64, 128, 4, 3, True, 4, None), (64, 128, 4, 4, True, 8, None), (64, 128, 4, 3, True, 4, 2),
-                 (64, 128, 4, 3, True, 1, None), (128, 128, 4, 3, True, 1, None), (64, 128, 4, 4, True, 1, None),
-                 (128, 128, 4, 4, True, 4, None), (128, 128, 8, 3, True, 1, None)]]
+    # the last field: extra keys, timed for the formats they concern: nibbles (the INT4 nibble
+    # conversion's form, triton_utils.NIBBLE_PTX) for int4 only, one_row (x's one row quantized alone
+    # at M = 1) for the fp8 formats only
+    SWEEP = [dict(BN=bn, BK=bk, warps=w, stages=st, per_sm=None, dot_fp8=d, min_tiles=mt, **extra)
+             for bn, bk, w, st, d, mt, extra in [
+                 (64, 128, 4, 3, True, 4, {}), (64, 128, 4, 4, True, 8, {}), (64, 128, 4, 3, True, 4, {"nibbles": 2}),
+                 (64, 128, 4, 4, True, 8, {"one_row": True}), (64, 128, 4, 3, True, 1, {}),
+                 (128, 128, 4, 3, True, 1, {}), (64, 128, 4, 4, True, 1, {}), (128, 128, 4, 4, True, 4, {}),
+                 (128, 128, 8, 3, True, 1, {})]]
 
     def sweep_skinny(self, copy):
         """Skinny-GEMM launch parameters (triton/skinny.py CFG) per format at M = 1 and 32."""
@@ -299,6 +300,8 @@ class GpuBench:
                             continue  # int4 never takes fp8 MMAs: the same kernel as dot_fp8=True
                         if fmt != "int4" and "nibbles" in cfg:
                             continue  # the nibble conversion: int4 only
+                        if fmt == "int4" and "one_row" in cfg:
+                            continue  # x's one row quantized alone: the fp8 formats only
                         try:
                             t[fmt] = self.time_method(fn, x, copies, s_in)
                         except Exception as exc:

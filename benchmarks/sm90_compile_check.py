@@ -258,7 +258,8 @@ def linear_cases():
                                      part="*fp32" if partial else x, counter="*i32" if partial else "*fp32",
                                      N="i32/16", K="i32/16", KH="i32/16")  # the models' sizes: multiples of 16
                         c = dict(FMT=fmt, GS=128, SOFT=False, UP=False, DOT_FP8=cfg["dot_fp8"] and not exact, PTX=1,
-                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, EVEN=True, BN=cfg["BN"], BM=max(16, M),
+                                 HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, EVEN=True,
+                                 ONE_ROW=M == 1 and fmt != skinny.INT4, BN=cfg["BN"], BM=max(16, M),
                                  BK=BK, **({"M": 1} if M == 1 else {}))
                         if fmt == skinny.FP8_TENSOR:
                             c["G"] = 1

@@ -46,7 +46,9 @@ MAX_M = 64
 # at most per_sm programs a multiprocessor (None: as many as its registers and shared memory hold),
 # fp8 x fp8 MMAs (fp8 formats), min_tiles (optional, default 1): K tiles a program streams at least
 # (a cap on the split), nibbles (INT4, optional, default triton_utils.NIBBLE_PTX): the nibble
-# conversion's form; benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's
+# conversion's form, one_row (fp8 formats, optional, default off): M = 1 quantizes x's row alone
+# (the kernel's ONE_ROW: 110 instead of 245 instructions a K tile in FP8's sm_90 code; not yet timed
+# on a GPU); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's
 # choice on the H100 (Triton 3.6, 2026-12-07, the 1.66B's fused GDN projection and MLP down
 # projection at M = 1 and 32): min_tiles 8 and 4 stages for FP8 per-channel (mlp_down at M = 1: 10.3
 # against 12.2 us with min_tiles 1), min_tiles 4 for the block and INT4 formats.
@@ -57,6 +59,12 @@ CFG = {
 }
 # (compiled-kernel key) -> programs one multiprocessor holds at once
 _RESIDENT: dict = {}
+
+
+@triton.jit
+def _clamped_quotient(b_x, s, r):
+    """fp32 b_x / s (r = 1 / s correctly rounded) clamped to +-448: _quantize before its rounding."""
+    return tl.minimum(tl.maximum(div_exact(b_x, s, r), -448.0), 448.0)
 
 
 @triton.jit
@@ -73,10 +81,12 @@ def _quantize(b_x, s, r, SOFT: tl.constexpr):
 def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, stride_xm, SPLIT, TILES_PER_SPLIT,
                   FMT: tl.constexpr, GS: tl.constexpr, SOFT: tl.constexpr, UP: tl.constexpr,
                   DOT_FP8: tl.constexpr, PTX: tl.constexpr, HAS_PRE: tl.constexpr, PARTIAL: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, ONE_ROW: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (column tile i_n, K split i_s): acc [BN, BM] = W[tile rows, K range] x[:, K range]^T.
-    EVEN: BN divides N and BK divides K, so the weight tiles need no bounds masks. With PDL the
+    EVEN: BN divides N and BK divides K, so the weight tiles need no bounds masks. ONE_ROW (the fp8
+    formats at M = 1): x's row is quantized as a [BK] vector and placed as row 0 of the MMA's
+    [BM, BK] operand, not all BM rows of it (the other BM - 1 are zero padding). With PDL the
     program's weight bytes are prefetched into L2 while the kernel before it runs."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -106,16 +116,20 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     # the weight scales and AWQ pre_scale of a tile are loaded one iteration ahead (the pipeliner
     # streams only the operands of tl.dot; a load in the loop body waited its full latency per tile)
+    # (and ONE_ROW's [BK] slice of x, which the pipeliner does not stream either)
     b_sn = _tile_scales(ws, o_n, m_n, t0, G, FMT, GS, BK)
     b_pn = _tile_pre(pre, t0, K, HAS_PRE, BK)
+    b_xn = _tile_row(x, t0, K, ONE_ROW, BK)
     for t in range(t0, t1):
         o_k = t * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_s, b_p = b_sn, b_pn
+        b_s, b_p, b_x1 = b_sn, b_pn, b_xn
         t_n = tl.minimum(t + 1, t1 - 1)
         b_sn = _tile_scales(ws, o_n, m_n, t_n, G, FMT, GS, BK)
         b_pn = _tile_pre(pre, t_n, K, HAS_PRE, BK)
-        b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+        b_xn = _tile_row(x, t_n, K, ONE_ROW, BK)
+        if not ONE_ROW:
+            b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         if FMT == 2:
             # byte h of a weight row holds k = 2 h (low nibble) and 2 h + 1 (high): the low nibbles
             # meet x's even columns and the high ones its odd columns, two dots of BK / 2
@@ -138,14 +152,26 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
                 b_w = tl.load(p_w + r_n[:, None] * K + o_k[None, :])
             else:
                 b_w = tl.load(p_w + r_n[:, None] * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-            b_xf = b_x.to(tl.float32)
-            if FMT == 1:
-                b_g = tl.maximum(tl.max(tl.abs(b_xf), axis=1), 1e-10)
-                b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))  # [BM] group scales
-                b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
-                b_a = _quantize(b_xf, b_g[:, None], b_r[:, None], SOFT)
+            if ONE_ROW:
+                if FMT == 1:
+                    # the row's group scale, held in every entry of a [BM] vector (the rows past M meet
+                    # zero rows of x in the MMA)
+                    b_g = tl.zeros([BM], dtype=tl.float32) + tl.maximum(tl.max(tl.abs(b_x1), axis=0), 1e-10)
+                    b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))
+                    b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
+                    b_q1 = _clamped_quotient(b_x1, tl.max(b_g, axis=0), tl.max(b_r, axis=0))
+                else:
+                    b_q1 = _clamped_quotient(b_x1, s, r)
+                b_a = to_e4m3(tl.where(o_m[:, None] == 0, b_q1[None, :], 0.0), SOFT)
             else:
-                b_a = _quantize(b_xf, s, r, SOFT)
+                b_xf = b_x.to(tl.float32)
+                if FMT == 1:
+                    b_g = tl.maximum(tl.max(tl.abs(b_xf), axis=1), 1e-10)
+                    b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))  # [BM] group scales
+                    b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
+                    b_a = _quantize(b_xf, b_g[:, None], b_r[:, None], SOFT)
+                else:
+                    b_a = _quantize(b_xf, s, r, SOFT)
             if DOT_FP8 and not UP:
                 b_d = tl.dot(b_w, tl.trans(b_a))
             else:
@@ -175,6 +201,16 @@ def _tile_scales(ws, o_n, m_n, t, G, FMT: tl.constexpr, GS: tl.constexpr, BK: tl
         return tl.load(ws + o_n.to(tl.int64) * G + (t * BK) // GS, mask=m_n, other=0.0).to(tl.float32)
     else:
         return tl.zeros(o_n.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _tile_row(x, t, K, ONE_ROW: tl.constexpr, BK: tl.constexpr):
+    """[BK] fp32 K tile t of x's one row (zeros unless ONE_ROW)."""
+    o_k = t * BK + tl.arange(0, BK)
+    if ONE_ROW:
+        return tl.load(x + o_k, mask=o_k < K, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros([BK], dtype=tl.float32)
 
 
 @triton.jit
@@ -224,7 +260,8 @@ def skinny(fmt: int, x2: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, s_in=N
                   DOT_FP8=bool(cfg["dot_fp8"]) and x2.dtype != torch.float32,
                   PTX=int(cfg.get("nibbles", triton_utils.NIBBLE_PTX)),
                   HAS_PRE=pre_scale is not None,
-                  HAS_BIAS=bias is not None, EVEN=N % BN == 0 and K % BK == 0, BN=BN, BM=BM, BK=BK,
+                  HAS_BIAS=bias is not None, EVEN=N % BN == 0 and K % BK == 0, ONE_ROW=M == 1 and fmt != INT4 and bool(cfg.get("one_row")),
+                  BN=BN, BM=BM, BK=BK,
                   num_warps=cfg["warps"], num_stages=cfg["stages"])
     args = [x2, w, ws, s_in if s_in is not None else ws, pre_scale if pre_scale is not None else ws,
             bias if bias is not None else ws, y]

@@ -203,14 +203,16 @@ from kernels.quant_linear.triton import skinny  # noqa: E402
 from tests.ops.quant_linear.cases import pre_scales  # noqa: E402
 
 # launch configurations the benchmark's sweep times (a K tile of 256, 64-row tiles, bf16 MMAs, the
-# nibble conversion on 2 bytes an instance); (3, 384, 128): tiles that divide K and N (no masks)
+# nibble conversion on 2 bytes an instance, x's one row quantized alone at M = 1); (3, 384, 128) and
+# (1, 384, 128): tiles that divide K and N (no masks)
 SKINNY_CFGS = {"default": None, "BK256": dict(BK=256, stages=3), "BN64": dict(BN=64, per_sm=4),
-               "bf16-mma": dict(dot_fp8=False), "nibbles2": dict(nibbles=2)}
+               "bf16-mma": dict(dot_fp8=False), "nibbles2": dict(nibbles=2), "one-row": dict(one_row=True)}
 
 
 SKINNY_CASES = [(mkn, dtype, "default") for mkn in [(1, 520, 70), (64, 264, 130), (17, 1000, 257), (3, 384, 128)]
                 for dtype in (torch.float32, torch.float16, torch.bfloat16)] \
-    + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg != "default"]
+    + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg not in ("default", "one-row")] \
+    + [(mkn, dtype, "one-row") for mkn in [(1, 520, 70), (1, 384, 128)] for dtype in (torch.float16, torch.bfloat16)]
 
 
 @pytest.mark.parametrize("MKN,dtype,cfg", SKINNY_CASES,
@@ -301,6 +303,38 @@ def test_skinny_refuses_bad_launches():
         skinny.skinny(skinny.FP8_TENSOR, x, torch.zeros(8, 64).to(torch.float8_e4m3fn), torch.ones(8), torch.tensor(1.0))
     with pytest.raises(ValueError, match="multiple of 32"):
         skinny.skinny(skinny.INT4, x[:2], torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 4), None, None, 16)
+
+
+@pytest.mark.parametrize("KN", [(520, 70), (2048, 256)], ids=lambda kn: f"K{kn[0]}-N{kn[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_one_row_equals_the_tile_quantization(dtype, KN, monkeypatch):
+    """At M = 1 the fp8 formats' one_row launch (x's row quantized as a vector, placed as row 0 of the
+    MMA operand) gives the default launch's output bit for bit: the same quotients, roundings and
+    products, the other rows zero in both; the launches' ONE_ROW flags are recorded to show which
+    path ran."""
+    real, seen = skinny.skinny_kernel, []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["ONE_ROW"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(skinny, "skinny_kernel", Recorder())
+    K, N = KN
+    gen = torch.Generator().manual_seed(K)
+    x = activations(1, K, dtype, "model", gen)
+    w, ws = fp8_weights(N, K, gen)
+    wb, wsi = block_weights(N, K, gen)
+    run = on_device(skinny.skinny)
+    for fmt, args in ((skinny.FP8_TENSOR, (w, ws, input_scale_for(x))), (skinny.FP8_BLOCK, (wb, wsi))):
+        tile, one = run(fmt, x, *args), run(fmt, x, *args, cfg=dict(one_row=True))
+        assert not torch.isnan(one).any() and torch.equal(one, tile), fmt
+    assert seen == [False, True, False, True], seen
 
 
 @pytest.mark.parametrize("skinny_route", [False, True], ids=["default", "skinny"])
