@@ -118,16 +118,16 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
     # streams only the operands of tl.dot; a load in the loop body waited its full latency per tile)
     # (and ONE_ROW's [BK] slice of x, which the pipeliner does not stream either)
     b_sn = _tile_scales(ws, o_n, m_n, t0, G, FMT, GS, BK)
-    b_pn = _tile_pre(pre, t0, K, HAS_PRE, BK)
-    b_xn = _tile_row(x, t0, K, ONE_ROW, BK)
+    b_pn = _tile_vector(pre, t0, K, HAS_PRE, BK)
+    b_xn = _tile_vector(x, t0, K, ONE_ROW, BK)
     for t in range(t0, t1):
         o_k = t * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_s, b_p, b_x1 = b_sn, b_pn, b_xn
         t_n = tl.minimum(t + 1, t1 - 1)
         b_sn = _tile_scales(ws, o_n, m_n, t_n, G, FMT, GS, BK)
-        b_pn = _tile_pre(pre, t_n, K, HAS_PRE, BK)
-        b_xn = _tile_row(x, t_n, K, ONE_ROW, BK)
+        b_pn = _tile_vector(pre, t_n, K, HAS_PRE, BK)
+        b_xn = _tile_vector(x, t_n, K, ONE_ROW, BK)
         if not ONE_ROW:
             b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         if FMT == 2:
@@ -204,21 +204,11 @@ def _tile_scales(ws, o_n, m_n, t, G, FMT: tl.constexpr, GS: tl.constexpr, BK: tl
 
 
 @triton.jit
-def _tile_row(x, t, K, ONE_ROW: tl.constexpr, BK: tl.constexpr):
-    """[BK] fp32 K tile t of x's one row (zeros unless ONE_ROW)."""
+def _tile_vector(v, t, K, LOAD: tl.constexpr, BK: tl.constexpr):
+    """[BK] fp32 K tile t of a [K] vector (x's one row, AWQ's pre_scale); zeros unless LOAD."""
     o_k = t * BK + tl.arange(0, BK)
-    if ONE_ROW:
-        return tl.load(x + o_k, mask=o_k < K, other=0.0).to(tl.float32)
-    else:
-        return tl.zeros([BK], dtype=tl.float32)
-
-
-@triton.jit
-def _tile_pre(pre, t, K, HAS_PRE: tl.constexpr, BK: tl.constexpr):
-    """[BK] fp32 AWQ pre_scale of K tile t (zeros without one)."""
-    o_k = t * BK + tl.arange(0, BK)
-    if HAS_PRE:
-        return tl.load(pre + o_k, mask=o_k < K, other=0.0).to(tl.float32)
+    if LOAD:
+        return tl.load(v + o_k, mask=o_k < K, other=0.0).to(tl.float32)
     else:
         return tl.zeros([BK], dtype=tl.float32)
 
