@@ -34,10 +34,15 @@ TARGET = GPUTarget("cuda", 90, 64)
 ACT = {"bf16": "*bf16", "fp16": "*fp16"}
 
 
+# Integer arguments that are a GEMM's N / K (and K's packed or blocked forms): multiples of 16 at every
+# model's shapes, so launches get the divisibility hint (a case's types may say otherwise)
+ALIGNED = ("N", "K", "KH", "KB")
+
+
 def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: int):
     """(regs, stack, shared bytes) of fn compiled for sm_90. types: argument name -> Triton type for the
-    pointers and float scalars, "i32/16" for an integer the launch passes as a multiple of 16; every
-    other non-constexpr argument is i32. Pointers, strides and "i32/16" integers get the
+    pointers and float scalars, "i32/16" for an integer the launch passes as a multiple of 16 (the
+    default for the names in ALIGNED); every other non-constexpr argument is i32. Pointers, strides and "i32/16" integers get the
     divisibility-by-16 hint, as Triton specialises them at launch (without it the skinny GEMM's weight
     loads are not pipelined); unit strides are passed in constexprs as 1 (Triton's specialisation of
     contiguous tensors)."""
@@ -48,7 +53,7 @@ def compile_one(fn, types: dict, constexprs: dict, num_warps: int, num_stages: i
         if name in constexprs:
             sig[name] = "constexpr"
         else:
-            sig[name] = types.get(name, "i32")
+            sig[name] = types.get(name, "i32/16" if name in ALIGNED else "i32")
             aligned = sig[name] == "i32/16"  # an integer the launch passes as a multiple of 16 (Triton specialises it)
             if aligned:
                 sig[name] = "i32"
@@ -205,7 +210,8 @@ def linear_cases():
                                      ws="*fp32", s_in="*fp32", bias=x, y=x, part="*fp32" if partial else x,
                                      counter="*i32" if partial else "*fp32")
                         c = dict(BLOCKWISE=blockwise, X_FP8=x_fp8, DOT_FP8=dot_fp8, EXACT=exact, SOFT=False,
-                                 UP=False, PARTIAL=partial, HAS_BIAS=bias, BM=BM, BN=BN, BK=BK, GROUP_M=8)
+                                 UP=False, PARTIAL=partial, HAS_BIAS=bias, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+                                 **({"M": 1} if M == 1 else {}))  # Triton specialises an integer 1
                         yield (f"fp8_gemm {act} M={M} {'block' if blockwise else 'tensor'} {BM}x{BN}x{BK} "
                                f"split={int(partial)} bias={int(bias)}", fp8_gemm_kernel, types, c, nw, ns)
             # int4 gemm (M > 32 16-bit goes to int4_dequant + cuBLAS; fp32 keeps the Triton GEMM)
@@ -220,7 +226,8 @@ def linear_cases():
                     for bias in (False, True):
                         types = dict(x=x, qw="*u8", sc=x, bias=x, y=x, part="*fp32" if partial else x,
                                      counter="*i32" if partial else x)
-                        c = dict(GS=128, UP=False, PARTIAL=partial, HAS_BIAS=bias, BM=BM, BN=BN, BK=BK, GROUP_M=8)
+                        c = dict(GS=128, UP=False, PARTIAL=partial, HAS_BIAS=bias, BM=BM, BN=BN, BK=BK, GROUP_M=8,
+                                 **({"M": 1} if M == 1 else {}))
                         yield (f"int4_gemm {act} M={M} {BM}x{BN}x{BK} split={int(partial)} bias={int(bias)}",
                                int4_gemm_kernel, types, c, nw, ns)
             if M == 1:
@@ -255,8 +262,7 @@ def linear_cases():
                         BK = skinny.block_k(fmt, 2048, 128, cfg)
                         types = dict(x=x, w="*u8" if fmt == skinny.INT4 else "*fp8e4nv",
                                      ws=x if fmt == skinny.INT4 else "*fp32", s_in="*fp32", pre=x, bias=x, y=x,
-                                     part="*fp32" if partial else x, counter="*i32" if partial else "*fp32",
-                                     N="i32/16", K="i32/16", KH="i32/16")  # the models' sizes: multiples of 16
+                                     part="*fp32" if partial else x, counter="*i32" if partial else "*fp32")
                         c = dict(FMT=fmt, GS=128, SOFT=False, UP=False, DOT_FP8=cfg["dot_fp8"] and not exact, PTX=1,
                                  HAS_PRE=pre, PARTIAL=partial, HAS_BIAS=False, EVEN=True,
                                  ONE_ROW=M == 1 and fmt != skinny.INT4, BN=cfg["BN"], BM=max(16, M),
