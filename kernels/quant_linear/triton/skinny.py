@@ -73,8 +73,7 @@ def _quantize(b_x, s, r, SOFT: tl.constexpr):
     correctly rounded one, as the contract's x / s: x * (1 / s) differs from it in the last bit, which
     moves an element next to an e4m3 rounding tie to the other neighbour (16-bit x over a scale made
     from 16-bit values lands there often: 4 of 264 elements in one test row)."""
-    q = div_exact(b_x, s, r)
-    return to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0), SOFT)
+    return to_e4m3(_clamped_quotient(b_x, s, r), SOFT)
 
 
 @triton.jit
@@ -114,9 +113,9 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
         s = tl.load(s_in)
         r = tl.math.div_rn(1.0, s)
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
-    # the weight scales and AWQ pre_scale of a tile are loaded one iteration ahead (the pipeliner
-    # streams only the operands of tl.dot; a load in the loop body waited its full latency per tile)
-    # (and ONE_ROW's [BK] slice of x, which the pipeliner does not stream either)
+    # the weight scales, AWQ's pre_scale and ONE_ROW's [BK] slice of x are loaded one K tile ahead
+    # (the pipeliner streams only tl.dot's operands; a load in the loop body waited its full latency
+    # every tile)
     b_sn = _tile_scales(ws, o_n, m_n, t0, G, FMT, GS, BK)
     b_pn = _tile_vector(pre, t0, K, HAS_PRE, BK)
     b_xn = _tile_vector(x, t0, K, ONE_ROW, BK)
