@@ -144,18 +144,15 @@ class GpuBench:
         # the nibbles by shifts and conversions rather than triton_utils.int4_nibbles' PTX
         shifts = with_flag(triton_utils, "NIBBLE_PTX", False)
 
-        def scaled_mm(x, W, s):
+        def scaled_mm(x, W, s, fast=False):
             xq, rs = tf8.quantize_tensor(x, s)
-            return torch._scaled_mm(xq, W["w8"].t(), scale_a=rs, scale_b=W["ws"].view(1, -1), out_dtype=x.dtype)
+            return torch._scaled_mm(xq, W["w8"].t(), scale_a=rs, scale_b=W["ws"].view(1, -1), out_dtype=x.dtype,
+                                    use_fast_accum=fast)
 
         # the prefill GEMM's alternatives (cuBLASLt reached 64% of its FP8 peak at M = 4096 on the H100,
         # bf16 80%): the same rowwise call with fast accumulation (no periodic promotion to fp32), and
         # the tensorwise form (one scale each: a per-tensor weight scale, ModelOpt's FP8 default for a
         # Linear outside a fused sibling group)
-        def scaled_mm_fast(x, W, s):
-            xq, rs = tf8.quantize_tensor(x, s)
-            return torch._scaled_mm(xq, W["w8"].t(), scale_a=rs, scale_b=W["ws"].view(1, -1), out_dtype=x.dtype,
-                                    use_fast_accum=True)
 
         def scaled_mm_tensorwise(x, W, s):
             xq, _ = tf8.quantize_tensor(x, s)
@@ -167,7 +164,7 @@ class GpuBench:
             "fp8": ("fp8", lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s)),
             "fp8_skinny": ("fp8", skinny(lambda x, W, s: gpu.fp8_linear(x, W["w8"], W["ws"], s))),
             "fp8_scaled_mm": ("fp8", scaled_mm),
-            "fp8_scaled_mm_fast": ("fp8", scaled_mm_fast),
+            "fp8_scaled_mm_fast": ("fp8", lambda x, W, s: scaled_mm(x, W, s, fast=True)),
             "fp8_scaled_mm_tensorwise": ("fp8", scaled_mm_tensorwise),
             "fp8_block": ("fp8_block", lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"])),
             "fp8_block_skinny": ("fp8_block", skinny(lambda x, W, s: gpu.fp8_block_linear(x, W["w8"], W["wsi"]))),

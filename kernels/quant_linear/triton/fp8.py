@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton.common import (
-    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, grouped_tile,
-    skinny_block_m, split_k, to_e4m3)
+    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, quantize_activation,
+    skinny_block_m, split_k)
 from kernels.quant_linear.triton import common
 from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
@@ -30,18 +30,6 @@ GROUP = 128  # block size of the fine-grained format, both dims
 # took 1.41 ms for the 96 calls of a 4096-token 1.66B prefill on an H100 (14.7 us each); silu * up's
 # 4-row x 1024 tiles move 2.8 TB/s on that prefill's [4096, 6144] halves.
 QUANT_TILE = 4096
-
-
-@triton.jit
-def _quantize(b_x, s, EXACT: tl.constexpr, SOFT: tl.constexpr):
-    """fp32 b_x / s (s broadcastable, fp32) clamped to +-448 and rounded to e4m3; EXACT: the quotient
-    correctly rounded (common.div_exact, one div_rn per scale), else x * (1 / s)."""
-    if EXACT:
-        q = div_exact(b_x, s, tl.math.div_rn(s * 0.0 + 1.0, s))
-    else:
-        q = b_x * (1.0 / s)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    return to_e4m3(q, SOFT)
 
 
 @triton.jit
@@ -63,7 +51,7 @@ def quant_tensor_kernel(x, xq, row_scale, s_in, M, K, stride_xm, EXACT: tl.const
     r64 = o_m.to(tl.int64)[:, None]
     s = tl.load(s_in)
     b_x = tl.load(x + r64 * stride_xm + o_k[None, :], mask=m_x, other=0.0).to(tl.float32)
-    tl.store(xq + r64 * K + o_k[None, :], _quantize(b_x, s, EXACT, SOFT), mask=m_x)
+    tl.store(xq + r64 * K + o_k[None, :], quantize_activation(b_x, s, EXACT, SOFT), mask=m_x)
     if i_k == 0:
         tl.store(row_scale + o_m, tl.zeros([BM], tl.float32) + s, mask=o_m < M)
 
@@ -78,7 +66,7 @@ def quant_group_kernel(x, xq, xs, M, K, KB, stride_xm, EXACT: tl.constexpr, SOFT
     m_k = o_k < K
     b_x = tl.load(x + i_m.to(tl.int64) * stride_xm + o_k, mask=m_k, other=0.0).to(tl.float32)
     s = _group_scale(b_x)
-    tl.store(xq + i_m.to(tl.int64) * K + o_k, _quantize(b_x, s[:, None], EXACT, SOFT), mask=m_k)
+    tl.store(xq + i_m.to(tl.int64) * K + o_k, quantize_activation(b_x, s[:, None], EXACT, SOFT), mask=m_k)
     tl.store(xs + o_g.to(tl.int64) * M + i_m, s, mask=o_g < KB)  # M-major [KB, M]
 
 
@@ -127,9 +115,9 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, counter, M, N, K, KB, str
                           other=0.0).to(tl.float32)
             if BLOCKWISE:
                 b_s = _group_scale(b_x)
-                b_a = _quantize(b_x, b_s[:, None], EXACT, SOFT)
+                b_a = quantize_activation(b_x, b_s[:, None], EXACT, SOFT)
             else:
-                b_a = _quantize(b_x, s, EXACT, SOFT)
+                b_a = quantize_activation(b_x, s, EXACT, SOFT)
         if DOT_FP8:
             b_d = tl.dot(b_a, b_w)
         else:

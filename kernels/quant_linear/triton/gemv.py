@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton import common
-from kernels.quant_linear.triton.common import SOFT_FP8, device_sms, div_exact, finish_split, to_e4m3
+from kernels.quant_linear.triton.common import SOFT_FP8, device_sms, finish_split, quantize_activation
 from kernels.triton_utils import cdiv
 
 FP8_TENSOR, FP8_BLOCK, INT4 = 0, 1, 2
@@ -62,11 +62,7 @@ def gemv_kernel(x, w, ws, s_in, bias, y, part, counter, N, K, KH, G, SPLIT, TILE
                 sg = tl.math.div_rn(tl.maximum(sg, 1e-10), 448.0)
             else:
                 sg = s
-            if EXACT:
-                q = div_exact(b_x, sg, tl.math.div_rn(sg * 0.0 + 1.0, sg))
-            else:
-                q = b_x * (1.0 / sg)
-            q = to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0), SOFT).to(tl.float32)
+            q = quantize_activation(b_x, sg, EXACT, SOFT).to(tl.float32)
             b_d = tl.sum(b_w * q[None, :], axis=1)
             if FMT == 1:
                 b_wsc = tl.load(ws + (o_n // 128) * G + t, mask=m_n, other=0.0)

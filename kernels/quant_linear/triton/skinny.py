@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kernels.quant_linear.triton import common
 from kernels.quant_linear.triton.common import (
-    SOFT_FP8, UPCAST, device_sms, div_exact, exact_dot, finish_split, to_e4m3)
+    SOFT_FP8, UPCAST, clamped_quotient, device_sms, exact_dot, finish_split, quantize_e4m3, to_e4m3)
 from kernels import triton_utils
 from kernels.triton_utils import cdiv, int4_nibbles, next_pow2, pdl_enter, pdl_launch, prefetch_l2, to_state_dtype
 
@@ -59,21 +59,6 @@ CFG = {
 }
 # (compiled-kernel key) -> programs one multiprocessor holds at once
 _RESIDENT: dict = {}
-
-
-@triton.jit
-def _clamped_quotient(b_x, s, r):
-    """fp32 b_x / s (r = 1 / s correctly rounded) clamped to +-448: _quantize before its rounding."""
-    return tl.minimum(tl.maximum(div_exact(b_x, s, r), -448.0), 448.0)
-
-
-@triton.jit
-def _quantize(b_x, s, r, SOFT: tl.constexpr):
-    """fp32 b_x / s (r = 1 / s correctly rounded) clamped to +-448, rounded to e4m3. The quotient is the
-    correctly rounded one, as the contract's x / s: x * (1 / s) differs from it in the last bit, which
-    moves an element next to an e4m3 rounding tie to the other neighbour (16-bit x over a scale made
-    from 16-bit values lands there often: 4 of 264 elements in one test row)."""
-    return to_e4m3(_clamped_quotient(b_x, s, r), SOFT)
 
 
 @triton.jit
@@ -158,9 +143,9 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
                     b_g = tl.zeros([BM], dtype=tl.float32) + tl.maximum(tl.max(tl.abs(b_x1), axis=0), 1e-10)
                     b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))
                     b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
-                    b_q1 = _clamped_quotient(b_x1, tl.max(b_g, axis=0), tl.max(b_r, axis=0))
+                    b_q1 = clamped_quotient(b_x1, tl.max(b_g, axis=0), tl.max(b_r, axis=0))
                 else:
-                    b_q1 = _clamped_quotient(b_x1, s, r)
+                    b_q1 = clamped_quotient(b_x1, s, r)
                 b_a = to_e4m3(tl.where(o_m[:, None] == 0, b_q1[None, :], 0.0), SOFT)
             else:
                 b_xf = b_x.to(tl.float32)
@@ -168,9 +153,9 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
                     b_g = tl.maximum(tl.max(tl.abs(b_xf), axis=1), 1e-10)
                     b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))  # [BM] group scales
                     b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
-                    b_a = _quantize(b_xf, b_g[:, None], b_r[:, None], SOFT)
+                    b_a = quantize_e4m3(b_xf, b_g[:, None], b_r[:, None], SOFT)
                 else:
-                    b_a = _quantize(b_xf, s, r, SOFT)
+                    b_a = quantize_e4m3(b_xf, s, r, SOFT)
             if DOT_FP8 and not UP:
                 b_d = tl.dot(b_w, tl.trans(b_a))
             else:
