@@ -48,7 +48,7 @@ def fused_ready(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
 
 
 def _checked_kernel(x: torch.Tensor, weight: torch.Tensor, op: str):
-    """The kernel module, and D, after x's and weight's checks (ValueError naming `op`)."""
+    """The kernel module, after x's and weight's checks (ValueError naming `op`)."""
     kernel = glue.require(_kernel(), op)
     D = x.shape[-1] if x.dim() else 0
     if x.dtype not in kernel.DTYPES or not 1 <= D <= kernel.MAX_D:
@@ -56,7 +56,7 @@ def _checked_kernel(x: torch.Tensor, weight: torch.Tensor, op: str):
                          f"got {tuple(x.shape)} {x.dtype}")
     if tuple(weight.shape) != (D,) or not weight.is_floating_point():
         raise ValueError(f"{op}: weight must be a float [D={D}], got {tuple(weight.shape)} {weight.dtype}")
-    return kernel, D
+    return kernel
 
 
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
@@ -64,7 +64,7 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_cente
     """The fused kernel alone (no dispatch; CUDA tensors, or CPU under TRITON_INTERPRET=1): x [..., D],
     weight [D], gate [..., D] or None -> y [..., D] in x's dtype, written into `out` (contiguous, x's
     shape and dtype) when given. ValueError naming what breaks the contract."""
-    kernel, _ = _checked_kernel(x, weight, "rms_norm_fused")
+    kernel = _checked_kernel(x, weight, "rms_norm_fused")
     if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype):
         raise ValueError(f"rms_norm_fused: gate must be x's {tuple(x.shape)} {x.dtype}, got {tuple(gate.shape)} "
                          f"{gate.dtype}")
@@ -79,7 +79,7 @@ def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        out_sum: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused residual add and norm alone (as rms_norm_fused): x, residual [..., D] -> (s, y) in x's
     dtype, written into `out_sum` / `out` (each contiguous, x's shape and dtype) when given."""
-    kernel, _ = _checked_kernel(x, weight, "add_rms_norm_fused")
+    kernel = _checked_kernel(x, weight, "add_rms_norm_fused")
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"add_rms_norm_fused: residual must be x's {tuple(x.shape)} {x.dtype}, got "
                          f"{tuple(residual.shape)} {residual.dtype}")
