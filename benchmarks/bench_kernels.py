@@ -207,11 +207,16 @@ def run_conv(args, device, copy, rows, save):
         save()
 
 
+# (BV, warps, stages) of the fused sequential kernel: sm_90 compile (Triton 3.6, bf16, D 128) spills
+# 128 bytes at (32, 4, 3), 8 at (16, 4, 3), none at (32, 8, 3) / (16, 8, 3) (sm90_compile_report.py)
+FUSED_SWEEP = ((32, 4, 3), (32, 4, 2), (16, 4, 3), (16, 4, 4), (32, 8, 3), (16, 8, 3), (64, 8, 2), (64, 8, 3))
+
+
 def run_sweep(args, device, rows, save):
     """Launch-parameter variants of the chunked path's two kernels and of decode (for tuning)."""
-    from kernels.gated_delta_rule.triton.chunk import chunk_state_output_fwd
+    from kernels.gated_delta_rule.triton.chunk import chunk_fused_fwd, chunk_state_output_fwd
     from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_fwd
-    from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd
+    from kernels.gated_delta_rule.triton.wy import chunk_inverse_fwd, chunk_wy_fwd
 
     scale = D ** -0.5
     for B, T in ((1, 16384), (8, 8192)) if args.only != "sweep-decode" else ():
@@ -240,9 +245,26 @@ def run_sweep(args, device, rows, save):
             # a variant is only worth its time if it computes the same o (guards against miscompiles)
             rows.append(dict(case=f"sweep state B={B} T={T}", impl=name, ms=ms,
                              note=f"o vs default: rel. RMS {rel_rms(run()[0], o_default):.1e}"))
-        del x, wy, o_default
+        # the fused form (chunk.FORM "fused"): the inverse-only chunk-local kernel, then the sequential
+        # kernel that forms k h, v_new and Aqk per chunk; its o is checked against the two-pass default's
+        for nw in (4, 8):
+            ms = bench(lambda: chunk_inverse_fwd(q, k, v, g, beta, scale, True, num_warps=nw), args.smoke)
+            rows.append(dict(case=f"sweep inverse B={B} T={T}", impl=f"warps={nw}", ms=ms))
+        inv = chunk_inverse_fwd(q, k, v, g, beta, scale, True)
+        for bv, nw, ns in FUSED_SWEEP:
+            name = f"BV={bv} warps={nw} stages={ns}"
+            run = lambda: chunk_fused_fwd(q, k, v, *inv, h0, block_v=bv, num_warps=nw, num_stages=ns)  # noqa: E731
+            try:
+                ms = bench(run, args.smoke)
+            except Exception as exc:
+                rows.append(dict(case=f"sweep fused B={B} T={T}", impl=name, ms=None,
+                                 note=f"failed: {type(exc).__name__}"))
+                continue
+            rows.append(dict(case=f"sweep fused B={B} T={T}", impl=name, ms=ms,
+                             note=f"o vs two-pass default: rel. RMS {rel_rms(run()[0], o_default):.1e}"))
+        del x, wy, inv, o_default
         save()
-    for B in (1, 64, 256):
+    for B in (1, 64, 256) if not args.no_decode else ():
         if args.smoke:
             B = 2
         x, nbytes = gdn_case(B, 1, device, Hk=args.hk, Hv=args.hv, D=args.d)
@@ -286,7 +308,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=["all", "gdn", "conv", "sweep", "sweep-decode"], default="all",
                     help="one section only (sweep implies --sweep)")
     ap.add_argument("--prefill", nargs="+", metavar="BxT", help="prefill cases instead of the default four")
-    ap.add_argument("--no-decode", action="store_true", help="skip the decode cases")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode cases (and the decode sweep)")
     ap.add_argument("--hk", type=int, default=HK)
     ap.add_argument("--hv", type=int, default=HV)
     ap.add_argument("--d", type=int, default=D)

@@ -12,7 +12,8 @@
 # call this script: it keeps the parts it was given under /tmp/ort_wheel (which lives while the machine
 # stays warm) and, with fewer than PARTS_N (default 5) there, says how many it has and stops. The call
 # that brings the last part joins them, installs the wheel into /tmp/ortgpu (--no-deps: the image has
-# onnxruntime's dependencies) and runs PHASES (default "forms peer"): `forms` the three forms
+# onnxruntime's dependencies) and runs PHASES (default "probe forms peer"): `probe` the CUDA provider
+# step by step (benchmarks/ort_gpu_probe.py: an Add model, then one GatedDeltaNet block), `forms` the three forms
 # (ort_gpu_forms.py, BUDGET seconds, default 420), `peer` onnxruntime-genai-cuda's builder and
 # generator (its wheel, .carry/ort/onnxruntime_genai_cuda-*.whl, carried in any of the calls; installed
 # into /tmp/peer/site, first on the path of the image's python) against our three forms on a tiny
@@ -36,15 +37,21 @@ if [ ! -d /tmp/ortgpu/onnxruntime ]; then
   python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/ortgpu "$W/$WHEEL" > "$FINAL/pip.log" 2>&1 \
     || { echo "ort_gpu: the wheel did not install (see pip.log)"; tail -3 "$FINAL/pip.log"; exit 1; }
 fi
-export PYTHONPATH=/tmp/ortgpu:$PWD PYTHONUNBUFFERED=1
+# a crash prints the Python stack (ORT 1.31.1 + torch 2.11 cu130 on the H100, 2026-12-07: both
+# ort_gpu_forms.py and the peer ended in a segmentation fault; `probe` localises it)
+export PYTHONPATH=/tmp/ortgpu:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # torch's CUDA 13 libraries for the peer's process (ours find them with onnxruntime.preload_dlls())
 NV=$(python3 -c "import glob, os, nvidia; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'lib')))))" 2>/dev/null)
 export LD_LIBRARY_PATH=${NV}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())"
 } 2>&1 | tee "$FINAL/gpu.txt"
-for phase in ${PHASES:-forms peer}; do
+for phase in ${PHASES:-probe forms peer}; do
   case $phase in
+    probe)
+      python3 benchmarks/ort_gpu_probe.py > "$FINAL/probe.log" 2>&1
+      echo "probe exit $?"
+      sed -n '/^| step/,$p' "$FINAL/probe.log" ;;
     forms)
       python3 benchmarks/ort_gpu_forms.py --out /tmp/ort_forms --budget "${BUDGET:-420}" > "$FINAL/forms.log" 2>&1
       echo "forms exit $?"

@@ -16,13 +16,17 @@ written with the JSON to --out-dir (default $OUT, else a new temp folder).
 
 Besides the op backends, --backends takes `cuda-wmma`, `cuda-walk1`, `cuda-walk2`, `cuda-walk4`: the
 cuda backend called directly with the chunked path's sequential pass pinned (the wmma walk, or the
-mma.sync walk on 1 / 2 / 4 warps a block), to compare them in one run.
+mma.sync walk on 1 / 2 / 4 warps a block), and `triton-two-pass`, `triton-fused`: the triton backend
+with the chunked kernels' form pinned (kernels/gated_delta_rule/triton/chunk.py FORMS), to compare
+them in one run.
+
+--accuracy adds, per implementation, the relative RMS of o (packed layout) against an fp32
+reference: gdn_export.ops.gated_delta_rule.naive's chunked form in fp32 on the same inputs.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -86,6 +90,33 @@ def _time(fn):
         return float("nan")
 
 
+def _pinned_triton(form):
+    """The triton backend through the public op with the chunked kernels' form pinned."""
+    from kernels.gated_delta_rule.triton import chunk
+
+    def run(q, k, v, g, beta, s0, cu):
+        saved, chunk.FORM = chunk.FORM, form
+        try:
+            with use_backend("triton"):
+                return gated_delta_rule(q, k, v, g, beta, s0, None, True, cu)
+        finally:
+            chunk.FORM = saved
+    return run
+
+
+def _reference(q, k, v, g, beta, s0, cu):
+    """o of the fp32 naive chunked form (an independent reference; float64 would take minutes)."""
+    from gdn_export.ops.gated_delta_rule import naive
+
+    return naive.chunked_gated_delta_rule(q.float(), k.float(), v.float(), g.float(), beta.float(), s0,
+                                          q.shape[-1] ** -0.5, True, cu)[0]
+
+
+def _rel_rms(a, b):
+    a, b = a.float().flatten(), b.float().flatten()
+    return ((a - b).norm() / b.norm()).item()
+
+
 def _pinned_cuda(backend):
     """The cuda backend with the chunked path's sequential pass pinned (`cuda-wmma`, `cuda-walkN`)."""
     from gdn_export.ops.gated_delta_rule import cuda as cuda_backend
@@ -97,7 +128,19 @@ def _pinned_cuda(backend):
     return run
 
 
-def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")):
+def _runner(backend):
+    if backend.startswith("cuda-"):
+        return _pinned_cuda(backend)
+    if backend.startswith("triton-"):
+        return _pinned_triton(backend.removeprefix("triton-"))
+
+    def run(q, k, v, g, beta, s0, cu):
+        with use_backend(backend):
+            return gated_delta_rule(q, k, v, g, beta, s0, None, True, cu)
+    return run
+
+
+def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda"), accuracy=False):
     total = sum(lens)
     q, k, v, g, beta = _tokens(total, hk, hv)
     n = len(lens)
@@ -110,14 +153,16 @@ def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")
         layouts.append(("batched", tuple(x.reshape(B, T, *x.shape[2:]) for x in (q, k, v, g, beta)), None))
     for layout, (qq, kk, vv, gg, bb), cus in layouts:
         for backend in backends:
-            if backend.startswith("cuda-"):
-                def ours(run=_pinned_cuda(backend), qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
-                    run(qq, kk, vv, gg, bb, s0, cus)
-            else:
-                def ours(backend=backend, qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
-                    with use_backend(backend):
-                        gated_delta_rule(qq, kk, vv, gg, bb, s0, None, True, cus)
+            def ours(run=_runner(backend), qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus):
+                return run(qq, kk, vv, gg, bb, s0, cus)
             row[f"{backend} {layout}"] = _time(ours)
+            if accuracy and layout == "packed":
+                want = _reference(q, k, v, g, beta, s0, cu) if "ref" not in row else row["ref"]
+                row["ref"] = want
+                try:
+                    row[f"{backend} rms"] = _rel_rms(ours()[0], want)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"  {backend}: accuracy failed: {type(exc).__name__}")
         if fla is not None:
             row[f"fla {layout}"] = _time(lambda qq=qq, kk=kk, vv=vv, gg=gg, bb=bb, cus=cus: fla(
                 qq, kk, vv, gg, bb, initial_state=s0, output_final_state=True, cu_seqlens=cus,
@@ -127,6 +172,16 @@ def run_case(name, hk, hv, lens, batchable, fla, fi, backends=("triton", "cuda")
         alpha, beta32, cu64 = g[0].exp(), beta[0].float(), cu.to(torch.int64)
         row["flashinfer packed"] = _time(lambda: fi(
             q[0], k[0], v[0], alpha, beta32, None, s0, True, cu64, True))
+        if accuracy and "ref" in row:
+            try:
+                row["flashinfer rms"] = _rel_rms(fi(q[0], k[0], v[0], alpha, beta32, None, s0, True, cu64, True)[0],
+                                                 row["ref"][0])
+            except Exception as exc:  # noqa: BLE001
+                print(f"  flashinfer: accuracy failed: {type(exc).__name__}")
+    if fla is not None and accuracy and "ref" in row:
+        row["fla rms"] = _rel_rms(fla(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu,
+                                      use_qk_l2norm_in_kernel=True)[0], row["ref"])
+    row.pop("ref", None)
     for impl in (*backends, "flashinfer"):
         for layout in ("packed", "batched"):
             ours, ref = row.get(f"{impl} {layout}"), row.get(f"fla {layout}")
@@ -140,7 +195,8 @@ def markdown(rows, backends=("triton", "cuda")) -> str:
     impls = (*backends, "fla", "flashinfer")
     times = [f"{i} {layout}" for i in impls for layout in ("batched", "packed")]
     ratios = [f"fla/{i} {layout}" for i in (*backends, "flashinfer") for layout in ("batched", "packed")]
-    cols = [c for c in times + ratios if any(c in r for r in rows)]
+    rms = [f"{i} rms" for i in impls]
+    cols = [c for c in times + ratios + rms if any(c in r for r in rows)]
     lines = [f"{torch.cuda.get_device_name()}, bf16, Dk = Dv = 128; ms (do_bench median) and FLA / ours "
              "(> 1: ours faster)", "", "| case | tokens | " + " | ".join(cols) + " |",
              "|---|---|" + "---|" * len(cols)]
@@ -148,7 +204,8 @@ def markdown(rows, backends=("triton", "cuda")) -> str:
         cells = []
         for c in cols:
             x = r.get(c)
-            cells.append("-" if x is None or x != x else (f"{x:.2f}x" if "/" in c else f"{x:.3f}"))
+            cells.append("-" if x is None or x != x else
+                         (f"{x:.2f}x" if "/" in c else f"{x:.1e}" if c.endswith("rms") else f"{x:.3f}"))
         lines.append(f"| {r['case']} | {r['tokens']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -162,6 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="triton,cuda",
                     help="our op backends to time (comma-separated; also cuda-wmma, cuda-walk1/2/4)")
     ap.add_argument("--cases", default=None, help="comma-separated case numbers (1-based) to run")
+    ap.add_argument("--accuracy", action="store_true", help="relative RMS of o against the fp32 naive reference")
     args = ap.parse_args(argv)
     args.out_dir = out_dir(args.out_dir, "prefill_pack_bench")
     fla = None if args.no_fla else _fla()
@@ -170,7 +228,10 @@ def main(argv=None) -> int:
     picked = None if args.cases is None else {int(c) for c in args.cases.split(",")}
     cases = [c for i, c in enumerate(CASES, 1)
              if (picked is None or i in picked) and (not args.quick or c[0] in QUICK)]
-    rows = [run_case(*c, fla, fi, backends) for c in cases]
+    rows = []
+    for c in cases:
+        rows.append(run_case(*c, fla, fi, backends, args.accuracy))
+        save_table(args.out_dir, "prefill_pack_bench", rows, markdown(rows, backends))  # partial results survive
     table = markdown(rows, backends)
     save_table(args.out_dir, "prefill_pack_bench", rows, table)
     return 0

@@ -38,7 +38,8 @@
 # skinny GEMM of triton/skinny.py, the default route; without it the routes before it),
 # "compile" (--compile), "unfused" (the PyTorch forms of the RMSNorms, the MLP's silu(gate) * up,
 # the GDN gating and the rotary instead of their fused eager kernels: gdn_export.ops.backends.FUSED)
-# and "pdl" (our Triton kernels with programmatic dependent launch: kernels.triton_utils.PDL).
+# "pdl" (our Triton kernels with programmatic dependent launch: kernels.triton_utils.PDL) and
+# "fastacc" (the FP8 prefill GEMMs with cuBLASLt's fast accumulation: kernels.quant_linear.gpu.FP8_FAST_ACCUM).
 # The default: the skinny runs of every format first, fp8 compiled, then the batch-1 runs without
 # the skinny GEMM.
 # The archive holds tests.log, kernels.{json,md,log}, e2e.log, <run>.{json,md}, gpu.txt and table.md.
@@ -142,10 +143,11 @@ from gdn_export.ops import backends
 
 for name in runs:
     parts = name.split("-")
-    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused", "pdl"))
+    fmt = "-".join(p for p in parts if not p.startswith("b") and p not in ("compile", "skinny", "unfused", "pdl", "fastacc"))
     quant_gpu.SKINNY_DECODE = "skinny" in parts  # M <= 64 through triton/skinny.py
     backends.FUSED = "unfused" not in parts  # the eager glue kernels (docs/backends.md) or their PyTorch forms
     triton_utils.PDL = "pdl" in parts  # programmatic dependent launch of our Triton kernels (kernels/triton_utils.py)
+    quant_gpu.FP8_FAST_ACCUM = "fastacc" in parts  # cuBLASLt's fast accumulation in the FP8 prefill GEMMs
     lm = fmt.startswith("fp8lm")
     fmt = "fp8" if lm else fmt
     batch = next(p for p in parts if p.startswith("b"))

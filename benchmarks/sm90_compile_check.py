@@ -317,7 +317,7 @@ def norm_cases():
     for act in ("bf16", "fp16"):
         for R, H in ((1, 16), (32, 32), (4096, 32), (300, 48)):
             block_r, block_h, nw = gating_config(R, H)
-            types = dict(a=ACT[act], b=ACT[act], A_log="*fp32", dt_bias=ACT[act], real="*u8", g="*fp32",
+            types = dict(a=ACT[act], b=ACT[act], A_log="*fp32", dt_bias=ACT[act], real="*i1", g="*fp32",
                          beta=ACT[act], beta_scale="fp32")
             for use_pdl in (False, True) if R == 1 else (False,):
                 yield (f"gdn_gating {act} R={R} Hv={H} {block_r}x{block_h} w={nw}{' pdl' if use_pdl else ''}",

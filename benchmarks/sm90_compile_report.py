@@ -31,7 +31,11 @@ SHAPE = dict(DK=128, DV=128, BK=128)
 
 
 def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    # pointers and token strides get the divisibility-by-16 hint a launch of aligned tensors gets
+    # (Triton specialises them; T and the head counts are do_not_specialize)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name in signature and (signature[name].startswith("*") or name in ("sq", "sk", "sv"))}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 64),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -52,7 +56,7 @@ def report(fn, signature, constexprs, num_warps, num_stages=2) -> str:
 
 
 def main() -> int:
-    from kernels.gated_delta_rule.triton.chunk import chunk_state_output_fwd_kernel
+    from kernels.gated_delta_rule.triton.chunk import chunk_fused_fwd_kernel, chunk_state_output_fwd_kernel
     from kernels.gated_delta_rule.triton.wy import chunk_wy_fwd_kernel
 
     p = lambda names, t: {n: t for n in names.split()}  # noqa: E731
@@ -69,6 +73,16 @@ def main() -> int:
         c = dict(SHAPE, BV=bv, USE_INITIAL_STATE=True, NUM_STAGES=ns, **flags)
         rows.append((f"chunk.py BV={bv} warps={nw} stages={ns}",
                      report(chunk_state_output_fwd_kernel, fused_sig, c, nw, ns)))
+    # the fused form: wy.py's inverse only, then the sequential kernel that forms w h, u, Aqk per chunk
+    for nw in (4, 8):
+        c = dict(SHAPE, BV=16, USE_L2NORM=True, USE_GATE=False, INVERSE=True, **flags)
+        rows.append((f"wy.py INVERSE warps={nw}", report(chunk_wy_fwd_kernel, wy_sig, c, nw)))
+    inv_sig = dict(p("q k v o", "*bf16"), **p("X gcum rq rk h0 ht", "*fp32"), cu_seqlens="*i32",
+                   **p("T sq sk sv HK HV", "i32"))
+    for bv, nw, ns in ((32, 4, 3), (32, 4, 2), (64, 4, 2), (32, 8, 3), (64, 8, 2), (16, 4, 3)):
+        c = dict(SHAPE, BV=bv, USE_INITIAL_STATE=True, NUM_STAGES=ns, **flags)
+        rows.append((f"chunk.py fused BV={bv} warps={nw} stages={ns}",
+                     report(chunk_fused_fwd_kernel, inv_sig, c, nw, ns)))
     width = max(len(name) for name, _ in rows)
     print(f"{'kernel / configuration':<{width}}  REGS STACK  LDL  STL HGMMA  SHARED  INSTR  SHFL  BAR   LDS   STS")
     for name, line in rows:

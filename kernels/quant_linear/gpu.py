@@ -51,6 +51,12 @@ SCALED_MM_DECODE_MIN_N = 6144
 # M <= triton_skinny.MAX_M rows to the skinny GEMM of triton/skinny.py (module docstring;
 # benchmarks/quant_linear_bench.py times both routes in one run).
 SKINNY_DECODE = True
+# The rowwise prefill GEMM with cuBLASLt's fast accumulation (the FP8 MMAs' own accumulator, no
+# periodic promotion to fp32): on the H100 (torch 2.11, 2026-12-07) a 1.66B prefill's FP8 GEMMs took
+# 12.2 ms against 13.9 with promotion (0.66x of bf16's against 0.75x, quant_linear_bench.py's
+# fp8_scaled_mm_fast column). Off until the GPU tests (test_fp8_prefill_fast_accum_gpu) and the
+# end-to-end accuracy have run with it.
+FP8_FAST_ACCUM = False
 
 
 def _check_x(name: str, x: torch.Tensor, K: int) -> None:
@@ -124,8 +130,10 @@ def _fp8_operands(weight, weight_scale, input_scale, bias, dtype):
 
 def _rowwise_mm(xq, rs, weight, ws, bias, out_dtype):
     """cuBLASLt's FP8 GEMM, rowwise form: xq [M, K] e4m3 with row scales rs [M, 1], weight [N, K] e4m3
-    with ws [N] (fp8_linear's prefill route, and silu_mul_fp8_linear's)."""
-    return torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, -1), bias=bias, out_dtype=out_dtype)
+    with ws [N] (fp8_linear's prefill route, and silu_mul_fp8_linear's); fast accumulation per
+    FP8_FAST_ACCUM."""
+    return torch._scaled_mm(xq, weight.t(), scale_a=rs, scale_b=ws.view(1, -1), bias=bias, out_dtype=out_dtype,
+                            use_fast_accum=FP8_FAST_ACCUM)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,

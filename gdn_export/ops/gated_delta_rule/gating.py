@@ -84,7 +84,9 @@ def gdn_gating_fused(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
     if (g.shape != a.shape or g.dtype != torch.float32 or not g.is_contiguous() or beta.shape != a.shape
             or beta.dtype != b.dtype or not beta.is_contiguous()):
         raise ValueError("gdn_gating_fused: out must be contiguous (g fp32, beta in b's dtype) of a's shape")
-    real = token_mask.reshape(-1).contiguous().view(torch.uint8)
+    # the bool mask as it is (a Triton *i1 pointer reads its bytes): Inductor (torch 2.11, `--compile`)
+    # fails to lower a bool -> uint8 view
+    real = token_mask.reshape(-1).contiguous()
     kernel.gdn_gating_rows(glue.rows(a), glue.rows(b), A_log.contiguous(), dt_bias.contiguous(), real, beta_scale,
                            g.view(-1, H), beta.view(-1, H))
     return g, beta

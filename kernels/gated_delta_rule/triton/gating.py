@@ -3,7 +3,7 @@
     a, b            [R, Hv]  one float dtype, unit stride along Hv, any row stride (R = B * T tokens;
                              slices of the fused input projection's output are such views)
     A_log, dt_bias  [Hv]     any float dtype
-    real            [R]      uint8: 1 for a real token, 0 for a ragged row's padding
+    real            [R]      bool (or uint8): true for a real token, false for a ragged row's padding
     g               [R, Hv]  fp32:   -exp(A_log) * softplus(a + dt_bias), 0 where padded
     beta            [R, Hv]  b's dtype: round(sigmoid(b)) * beta_scale, 0 where padded
     softplus(x) = x above 20, else log1p(exp(x)) (PyTorch's threshold); fp32 math throughout; beta's
@@ -67,7 +67,7 @@ def launch_config(R: int, H: int) -> tuple[int, int, int]:
 
 def gdn_gating_rows(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                     real: torch.Tensor, beta_scale: float, g: torch.Tensor, beta: torch.Tensor):
-    """Launch over a, b [R, H] (unit stride along H), real [R] uint8, into contiguous g [R, H] fp32 and
+    """Launch over a, b [R, H] (unit stride along H), real [R] bool or uint8, into contiguous g [R, H] fp32 and
     beta [R, H] in b's dtype; returns (g, beta). Callers check shapes and dtypes
     (gdn_export.ops.gated_delta_rule.gating)."""
     R, H = a.shape

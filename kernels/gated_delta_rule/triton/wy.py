@@ -21,6 +21,9 @@ rounding either to bf16 costs 0.3-0.5e-2 of the 1e-2 relative-RMS budget of a bf
 
 The intermediates are head-major so a chunk is one contiguous tile for the sequential kernel
 (chunk.py). With cu_seqlens (B = 1) T is the packed length and chunks never straddle sequences.
+
+chunk_inverse_fwd runs the same kernel for chunk.py's fused form (INVERSE): it stores X diag(beta)
+[B, Hv, T, 64] fp32, gcum and the norms' row factors scale / ||q||, 1 / ||k||, and nothing else.
 """
 
 from __future__ import annotations
@@ -155,9 +158,11 @@ def chunk_wy_fwd_kernel(
     HK, HV, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, IS_VARLEN: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, INVERSE: tl.constexpr = False,
 ):
     # sq, sk, sv: elements between consecutive tokens of q, k, v (utils.token_stride)
+    # INVERSE: store Xb = (I + A)^-1 diag(beta) into Aqk's place, gcum, and scale / ||q||, 1 / ||k|| into
+    # fq's and fk's (no w, u: chunk.chunk_fused_fwd_kernel forms them from q, k, v per chunk)
     BT: tl.constexpr = 64
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HV, i_bh % HV
@@ -192,18 +197,32 @@ def chunk_wy_fwd_kernel(
     # q and k stay in the input dtype (exact tensor-core operands); their L2 norms, the decays,
     # beta and scale are row / column factors applied to the fp32 products.
     b_k = _load_raw(p_k, o_t, n_rows, sk, DK, BK, SPLIT)
-    b_q = _load_raw(p_q, o_t, n_rows, sq, DK, BK, SPLIT)
     b_rk = _inv_norm(b_k, USE_L2NORM)
-    b_rq = _inv_norm(b_q, USE_L2NORM)
-    tl.store(fq + r0 + o_t, scale * b_rq * tl.exp(b_G), mask=m_t)
-    # padded rows have g = 0, so the chunk's last G is the sum of all its g
-    tl.store(fk + r0 + o_t, b_rk * tl.exp(tl.sum(b_g, 0) - b_G), mask=m_t)
-    b_Aqk = dot(b_q, tl.trans(b_k), IEEE) * (b_rq * scale)[:, None] * b_rk[None, :]
-    tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], tl.where(m_causal, b_Aqk * b_decay, 0.0),
-             mask=m_t[:, None])
+    if INVERSE:
+        # the row factors scale / ||q|| and 1 / ||k||, so the sequential kernel keeps q and k out of
+        # registers (tensor-core operands only)
+        if USE_L2NORM:
+            b_rq = _inv_norm(_load_raw(p_q, o_t, n_rows, sq, DK, BK, SPLIT), USE_L2NORM)
+        else:
+            b_rq = b_rk
+        tl.store(fq + r0 + o_t, scale * b_rq, mask=m_t)
+        tl.store(fk + r0 + o_t, b_rk, mask=m_t)
+    else:
+        b_q = _load_raw(p_q, o_t, n_rows, sq, DK, BK, SPLIT)
+        b_rq = _inv_norm(b_q, USE_L2NORM)
+        tl.store(fq + r0 + o_t, scale * b_rq * tl.exp(b_G), mask=m_t)
+        # padded rows have g = 0, so the chunk's last G is the sum of all its g
+        tl.store(fk + r0 + o_t, b_rk * tl.exp(tl.sum(b_g, 0) - b_G), mask=m_t)
+        b_Aqk = dot(b_q, tl.trans(b_k), IEEE) * (b_rq * scale)[:, None] * b_rk[None, :]
+        tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], tl.where(m_causal, b_Aqk * b_decay, 0.0),
+                 mask=m_t[:, None])
 
     b_A = dot(b_k, tl.trans(b_k), IEEE) * (b_rk * b_beta)[:, None] * b_rk[None, :]
     b_X = _unit_lower_inverse(tl.where(m_low, b_A * b_decay, 0.0), IEEE)
+    if INVERSE:
+        # beta folded into X's columns (padded columns have beta = 0)
+        tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_X * b_beta[None, :], mask=m_t[:, None])
+        return
 
     # w = X diag(beta exp(G) rk) k and u = X diag(beta) v: the diagonals folded into X's columns,
     # and both in column blocks of BV (k and v re-read from cache) to bound the live registers
@@ -222,6 +241,33 @@ def chunk_wy_fwd_kernel(
         b_u = _dot_halves(hi, lo, b_vc, IEEE, SPLIT)
         tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u,
                  mask=m_t[:, None] & (o_v[None, :] < DV))
+
+
+def chunk_inverse_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None, gates=None, num_warps=4):
+    """Launch the chunk-local kernel for the fused form (chunk.chunk_fused_fwd): the inverse only.
+
+    Args: as chunk_wy_fwd (v [B, T, Hv, Dv] gives Hv and Dv; its values are not read).
+    Returns:
+        X [B, Hv, T, 64] fp32, each chunk's rows (I + A)^-1 diag(beta) (zero past the chunk's last
+        token); gcum [B, Hv, T], the cumulative log decay inside each chunk; rq = scale / ||q|| and
+        rk = 1 / ||k|| [B, Hv, T] (scale and 1 without use_qk_l2norm); all fp32.
+    """
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    sq, sk = token_strides(q, k)
+    X = v.new_empty(B, Hv, T, CHUNK, dtype=torch.float32)
+    gcum, rq, rk = torch.empty(3, B, Hv, T, dtype=torch.float32, device=v.device).unbind(0)
+    NT = chunk_idx.shape[0] if cu_seqlens is not None else cdiv(T, CHUNK)
+    a, b, A_log, dt_bias = gates if gates is not None else (g, beta, g, g)
+    chunk_wy_fwd_kernel[(NT, B * Hv)](
+        q, k, v, g if gates is None else a, beta if gates is None else b, a, b, A_log, dt_bias,
+        X, X, X, gcum, rq, rk,
+        cu_seqlens, chunk_idx, scale, T, sq, sk, sk,
+        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(next_pow2(Dk), 16), BV=16,
+        USE_L2NORM=use_qk_l2norm, USE_GATE=gates is not None, IS_VARLEN=cu_seqlens is not None,
+        IEEE=v.dtype == torch.float32, SPLIT=raw_operands(v.dtype, Dk, Dv), INVERSE=True, num_warps=num_warps,
+    )
+    return X, gcum, rq, rk
 
 
 def chunk_wy_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None,

@@ -60,7 +60,7 @@ def _op(backend, inplace=False):
 # ------------------------------------------------------------------------------------------ triton
 
 
-def _triton(kernel, inplace=False):
+def _triton(kernel, inplace=False, form=None):
     def run(x, case):
         from kernels.gated_delta_rule.triton.chunk import chunk_gated_delta_rule
         from kernels.gated_delta_rule.triton.fused_recurrent import fused_recurrent_gated_delta_rule
@@ -73,8 +73,9 @@ def _triton(kernel, inplace=False):
             assert s_out is state
         else:
             fn = chunk_gated_delta_rule if kernel == "chunk" else fused_recurrent_gated_delta_rule
+            kw = {"form": form} if form else {}
             o_out, s_out = fn(*_args(x), x["initial_state"], case.scale, case.l2norm, x["cu_seqlens"],
-                              out=o, final_state=s)
+                              out=o, final_state=s, **kw)
             assert s_out.data_ptr() == s.data_ptr(), "final_state= was not written in place"
         assert o_out.data_ptr() == o.data_ptr(), "out= was not written in place"
         return o_out, s_out
@@ -210,7 +211,8 @@ IMPLS = [
     Impl("op-reference", "reference", _op("reference"), _small),
     Impl("op-reference-inplace", "reference", _op("reference", inplace=True),
          _with(_small, _NO_VARLEN, _HAS_STATE, _SHORT), extra={"inplace": True}),
-    Impl("triton-chunk", "triton", _triton("chunk"), _TRITON),
+    Impl("triton-chunk", "triton", _triton("chunk", form="two-pass"), _TRITON),
+    Impl("triton-chunk-fused", "triton", _triton("chunk", form="fused"), _TRITON),
     Impl("triton-recurrent", "triton", _triton("recurrent"), _with(_TRITON, _NOT_LONG, _INTERPRETABLE)),
     Impl("triton-recurrent-inplace", "triton", _triton("recurrent", inplace=True),
          _with(_TRITON, _HAS_STATE, _SHORT), extra={"inplace": True}),

@@ -85,9 +85,15 @@ def test_cu_seqlens_without_a_version_is_read_every_call():
         assert offsets == [0, 3, 9] and again is not first
 
 
-@pytest.mark.parametrize("T,D", [pytest.param(3, 16, id="recurrent-T3"), pytest.param(70, 16, id="chunk-T70"),
-                                 pytest.param(70, 64, id="chunk-T70-D64")])
-def test_gates_computed_in_kernel(T, D):
+@pytest.mark.parametrize("T,D,form", [pytest.param(3, 16, None, id="recurrent-T3"),
+                                      *[pytest.param(70, D, form, id=f"chunk-T70-D{D}-{form}")
+                                        for D in (16, 64) for form in ("two-pass", "fused")]])
+def test_gates_computed_in_kernel(T, D, form, monkeypatch):
+    """a, b, A_log, dt_bias turned into g and beta inside the kernels (the chunked ones in either form)."""
+    from kernels.gated_delta_rule.triton import chunk
+
+    if form is not None:
+        monkeypatch.setattr(chunk, "FORM", form)
     x = gdn_inputs(2, T, 1, 2, D, D, dtype=torch.bfloat16, device=DEVICE)
     a, b = (torch.randn(2, T, 2, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     A_log, dt_bias = torch.randn(2, device=DEVICE) * 0.5, torch.randn(2, device=DEVICE)
@@ -99,6 +105,12 @@ def test_gates_computed_in_kernel(T, D):
                                        x["initial_state"], use_qk_l2norm=True)
     assert_close_rms(o.cpu(), ro, torch.bfloat16, "o")
     assert_close_rms(s.cpu(), rs, torch.bfloat16, "final_state")
+
+
+def test_unknown_form_is_one_line_error():
+    x = gdn_inputs(1, 70, 1, 2, 16, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"form must be one of two-pass, fused, got 'one-pass'"):
+        chunk_gated_delta_rule(**x, form="one-pass")
 
 
 def test_rejects_more_key_heads_than_fit():

@@ -71,3 +71,17 @@ def test_nothing_fits_is_one_line(monkeypatch):
     assert "\n" not in message
     assert message.startswith("triton backend: gated delta rule prefill: Dk=32, Dv=48 in float32 needs more "
                               "shared memory than this GPU has (out of resource: shared memory")
+
+
+def test_fused_form_takes_fewer_stages_when_shared_memory_runs_out(monkeypatch):
+    x = gdn_inputs(1, 70, 2, 4, 32, 48, seed=5, correlated=True, device=DEVICE)
+    launch = TooBig(chunk.chunk_fused_fwd_kernel, lambda meta: meta["NUM_STAGES"] <= 2)
+    monkeypatch.setattr(chunk, "chunk_fused_fwd_kernel", launch)
+    monkeypatch.setattr(chunk, "FORM", "fused")
+    with use_backend("triton"):
+        o, state = gated_delta_rule(**x, use_qk_l2norm=True)
+        gated_delta_rule(**x, use_qk_l2norm=True)
+    ro, rs = chunked_gated_delta_rule(**x, use_qk_l2norm=True)
+    assert_close_rms(o, ro, torch.float32, "o")
+    assert_close_rms(state, rs, torch.float32, "state")
+    assert [t["NUM_STAGES"] for t in launch.tried] == [3, 2, 2]

@@ -68,6 +68,26 @@ def test_fp8_linear_gpu(shape, dtype, kind):
     _check(y, ref, dtype, (M, N), "fp8_linear")
 
 
+PREFILL = {name: s for name, s in SHAPES.items() if s[0] > 64}
+
+
+@pytest.mark.parametrize("kind", ["random", "model"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", list(PREFILL.values()), ids=list(PREFILL))
+def test_fp8_prefill_fast_accum_gpu(shape, dtype, kind, monkeypatch):
+    """The rowwise prefill GEMM with cuBLASLt's fast accumulation (gpu.FP8_FAST_ACCUM) within the same
+    bound of the exact product of the quantized operands as the default."""
+    monkeypatch.setattr(gpu, "FP8_FAST_ACCUM", True)
+    M, K, N = shape
+    gen = _gen(M + K + N + 1)
+    x = activations(M, K, dtype, kind, gen)
+    w, ws = fp8_weights(N, K, gen)
+    s_in = input_scale_for(x)
+    ref = ref_fp8_linear(x, w, ws, s_in, None)
+    y = gpu.fp8_linear(*(t.cuda() for t in (x, w, ws, s_in)))
+    _check(y, ref, dtype, (M, N), "fp8_linear fast accumulation")
+
+
 @pytest.mark.parametrize("kind", ["random", "model"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))

@@ -203,16 +203,18 @@ from kernels.quant_linear.triton import skinny  # noqa: E402
 from tests.ops.quant_linear.cases import pre_scales  # noqa: E402
 
 # launch configurations the benchmark's sweep times (a K tile of 256, 64-row tiles, bf16 MMAs, the
-# nibble conversion on 2 bytes an instance, x's one row quantized alone at M = 1); (3, 384, 128) and
-# (1, 384, 128): tiles that divide K and N (no masks)
+# nibble conversion on 4 bytes an instance (the default: 2), x's one row quantized alone at M = 1 and
+# not (the default: alone)); (3, 384, 128) and (1, 384, 128): tiles that divide K and N (no masks)
 SKINNY_CFGS = {"default": None, "BK256": dict(BK=256, stages=3), "BN64": dict(BN=64, per_sm=4),
-               "bf16-mma": dict(dot_fp8=False), "nibbles2": dict(nibbles=2), "one-row": dict(one_row=True)}
+               "bf16-mma": dict(dot_fp8=False), "nibbles1": dict(nibbles=1), "one-row": dict(one_row=True),
+               "tile-row": dict(one_row=False)}
 
 
 SKINNY_CASES = [(mkn, dtype, "default") for mkn in [(1, 520, 70), (64, 264, 130), (17, 1000, 257), (3, 384, 128)]
                 for dtype in (torch.float32, torch.float16, torch.bfloat16)] \
-    + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg not in ("default", "one-row")] \
-    + [(mkn, dtype, "one-row") for mkn in [(1, 520, 70), (1, 384, 128)] for dtype in (torch.float16, torch.bfloat16)]
+    + [((64, 264, 130), torch.bfloat16, cfg) for cfg in SKINNY_CFGS if cfg not in ("default", "one-row", "tile-row")] \
+    + [(mkn, dtype, cfg) for mkn in [(1, 520, 70), (1, 384, 128)] for dtype in (torch.float16, torch.bfloat16)
+       for cfg in ("one-row", "tile-row")]
 
 
 @pytest.mark.parametrize("MKN,dtype,cfg", SKINNY_CASES,
@@ -332,7 +334,7 @@ def test_one_row_equals_the_tile_quantization(dtype, KN, monkeypatch):
     wb, wsi = block_weights(N, K, gen)
     run = on_device(skinny.skinny)
     for fmt, args in ((skinny.FP8_TENSOR, (w, ws, input_scale_for(x))), (skinny.FP8_BLOCK, (wb, wsi))):
-        tile, one = run(fmt, x, *args), run(fmt, x, *args, cfg=dict(one_row=True))
+        tile, one = run(fmt, x, *args, cfg=dict(one_row=False)), run(fmt, x, *args, cfg=dict(one_row=True))
         assert not torch.isnan(one).any() and torch.equal(one, tile), fmt
     assert seen == [False, True, False, True], seen
 
