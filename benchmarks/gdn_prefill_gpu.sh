@@ -11,8 +11,8 @@
 # k h, v_new and Aqk per chunk from q, k, v).
 #
 # Environment: PARTS (default "tests sweep forms fla"), TESTS_S (seconds for the tests, default 120),
-# SWEEP_S (default 170), FORMS_S (default 170: prefill_pack_bench.py, our two forms, every class but
-# 64K, FLA left out), FLA_S (default 100: the 1 x 16K class again with FLA 0.6, installed from
+# SWEEP_S (default 170), FORMS_S (default 170: prefill_pack_bench.py, our two forms on the classes
+# FORMS_CASES, default 1,3,4,5,6,7: every class but 64K; FLA left out), FLA_S (default 100: the 1 x 16K class again with FLA 0.6, installed from
 # .carry/fla into /tmp/fla_site when `import fla` fails; its autotuning takes most of a minute a shape).
 set -u
 OUT=${1:-${OUT:-/tmp/gdn_prefill_gpu}}
@@ -39,7 +39,7 @@ for part in ${PARTS:-tests sweep forms fla}; do
       echo "sweep exit $?" | tee -a "$OUT/summary.txt" ;;
     forms)
       timeout "${FORMS_S:-170}" python3 benchmarks/prefill_pack_bench.py --backends "$FORMS" --accuracy \
-        --no-fla --cases 1,3,4,5,6,7 --out-dir "$OUT/forms" > "$OUT/forms.log" 2>&1
+        --no-fla --cases "${FORMS_CASES:-1,3,4,5,6,7}" --out-dir "$OUT/forms" > "$OUT/forms.log" 2>&1
       echo "forms exit $?" | tee -a "$OUT/summary.txt" ;;
     fla)
       timeout "${FLA_S:-100}" python3 benchmarks/prefill_pack_bench.py --backends "$FORMS" --accuracy \

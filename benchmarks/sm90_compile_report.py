@@ -74,9 +74,12 @@ def main() -> int:
         rows.append((f"chunk.py BV={bv} warps={nw} stages={ns}",
                      report(chunk_state_output_fwd_kernel, fused_sig, c, nw, ns)))
     # the fused form: wy.py's inverse only, then the sequential kernel that forms w h, u, Aqk per chunk
+    # the pointer dtypes chunk_inverse_fwd passes (X in w's, u's and Aqk's places; the row factors in
+    # gcum's, fq's and fk's)
+    inv_wy_sig = dict(wy_sig, **p("w u Aqk", "*fp32"))
     for nw in (4, 8):
         c = dict(SHAPE, BV=16, USE_L2NORM=True, USE_GATE=False, INVERSE=True, **flags)
-        rows.append((f"wy.py INVERSE warps={nw}", report(chunk_wy_fwd_kernel, wy_sig, c, nw)))
+        rows.append((f"wy.py INVERSE warps={nw}", report(chunk_wy_fwd_kernel, inv_wy_sig, c, nw)))
     inv_sig = dict(p("q k v o", "*bf16"), **p("X gcum rq rk h0 ht", "*fp32"), cu_seqlens="*i32",
                    **p("T sq sk sv HK HV", "i32"))
     for bv, nw, ns in ((32, 4, 3), (32, 4, 2), (64, 4, 2), (32, 8, 3), (64, 8, 2), (16, 4, 3)):

@@ -220,27 +220,27 @@ def chunk_wy_fwd_kernel(
     b_A = dot(b_k, tl.trans(b_k), IEEE) * (b_rk * b_beta)[:, None] * b_rk[None, :]
     b_X = _unit_lower_inverse(tl.where(m_low, b_A * b_decay, 0.0), IEEE)
     if INVERSE:
-        # beta folded into X's columns (padded columns have beta = 0)
+        # beta folded into X's columns (padded columns have beta = 0). Triton compiles the branch not
+        # taken after an early return as well, so the w / u stores below sit in the else branch.
         tl.store(Aqk + (r0 + o_t[:, None]) * BT + o_t[None, :], b_X * b_beta[None, :], mask=m_t[:, None])
-        return
-
-    # w = X diag(beta exp(G) rk) k and u = X diag(beta) v: the diagonals folded into X's columns,
-    # and both in column blocks of BV (k and v re-read from cache) to bound the live registers
-    dt = w.dtype.element_ty
-    hi, lo = _halves(b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], dt, SPLIT)
-    for i_k in tl.static_range(0, DK, BV):
-        o_k = i_k + tl.arange(0, BV)
-        b_kc = _load_raw(p_k + i_k, o_t, n_rows, sk, DK - i_k, BV, SPLIT)
-        b_w = _dot_halves(hi, lo, b_kc, IEEE, SPLIT)
-        tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(dt),
-                 mask=m_t[:, None] & (o_k[None, :] < DK))
-    hi, lo = _halves(b_X * b_beta[None, :], dt, SPLIT)
-    for i_v in tl.static_range(0, DV, BV):
-        o_v = i_v + tl.arange(0, BV)
-        b_vc = _load_raw(p_v + i_v, o_t, n_rows, sv, DV - i_v, BV, SPLIT)
-        b_u = _dot_halves(hi, lo, b_vc, IEEE, SPLIT)
-        tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u,
-                 mask=m_t[:, None] & (o_v[None, :] < DV))
+    else:
+        # w = X diag(beta exp(G) rk) k and u = X diag(beta) v: the diagonals folded into X's columns,
+        # and both in column blocks of BV (k and v re-read from cache) to bound the live registers
+        dt = w.dtype.element_ty
+        hi, lo = _halves(b_X * (b_beta * tl.exp(b_G) * b_rk)[None, :], dt, SPLIT)
+        for i_k in tl.static_range(0, DK, BV):
+            o_k = i_k + tl.arange(0, BV)
+            b_kc = _load_raw(p_k + i_k, o_t, n_rows, sk, DK - i_k, BV, SPLIT)
+            b_w = _dot_halves(hi, lo, b_kc, IEEE, SPLIT)
+            tl.store(w + (r0 + o_t[:, None]) * DK + o_k[None, :], b_w.to(dt),
+                     mask=m_t[:, None] & (o_k[None, :] < DK))
+        hi, lo = _halves(b_X * b_beta[None, :], dt, SPLIT)
+        for i_v in tl.static_range(0, DV, BV):
+            o_v = i_v + tl.arange(0, BV)
+            b_vc = _load_raw(p_v + i_v, o_t, n_rows, sv, DV - i_v, BV, SPLIT)
+            b_u = _dot_halves(hi, lo, b_vc, IEEE, SPLIT)
+            tl.store(u + (r0 + o_t[:, None]) * DV + o_v[None, :], b_u,
+                     mask=m_t[:, None] & (o_v[None, :] < DV))
 
 
 def chunk_inverse_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None, gates=None, num_warps=4):
