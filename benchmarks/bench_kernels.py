@@ -212,6 +212,16 @@ def run_conv(args, device, copy, rows, save):
 FUSED_SWEEP = ((32, 4, 3), (32, 4, 2), (16, 4, 3), (16, 4, 4), (32, 8, 3), (16, 8, 3), (64, 8, 2), (64, 8, 3))
 
 
+def _variant(case, name, run, o_default, smoke) -> dict:
+    """One launch variant's row: its time, and its o against the two-pass default's (a variant is only
+    worth its time if it computes the same o: guards against miscompiles), or why it failed."""
+    try:
+        ms = bench(run, smoke)
+    except Exception as exc:  # noqa: BLE001  (the row says it failed)
+        return dict(case=case, impl=name, ms=None, note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+    return dict(case=case, impl=name, ms=ms, note=f"o vs the two-pass default: rel. RMS {rel_rms(run()[0], o_default):.1e}")
+
+
 def run_sweep(args, device, rows, save):
     """Launch-parameter variants of the chunked path's two kernels and of decode (for tuning)."""
     from kernels.gated_delta_rule.triton.chunk import chunk_fused_fwd, chunk_state_output_fwd
@@ -236,15 +246,7 @@ def run_sweep(args, device, rows, save):
             name = f"BV={bv} warps={nw} stages={ns}" + (" kv" if kv else "")
             run = lambda: chunk_state_output_fwd(q, k, *wy, h0, block_v=bv, num_warps=nw, num_stages=ns,  # noqa: E731
                                                  kv_state=kv)
-            try:
-                ms = bench(run, args.smoke)
-            except Exception as exc:
-                rows.append(dict(case=f"sweep state B={B} T={T}", impl=name, ms=None,
-                                 note=f"failed: {type(exc).__name__}"))
-                continue
-            # a variant is only worth its time if it computes the same o (guards against miscompiles)
-            rows.append(dict(case=f"sweep state B={B} T={T}", impl=name, ms=ms,
-                             note=f"o vs default: rel. RMS {rel_rms(run()[0], o_default):.1e}"))
+            rows.append(_variant(f"sweep state B={B} T={T}", name, run, o_default, args.smoke))
         # the fused form (chunk.FORM "fused"): the inverse-only chunk-local kernel, then the sequential
         # kernel that forms k h, v_new and Aqk per chunk; its o is checked against the two-pass default's
         for nw in (4, 8):
@@ -252,16 +254,9 @@ def run_sweep(args, device, rows, save):
             rows.append(dict(case=f"sweep inverse B={B} T={T}", impl=f"warps={nw}", ms=ms))
         inv = chunk_inverse_fwd(q, k, v, g, beta, scale, True)
         for bv, nw, ns in FUSED_SWEEP:
-            name = f"BV={bv} warps={nw} stages={ns}"
             run = lambda: chunk_fused_fwd(q, k, v, *inv, h0, block_v=bv, num_warps=nw, num_stages=ns)  # noqa: E731
-            try:
-                ms = bench(run, args.smoke)
-            except Exception as exc:
-                rows.append(dict(case=f"sweep fused B={B} T={T}", impl=name, ms=None,
-                                 note=f"failed: {type(exc).__name__}"))
-                continue
-            rows.append(dict(case=f"sweep fused B={B} T={T}", impl=name, ms=ms,
-                             note=f"o vs two-pass default: rel. RMS {rel_rms(run()[0], o_default):.1e}"))
+            rows.append(_variant(f"sweep fused B={B} T={T}", f"BV={bv} warps={nw} stages={ns}", run, o_default,
+                                 args.smoke))
         del x, wy, inv, o_default
         save()
     for B in (1, 64, 256) if not args.no_decode else ():

@@ -31,8 +31,8 @@ if {torch_first}:
     torch.zeros(1, device="cuda")
 getattr(ort, "preload_dlls", lambda: None)()
 vi = helper.make_tensor_value_info
-g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "add",
-                      [vi("a", TensorProto.FLOAT, [4]), vi("b", TensorProto.FLOAT, [4])], [vi("c", TensorProto.FLOAT, [4])])
+f4 = lambda name: vi(name, TensorProto.FLOAT, [4])
+g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "add", [f4("a"), f4("b")], [f4("c")])
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 s = ort.InferenceSession(m.SerializeToString(), providers=["{provider}"])
 print("providers", s.get_providers())
@@ -101,9 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120)
     args = ap.parse_args(argv)
     rows = []
+    on_gpu = args.provider != "CPUExecutionProvider"  # torch initialises CUDA first only where there is one
     for name, code in (("add", ADD.format(torch_first=False, provider=args.provider)),
-                       ("add-torch", ADD.format(torch_first=True, provider=args.provider)
-                        if args.provider != "CPUExecutionProvider" else ADD.format(torch_first=False, provider=args.provider)),
+                       ("add-torch", ADD.format(torch_first=on_gpu, provider=args.provider)),
                        ("gdn-ort-fp32", GDN.format(root=ROOT, dtype="fp32", provider=args.provider)),
                        ("gdn-ort-fp16", GDN.format(root=ROOT, dtype="fp16", provider=args.provider))):
         rows.append((name, *step(name, code, args.timeout)))

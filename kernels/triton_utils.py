@@ -50,6 +50,15 @@ def launch_fitting(launch, value: int, floor: int, smaller, Dk: int, Dv: int, dt
             value = smaller(value)
 
 
+def gdn_outputs(x: torch.Tensor, B: int, T: int, Hv: int, Dk: int, Dv: int, N: int, h0, out, final_state):
+    """The gated delta rule launchers' outputs: o [B, T, Hv, Dv] in x's dtype and final_state [N, Hv, Dk,
+    Dv] in h0's dtype (fp32 without h0), or the `out` / `final_state` given."""
+    o = out if out is not None else x.new_empty(B, T, Hv, Dv)
+    ht = final_state if final_state is not None else torch.empty(
+        N, Hv, Dk, Dv, dtype=torch.float32 if h0 is None else h0.dtype, device=x.device)
+    return o, ht
+
+
 def raw_operands(dtype: torch.dtype, Dk: int, Dv: int) -> bool:
     """Whether the chunked kernels feed the stored 16-bit q, k, v, w to the tensor cores as they are
     (fp32 factors met as hi + lo halves) instead of fp32 copies on TF32.

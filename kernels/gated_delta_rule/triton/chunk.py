@@ -38,10 +38,24 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import (as_kernel_input, cdiv, chunk_indices, launch_fitting, next_pow2, prepare_inputs,
-                             raw_operands, state_dtype, to_state_dtype, token_strides)
+from kernels.triton_utils import (as_kernel_input, cdiv, chunk_indices, gdn_outputs, launch_fitting, next_pow2,
+                                  prepare_inputs, raw_operands, state_dtype, to_state_dtype, token_strides)
 from kernels.gated_delta_rule.triton.wy import chunk_inverse_fwd, chunk_wy_fwd, dot_split, dot_split_right
 from kernels.triton_utils import dot
+
+
+@triton.jit
+def _sequence(i_nh, cu_seqlens, T, HK, HV, IS_VARLEN: tl.constexpr):
+    # Program i_nh's value head, key head, batch row, first token and length of the sequence it walks.
+    i_n, i_h = i_nh // HV, i_nh % HV
+    i_hk = i_h // (HV // HK)
+    if IS_VARLEN:
+        i_b = 0
+        bos, eos = tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1)
+    else:
+        i_b = i_n
+        bos, eos = i_n * T, i_n * T + T
+    return i_h, i_hk, i_b, bos, eos - bos
 
 
 # T and the head counts are left unspecialised: one compiled kernel serves every length and every
@@ -62,15 +76,7 @@ def chunk_state_output_fwd_kernel(
     # sq, sk: elements between consecutive tokens of q, k (utils.token_stride)
     BT: tl.constexpr = 64
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // HV, i_nh % HV
-    i_hk = i_h // (HV // HK)
-    if IS_VARLEN:
-        i_b = 0
-        bos, eos = tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1)
-    else:
-        i_b = i_n
-        bos, eos = i_n * T, i_n * T + T
-    Tn = eos - bos
+    i_h, i_hk, i_b, bos, Tn = _sequence(i_nh, cu_seqlens, T, HK, HV, IS_VARLEN)
     r0 = (i_b * HV + i_h) * T + bos - i_b * T   # first row of this sequence in the intermediates
 
     o_t = tl.arange(0, BT)
@@ -154,15 +160,7 @@ def chunk_fused_fwd_kernel(
     # sq, sk, sv: elements between consecutive tokens of q, k, v (utils.token_stride)
     BT: tl.constexpr = 64
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // HV, i_nh % HV
-    i_hk = i_h // (HV // HK)
-    if IS_VARLEN:
-        i_b = 0
-        bos, eos = tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1)
-    else:
-        i_b = i_n
-        bos, eos = i_n * T, i_n * T + T
-    Tn = eos - bos
+    i_h, i_hk, i_b, bos, Tn = _sequence(i_nh, cu_seqlens, T, HK, HV, IS_VARLEN)
     r0 = (i_b * HV + i_h) * T + bos - i_b * T   # first row of this sequence in X, gcum, rq, rk
 
     o_t = tl.arange(0, BT)
@@ -215,6 +213,16 @@ def chunk_fused_fwd_kernel(
     tl.store(ht + i_nh * DK * DV + p_hT, to_state_dtype(b_hT, ht.dtype.element_ty), mask=m_vk)
 
 
+def _launch_parameters(block_v, num_warps, num_stages, Dk, Dv, dtype):
+    """(BV, BK, split, num_warps, num_stages) of a sequential kernel's launch, overrides applied.
+    Defaults, swept on the H200 for the two-pass kernel (bf16, Hv=32, 128 x 128): 32 value columns,
+    4 warps, 3 stages is the fastest at B=1 T=16384 (0.46 ms; 0.69 at 2 stages, 0.87 at BV=64) and
+    at B=8 T=8192 (1.83 ms; 1.92 at BV=64 4 warps 2 stages, 2.74 at BV=64 8 warps)."""
+    BV = max(min(32 if block_v is None else block_v, next_pow2(Dv)), 16)
+    return (BV, max(next_pow2(Dk), 16), raw_operands(dtype, Dk, Dv), 4 if num_warps is None else num_warps,
+            3 if num_stages is None else num_stages)
+
+
 def chunk_fused_fwd(q, k, v, X, gcum, rq, rk, initial_state, cu_seqlens=None, out=None,
                     final_state=None, block_v=None, num_warps=None, num_stages=None):
     """Launch the fused sequential kernel on wy.chunk_inverse_fwd's outputs.
@@ -232,15 +240,8 @@ def chunk_fused_fwd(q, k, v, X, gcum, rq, rk, initial_state, cu_seqlens=None, ou
     Hv, Dv = v.shape[2], v.shape[3]
     sq, sk, sv = token_strides(q, k, v)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    o = out if out is not None else v.new_empty(B, T, Hv, Dv)
-    ht = final_state if final_state is not None else torch.empty(
-        N, Hv, Dk, Dv, dtype=torch.float32 if initial_state is None else initial_state.dtype, device=v.device)
-    block_v = 32 if block_v is None else block_v
-    num_warps = 4 if num_warps is None else num_warps
-    num_stages = 3 if num_stages is None else num_stages
-    BV = max(min(block_v, next_pow2(Dv)), 16)
-    BK = max(next_pow2(Dk), 16)
-    split = raw_operands(v.dtype, Dk, Dv)
+    o, ht = gdn_outputs(v, B, T, Hv, Dk, Dv, N, initial_state, out, final_state)
+    BV, BK, split, num_warps, num_stages = _launch_parameters(block_v, num_warps, num_stages, Dk, Dv, v.dtype)
     key = ("fused", BK, BV, v.dtype, split, num_warps, num_stages)
 
     def launch(stages):
@@ -278,18 +279,8 @@ def chunk_state_output_fwd(q, k, w, u, Aqk, gcum, fq, fk, initial_state, cu_seql
     Hv, Dv = u.shape[1], u.shape[3]
     sq, sk = token_strides(q, k)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    o = out if out is not None else q.new_empty(B, T, Hv, Dv)
-    ht = final_state if final_state is not None else torch.empty(
-        N, Hv, Dk, Dv, dtype=torch.float32 if initial_state is None else initial_state.dtype, device=u.device)
-    # Swept on the H200 (bf16, Hv=32, 128 x 128): 32 value columns, 4 warps, 3 stages is the
-    # fastest at B=1 T=16384 (0.46 ms; 0.69 at 2 stages, 0.87 at BV=64) and at B=8 T=8192 (1.83
-    # ms; 1.92 at BV=64 4 warps 2 stages, 2.74 at BV=64 8 warps).
-    block_v = 32 if block_v is None else block_v
-    num_warps = 4 if num_warps is None else num_warps
-    num_stages = 3 if num_stages is None else num_stages
-    BV = max(min(block_v, next_pow2(Dv)), 16)
-    BK = max(next_pow2(Dk), 16)
-    split = raw_operands(q.dtype, Dk, Dv)
+    o, ht = gdn_outputs(q, B, T, Hv, Dk, Dv, N, initial_state, out, final_state)
+    BV, BK, split, num_warps, num_stages = _launch_parameters(block_v, num_warps, num_stages, Dk, Dv, q.dtype)
     key = (BK, BV, q.dtype, split, num_warps, num_stages, bool(kv_state))
 
     def launch(stages):

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import (STATE_DTYPES, as_kernel_input, cdiv, next_pow2, pdl_enter, pdl_launch,
-                                  prepare_inputs, state_dtype, to_state_dtype, token_strides)
+from kernels.triton_utils import (STATE_DTYPES, as_kernel_input, cdiv, gdn_outputs, next_pow2, pdl_enter,
+                                  pdl_launch, prepare_inputs, state_dtype, to_state_dtype, token_strides)
 
 
 # T is left unspecialised: one compiled kernel serves every length.
@@ -110,9 +110,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, h0, scale, use_qk_l2norm, cu_seqlens=N
     Hv, Dv = v.shape[2], v.shape[3]
     sq, sk, sv = token_strides(q, k, v)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    o = out if out is not None else v.new_empty(B, T, Hv, Dv)
-    ht = final_state if final_state is not None else torch.empty(
-        N, Hv, Dk, Dv, dtype=torch.float32 if h0 is None else h0.dtype, device=v.device)
+    o, ht = gdn_outputs(v, B, T, Hv, Dk, Dv, N, h0, out, final_state)
     BK = max(next_pow2(Dk), 16)
     if block_v is None:
         # 32 fp32 columns = 128-byte rows: full cache lines, and 4 tiles per 128-wide head.
