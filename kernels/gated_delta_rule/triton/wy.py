@@ -243,7 +243,8 @@ def chunk_wy_fwd_kernel(
                      mask=m_t[:, None] & (o_v[None, :] < DV))
 
 
-def chunk_inverse_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None, gates=None, num_warps=4):
+def chunk_inverse_fwd(q, k, v, g, beta, scale, use_qk_l2norm, cu_seqlens=None, chunk_idx=None, gates=None,
+                      num_warps=4):
     """Launch the chunk-local kernel for the fused form (chunk.chunk_fused_fwd): the inverse only.
 
     Args: as chunk_wy_fwd (v [B, T, Hv, Dv] gives Hv and Dv; its values are not read).
