@@ -78,6 +78,13 @@ def test_fp8_prefill_fast_accum_gpu(shape, dtype, kind, monkeypatch):
     """The rowwise prefill GEMM with cuBLASLt's fast accumulation (gpu.FP8_FAST_ACCUM) within the same
     bound of the exact product of the quantized operands as the default."""
     monkeypatch.setattr(gpu, "FP8_FAST_ACCUM", True)
+    real, fast = torch._scaled_mm, []
+
+    def scaled_mm(*args, **kwargs):
+        fast.append(kwargs.get("use_fast_accum", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
     M, K, N = shape
     gen = _gen(M + K + N + 1)
     x = activations(M, K, dtype, kind, gen)
@@ -86,6 +93,8 @@ def test_fp8_prefill_fast_accum_gpu(shape, dtype, kind, monkeypatch):
     ref = ref_fp8_linear(x, w, ws, s_in, None)
     y = gpu.fp8_linear(*(t.cuda() for t in (x, w, ws, s_in)))
     _check(y, ref, dtype, (M, N), "fp8_linear fast accumulation")
+    if N % 16 == 0 and K % 16 == 0:  # the rowwise route's shapes: it ran, with fast accumulation
+        assert fast and fast[-1] is True, f"torch._scaled_mm calls' use_fast_accum: {fast}"
 
 
 @pytest.mark.parametrize("kind", ["random", "model"])
