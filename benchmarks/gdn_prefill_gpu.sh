@@ -10,9 +10,11 @@
 # sequential kernel reads them) and "fused" (wy.py writes (I + A)^-1 only; the sequential kernel forms
 # k h, v_new and Aqk per chunk from q, k, v).
 #
-# Environment: PARTS (default "tests sweep forms fla"), TESTS_S (seconds for the tests, default 120),
-# SWEEP_S (default 170), FORMS_S (default 170: prefill_pack_bench.py, our two forms on the classes
-# FORMS_CASES, default 1,3,4,5,6,7: every class but 64K; FLA left out), FLA_S (default 100: the 1 x 16K class again with FLA 0.6, installed from
+# Environment: PARTS (default "forms sweep tests fla": the comparison that decides chunk.FORM first),
+# TESTS_S (seconds for the fused form's GPU contract tests, `-k triton-chunk-fused`, default 120; the
+# two-pass form's ran on the H200 before),
+# SWEEP_S (default 150), FORMS_S (default 170: prefill_pack_bench.py, our two forms on the classes
+# FORMS_CASES, default 1,3,4,5,6,7: every class but 64K; FLA left out), FLA_S (default 90: the 1 x 16K class again with FLA 0.6, installed from
 # .carry/fla into /tmp/fla_site when `import fla` fails; its autotuning takes most of a minute a shape).
 set -u
 OUT=${1:-${OUT:-/tmp/gdn_prefill_gpu}}
@@ -25,16 +27,16 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 FORMS=triton-two-pass,triton-fused
-for part in ${PARTS:-tests sweep forms fla}; do
+for part in ${PARTS:-forms sweep tests fla}; do
   start=$(date +%s)
   case $part in
     tests)
       timeout "${TESTS_S:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/gated_delta_rule \
-        -k "triton-chunk" > "$OUT/tests.log" 2>&1
+        -k "triton-chunk-fused" > "$OUT/tests.log" 2>&1
       echo "tests exit $? ($(tail -1 "$OUT/tests.log"))" | tee -a "$OUT/summary.txt"
       grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -10 ;;
     sweep)
-      timeout "${SWEEP_S:-170}" python3 benchmarks/bench_kernels.py --only sweep --skip-fla --no-decode \
+      timeout "${SWEEP_S:-150}" python3 benchmarks/bench_kernels.py --only sweep --skip-fla --no-decode \
         --out "$OUT/sweep" > "$OUT/sweep.log" 2>&1
       echo "sweep exit $?" | tee -a "$OUT/summary.txt" ;;
     forms)
@@ -42,7 +44,7 @@ for part in ${PARTS:-tests sweep forms fla}; do
         --no-fla --cases "${FORMS_CASES:-1,3,4,5,6,7}" --out-dir "$OUT/forms" > "$OUT/forms.log" 2>&1
       echo "forms exit $?" | tee -a "$OUT/summary.txt" ;;
     fla)
-      timeout "${FLA_S:-100}" python3 benchmarks/prefill_pack_bench.py --backends "$FORMS" --accuracy \
+      timeout "${FLA_S:-90}" python3 benchmarks/prefill_pack_bench.py --backends "$FORMS" --accuracy \
         --cases 1 --out-dir "$OUT/fla" > "$OUT/fla.log" 2>&1
       echo "fla exit $?" | tee -a "$OUT/summary.txt" ;;
     *) echo "unknown part $part" ;;
