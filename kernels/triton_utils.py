@@ -365,8 +365,9 @@ fma.rn.TY $1, s0, one, off;
 }"""
 # The launchers' PTX argument of int4_nibbles (the INT4 skinny GEMM, int4_dequant, the quantized
 # MoE experts): 0 the shift-and-convert path, 1 the PTX on 4 bytes an instance, 2 on 2 bytes an
-# instance (the skinny GEMM's launch configuration may pick it: `nibbles` in skinny.CFG; not yet timed
-# on a GPU). benchmarks/quant_linear_bench.py times them.
+# instance (the INT4 skinny GEMM's default, `nibbles` in skinny.CFG: 9.75 against 10.32 us for the
+# 1.66B's mlp_down at M = 1 on the H100; the other launchers keep 1, untimed with 2).
+# benchmarks/quant_linear_bench.py times them.
 NIBBLE_PTX = 1
 
 

@@ -46,9 +46,9 @@ MAX_M = 64
 # at most per_sm programs a multiprocessor (None: as many as its registers and shared memory hold),
 # fp8 x fp8 MMAs (fp8 formats), min_tiles (optional, default 1): K tiles a program streams at least
 # (a cap on the split), nibbles (INT4, optional, default triton_utils.NIBBLE_PTX): the nibble
-# conversion's form, one_row (fp8 formats, optional, default off): M = 1 quantizes x's row alone
-# (the kernel's ONE_ROW: 110 instead of 245 instructions a K tile in FP8's sm_90 code);
-# benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's choice on the H100
+# conversion's form, one_row (fp8 formats, optional, default off; on for FP8 per-channel): M = 1
+# quantizes x's row alone (the kernel's ONE_ROW: 110 instead of 245 instructions a K tile in FP8's
+# sm_90 code); benchmarks/quant_linear_bench.py --sweep-skinny times alternatives. The sweep's choice on the H100
 # (Triton 3.6, 2026-12-07, the 1.66B's fused GDN projection and MLP down projection at M = 1 and
 # 32): min_tiles 8, 4 stages and one_row for FP8 per-channel (mlp_down at M = 1: 10.1 us, 10.8
 # without one_row, 12.2 with min_tiles 1), min_tiles 4 for the block and INT4 formats, INT4's
