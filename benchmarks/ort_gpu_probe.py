@@ -8,6 +8,7 @@ names its step and prints the Python stack instead of ending the probe:
 
   add              an Add model, onnxruntime imported alone (preload_dlls() first)
   add-torch        the same after torch has initialised CUDA (the order gdn-export's runner uses)
+  add-torch-no-preload  the same without preload_dlls() (torch's CUDA libraries only)
   gdn-ort-<dtype>  one com.microsoft GatedDeltaNet block (gdn_export.onnx.ort_form.to_ort of a single
                    gdn::GatedDeltaRule node) in fp32 / fp16, against the CPU provider's output
 
@@ -29,7 +30,8 @@ from onnx import helper, TensorProto
 if {torch_first}:
     import torch
     torch.zeros(1, device="cuda")
-getattr(ort, "preload_dlls", lambda: None)()
+if {preload}:
+    getattr(ort, "preload_dlls", lambda: None)()
 vi = helper.make_tensor_value_info
 f4 = lambda name: vi(name, TensorProto.FLOAT, [4])
 g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "add", [f4("a"), f4("b")], [f4("c")])
@@ -102,8 +104,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     on_gpu = args.provider != "CPUExecutionProvider"  # torch initialises CUDA first only where there is one
-    for name, code in (("add", ADD.format(torch_first=False, provider=args.provider)),
-                       ("add-torch", ADD.format(torch_first=on_gpu, provider=args.provider)),
+    for name, code in (("add", ADD.format(torch_first=False, preload=True, provider=args.provider)),
+                       ("add-torch", ADD.format(torch_first=on_gpu, preload=True, provider=args.provider)),
+                       ("add-torch-no-preload", ADD.format(torch_first=on_gpu, preload=False, provider=args.provider)),
                        ("gdn-ort-fp32", GDN.format(root=ROOT, dtype="fp32", provider=args.provider)),
                        ("gdn-ort-fp16", GDN.format(root=ROOT, dtype="fp16", provider=args.provider))):
         rows.append((name, *step(name, code, args.timeout)))
