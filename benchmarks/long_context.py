@@ -183,7 +183,7 @@ def checkpoint(out: Path, env: dict) -> Path:
         subprocess.run([sys.executable, "benchmarks/make_random_checkpoint.py", str(ck), "--size", "1.6b",
                         "--device", "cuda"], cwd=ROOT, env=env, check=True, capture_output=True)
         config = json.loads((ck / "config.json").read_text())
-        config["max_position_embeddings"] = 1 << 20
+        config["max_position_embeddings"] = (1 << 20) + 1024  # a 1,048,576-token prompt and its decode steps
         (ck / "config.json").write_text(json.dumps(config, indent=1))
     return ck
 
