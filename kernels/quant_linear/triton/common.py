@@ -74,6 +74,14 @@ def to_e4m3(q, SOFT: tl.constexpr):
 
 
 @triton.jit
+def group_scale(b_x):
+    """Per-row scale of a [R, 128] fp32 group tile (one 128-group of each row): max(amax, 1e-10) / 448
+    (IEEE division), the fine-grained format's activation scale."""
+    amax = tl.maximum(tl.max(tl.abs(b_x), axis=1), 1e-10)
+    return tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+
+
+@triton.jit
 def clamped_quotient(x, s, r):
     """fp32 x / s correctly rounded (div_exact, r = 1 / s correctly rounded), clamped to e4m3's +-448."""
     return tl.minimum(tl.maximum(div_exact(x, s, r), -448.0), 448.0)

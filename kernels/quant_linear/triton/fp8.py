@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from kernels.quant_linear.triton.common import (
-    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish_split, grouped_tile, quantize_activation,
-    skinny_block_m, split_k)
+    E4M3_MAX, SKINNY_M, SOFT_FP8, UPCAST, device_sms, exact_dot, finish_split, group_scale, grouped_tile,
+    quantize_activation, skinny_block_m, split_k)
 from kernels.quant_linear.triton import common
 from kernels.triton_utils import cdiv, next_pow2, to_state_dtype
 
@@ -30,13 +30,6 @@ GROUP = 128  # block size of the fine-grained format, both dims
 # took 1.41 ms for the 96 calls of a 4096-token 1.66B prefill on an H100 (14.7 us each); silu * up's
 # 4-row x 1024 tiles move 2.8 TB/s on that prefill's [4096, 6144] halves.
 QUANT_TILE = 4096
-
-
-@triton.jit
-def _group_scale(b_x):
-    """Per-row scale of a [R, 128] fp32 group tile: max(amax, 1e-10) / 448 (IEEE division)."""
-    amax = tl.maximum(tl.max(tl.abs(b_x), axis=1), 1e-10)
-    return tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
 
 
 @triton.jit
@@ -65,7 +58,7 @@ def quant_group_kernel(x, xq, xs, M, K, KB, stride_xm, EXACT: tl.constexpr, SOFT
     o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]
     m_k = o_k < K
     b_x = tl.load(x + i_m.to(tl.int64) * stride_xm + o_k, mask=m_k, other=0.0).to(tl.float32)
-    s = _group_scale(b_x)
+    s = group_scale(b_x)
     tl.store(xq + i_m.to(tl.int64) * K + o_k, quantize_activation(b_x, s[:, None], EXACT, SOFT), mask=m_k)
     tl.store(xs + o_g.to(tl.int64) * M + i_m, s, mask=o_g < KB)  # M-major [KB, M]
 
@@ -114,7 +107,7 @@ def fp8_gemm_kernel(x, xs, w, ws, s_in, bias, y, part, counter, M, N, K, KB, str
             b_x = tl.load(p_x + r_m[:, None] * stride_xm + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
                           other=0.0).to(tl.float32)
             if BLOCKWISE:
-                b_s = _group_scale(b_x)
+                b_s = group_scale(b_x)
                 b_a = quantize_activation(b_x, b_s[:, None], EXACT, SOFT)
             else:
                 b_a = quantize_activation(b_x, s, EXACT, SOFT)

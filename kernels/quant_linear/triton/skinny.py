@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kernels.quant_linear.triton import common
 from kernels.quant_linear.triton.common import (
-    SOFT_FP8, UPCAST, clamped_quotient, device_sms, exact_dot, finish_split, quantize_e4m3, to_e4m3)
+    SOFT_FP8, UPCAST, clamped_quotient, device_sms, exact_dot, finish_split, group_scale, quantize_e4m3, to_e4m3)
 from kernels import triton_utils
 from kernels.triton_utils import cdiv, int4_nibbles, next_pow2, pdl_enter, pdl_launch, prefetch_l2, to_state_dtype
 
@@ -151,8 +151,7 @@ def skinny_kernel(x, w, ws, s_in, pre, bias, y, part, counter, M, N, K, KH, G, s
             else:
                 b_xf = b_x.to(tl.float32)
                 if FMT == 1:
-                    b_g = tl.maximum(tl.max(tl.abs(b_xf), axis=1), 1e-10)
-                    b_g = tl.math.div_rn(b_g, tl.full(b_g.shape, 448.0, tl.float32))  # [BM] group scales
+                    b_g = group_scale(b_xf)  # [BM] group scales
                     b_r = tl.math.div_rn(tl.full(b_g.shape, 1.0, tl.float32), b_g)
                     b_a = quantize_e4m3(b_xf, b_g[:, None], b_r[:, None], SOFT)
                 else:

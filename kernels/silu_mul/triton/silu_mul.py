@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_linear.triton.common import SOFT_FP8, quantize_e4m3
+from kernels.quant_linear.triton.common import SOFT_FP8, quantize_activation
 from kernels.triton_utils import cdiv, exp_libm, next_pow2, pdl_enter, pdl_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -53,7 +53,7 @@ def silu_mul_kernel(gate, up, out, s_in, row_scale, R, I, stride_g, stride_u, st
     y = (act * b_u).to(dtype)
     if QUANT:
         s = tl.load(s_in)
-        y = quantize_e4m3(y.to(tl.float32), s, tl.math.div_rn(s * 0.0 + 1.0, s), SOFT)
+        y = quantize_activation(y.to(tl.float32), s, True, SOFT)
         if tl.program_id(1) == 0:
             tl.store(row_scale + rows, tl.zeros([BLOCK_R], tl.float32) + s, mask=rows < R)
     tl.store(out + r64 * stride_o + cols[None, :], y, mask=ok)
