@@ -79,7 +79,6 @@ def compile_launch(fn, name, args, kwargs) -> str:
 def gdn_chunk(form: str, dtype: torch.dtype, D: int, varlen: bool) -> list[str]:
     """chunk_gated_delta_rule in `form` on meta tensors of 2 x 130 tokens (or a pack of 3 sequences)."""
     from kernels.gated_delta_rule.triton import chunk, wy
-    import kernels.triton_utils as tu
 
     compiled: list[str] = []
     patches = [(wy, "chunk_wy_fwd_kernel"), (chunk, "chunk_state_output_fwd_kernel"),
@@ -95,20 +94,10 @@ def gdn_chunk(form: str, dtype: torch.dtype, D: int, varlen: bool) -> list[str]:
         g = torch.empty(B, T, 4, device="meta", dtype=torch.float32)
         beta = torch.empty(B, T, 4, **meta)
         h0 = torch.empty(3 if varlen else B, 4, D, D, device="meta", dtype=torch.float32)
-        cu = None
-        if varlen:  # the chunk table and the host check need values: built on the CPU, then as meta
-            cu_host = torch.tensor([0, 5, 130, 260], dtype=torch.int32)
-            idx = tu.chunk_indices(cu_host, T, [0, 5, 130, 260]).to("meta")
-            q, k, v, g, beta, gates, scale, _, _ = tu.prepare_inputs(q, k, v, g, beta, None, None, None)
-            cu = cu_host.to("meta")
-            if form == "fused":
-                inv = wy.chunk_inverse_fwd(q, k, v, g, beta, scale, True, cu, idx)
-                chunk.chunk_fused_fwd(q, k, v, *inv, h0, cu)
-            else:
-                w = wy.chunk_wy_fwd(q, k, v, g, beta, scale, True, cu, idx)
-                chunk.chunk_state_output_fwd(q, k, *w, h0, cu)
-        else:
-            chunk.chunk_gated_delta_rule(q, k, v, g, beta, h0, None, True, form=form)
+        # a pack's offsets stay on the CPU: the host check and the chunk table read their values (the
+        # recorder needs only their dtype)
+        cu = torch.tensor([0, 5, 130, 260], dtype=torch.int32) if varlen else None
+        chunk.chunk_gated_delta_rule(q, k, v, g, beta, h0, None, True, cu, form=form)
     finally:
         for m, n, f in saved:
             setattr(m, n, f)
