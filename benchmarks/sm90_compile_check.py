@@ -293,10 +293,15 @@ def norm_cases():
                            (1, 5120, "plain"), (4096, 16384, "plain"), (1, 2048, "zero+residual"),
                            (4096, 2048, "zero+residual"), (4096, 4096, "plain+residual")):
             block_r, block_d, nw = launch_config(R, D)
-            types = dict(x=ACT[act], w=ACT[act], g=ACT[act], y=ACT[act], res=ACT[act], s=ACT[act], eps="fp32")
+            types = dict(x=ACT[act], w=ACT[act], g=ACT[act], y=ACT[act], res=ACT[act], s=ACT[act], eps="fp32",
+                         yq=ACT[act], s_in=ACT[act], row_scale=ACT[act])
             c = dict(BLOCK_R=block_r, BLOCK_D=block_d, ZERO_CENTERED=kind.startswith("zero"), GATED=kind == "gated",
-                     RESIDUAL=kind.endswith("residual"))
+                     RESIDUAL=kind.endswith("residual"), QUANT=False, SOFT=False)
             yield (f"rms_norm {act} {kind} R={R} D={D} {block_r}x{block_d} w={nw}", rms_norm_kernel, types, c, nw, 1)
+            if R > 64 and kind != "plain":  # an FP8 projection's x pass fused in (prefill rows)
+                yield (f"rms_norm {act} {kind} R={R} D={D} fp8 out", rms_norm_kernel,
+                       {**types, "yq": "*fp8e4nv", "s_in": "*fp32", "row_scale": "*fp32"},
+                       {**c, "QUANT": True, "SOFT": False}, nw, 1)
             if R == 1:
                 yield (f"rms_norm {act} {kind} R=1 D={D} pdl", rms_norm_kernel, types, {**c, "USE_PDL": True}, nw, 1)
     from kernels.silu_mul.triton.silu_mul import launch_config as silu_config, silu_mul_kernel

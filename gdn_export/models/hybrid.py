@@ -95,12 +95,12 @@ class DecoderLayer(nn.Module):
         each in eager GPU runs: gdn_export.ops.rms_norm.add_rms_norm). x [B, T, hidden]; pending: an
         addend of x not added yet (the previous block's MLP output [B, T, hidden]) or None. Returns
         (x, pending, state_a, state_b): x + pending is what `forward` returns as x."""
-        if pending is None:
-            h = self.input_layernorm(x)
-        else:
-            x, h = self.input_layernorm.add(x, pending)
+        mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
+        # add_for: where the mixer's / MLP's first projection is FP8 at prefill rows, the norm kernel
+        # also writes its output's FP8 form for that projection (gdn_export.modules.norm)
+        x, h = self.input_layernorm.add_for(x, pending, mixer)
         h, state_a, state_b = self.mix(h, step, state_a, state_b)
-        x, h = self.post_attention_layernorm.add(x, h)
+        x, h = self.post_attention_layernorm.add_for(x, h, self.mlp)
         return x, self.mlp(h), state_a, state_b
 
 

@@ -136,8 +136,7 @@ class GatedDeltaNet(nn.Module):
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z [B, T, Hv, Dv] -> out_proj(gated_rmsnorm(o, z)) [B, T, hidden]."""
-        B, T = o.shape[:2]
-        return self.out_proj(self.norm(o, z).reshape(B, T, self.value_dim))
+        return self.norm.project(o, z, self.out_proj)
 
     # ------------------------------------------------------------------ forward
     def forward(

@@ -11,6 +11,12 @@ transformers rounds the normalised x to the model dtype before the weight: ident
 rounding fewer in bf16/fp16. In eager mode on a GPU with a fast backend each norm is one fused
 kernel, and `add` (the decoder's residual add and the norm after it) one kernel too; the exported
 graph and torch.compile see the PyTorch form.
+
+Where the norm's output goes to an FP8 projection (per-tensor input scale) through cuBLASLt's FP8
+GEMM (prefill rows on a GPU), `add_for` (the decoder's norms) and `GatedRMSNorm.project` (the GDN
+output norm) have the same kernel write the output's FP8 form too (gdn_export.ops.rms_norm
+.rms_norm_quantized), so the projection skips its own pass over the output (bit for bit the same
+GEMM input).
 """
 
 from __future__ import annotations
@@ -18,7 +24,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gdn_export.ops.rms_norm import add_rms_norm, rms_norm
+from gdn_export.modules.quant_fusion import fp8_reader
+from gdn_export.modules.quant_linear import Fp8Linear
+from gdn_export.ops.quant_linear import fp8_linear_quantized, offer_quantized, prequantized_ready
+from gdn_export.ops.rms_norm import add_rms_norm, quantized_ready, rms_norm, rms_norm_quantized
+
+
+def _add_for(norm: nn.Module, zero_centered: bool, x: torch.Tensor, residual: torch.Tensor | None,
+             reader: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """ZeroCenteredRMSNorm / RMSNorm `add_for`."""
+    fp8 = fp8_reader(reader)
+    if (fp8 is not None and prequantized_ready(x, fp8.weight, fp8.bias)
+            and quantized_ready(x, norm.weight, residual)):
+        s, y, yq, row_scale = rms_norm_quantized(x, norm.weight, norm.eps, fp8.input_scale, zero_centered,
+                                                 residual=residual)
+        offer_quantized(y, yq, row_scale, fp8.input_scale)
+        return (x if s is None else s), y
+    if residual is None:
+        return x, norm(x)
+    return norm.add(x, residual)
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -35,6 +59,12 @@ class ZeroCenteredRMSNorm(nn.Module):
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(s, y): s = x + residual, y = self(s); x, residual [..., D] of one dtype (one kernel on a GPU)."""
         return add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True)
+
+    def add_for(self, x: torch.Tensor, residual: torch.Tensor | None, reader: nn.Module):
+        """(s, y) = `add(x, residual)` ((x, self(x)) for residual None) for the block `reader` (a mixer or
+        MLP) that reads y; where its first FP8 projection takes a prequantized y, y's FP8 form is
+        written by the same kernel and offered to it (module docstring)."""
+        return _add_for(self, True, x, residual, reader)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -54,6 +84,10 @@ class RMSNorm(nn.Module):
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(s, y): s = x + residual, y = self(s); x, residual [..., D] of one dtype (one kernel on a GPU)."""
         return add_rms_norm(x, residual, self.weight, self.eps)
+
+    def add_for(self, x: torch.Tensor, residual: torch.Tensor | None, reader: nn.Module):
+        """As ZeroCenteredRMSNorm.add_for."""
+        return _add_for(self, False, x, residual, reader)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -77,6 +111,18 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, gate=z)
+
+    def project(self, x: torch.Tensor, z: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+        """proj(self(x, z) with its last two axes merged): x, z [B, T, H, D] -> [B, T, N]. For an FP8
+        proj on a prequantized input (module docstring) one kernel writes the norm's output and its
+        FP8 form, which proj's GEMM reads."""
+        shape = (*x.shape[:-2], x.shape[-2] * x.shape[-1])
+        if (isinstance(proj, Fp8Linear) and prequantized_ready(x, proj.weight, proj.bias)
+                and quantized_ready(x, self.weight, z)):
+            _, y, yq, row_scale = rms_norm_quantized(x, self.weight, self.eps, proj.input_scale, gate=z)
+            return fp8_linear_quantized(y.reshape(shape), yq.reshape(shape), row_scale, proj.weight,
+                                        proj.weight_scale, proj.input_scale, proj.bias)
+        return proj(self(x, z).reshape(shape))
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

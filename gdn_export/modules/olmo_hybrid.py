@@ -61,8 +61,7 @@ class OlmoGatedDeltaNet(GatedDeltaNet):
         return mixed, z.reshape(B, T, self.num_v_heads, self.head_v_dim), b, a
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        B, T = o.shape[:2]
-        return self.o_proj(self.o_norm(o, z).reshape(B, T, self.value_dim))
+        return self.o_norm.project(o, z, self.o_proj)
 
 
 class OlmoAttention(GatedAttention):

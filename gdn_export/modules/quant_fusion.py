@@ -116,6 +116,24 @@ class QuantGroup:
         return tuple(outs)
 
 
+def fp8_reader(block: nn.Module):
+    """The Fp8Linear (per-tensor input scale) that first reads `block`'s input when the block (a mixer
+    or MLP) runs: the first part of its input projections' group (`fusible_linears()[0]`) after
+    fusion, or the first of them unfused; None where that is not an Fp8Linear."""
+    lister = getattr(block, "fusible_linears", None)
+    linears = lister()[0] if lister is not None else ()
+    if not linears:
+        return None
+    group = getattr(linears[0], "_fused_group", None)
+    if isinstance(group, QuantGroup) and group.members == tuple(linears):
+        first = group.parts[0][0]
+    elif group is None:
+        first = linears[0]
+    else:
+        return None  # 16-bit members fused among themselves
+    return first if isinstance(first, Fp8Linear) else None
+
+
 def fuse_quantized(members) -> int:
     """Group `members` (siblings of one input, some quantized) into parts; returns the number of
     multi-member GEMMs made (0 when nothing fused: each member keeps its own GEMM)."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gdn_export.ops.quant_linear import BLOCK, fp8_block_linear, fp8_linear, int4_linear
+from gdn_export.ops.quant_linear import (BLOCK, fp8_block_linear, fp8_linear, fp8_linear_quantized, int4_linear,
+                                         take_quantized)
 from gdn_export.ops.quant_linear.naive import dequantize_block
 
 FP8 = torch.float8_e4m3fn
@@ -74,6 +75,9 @@ class Fp8Linear(QuantLinear):
         self.register_buffer("input_scale", torch.empty((), dtype=torch.float32, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = take_quantized(x, self.input_scale)  # x's FP8 form, written by the norm that made x
+        if pre is not None:
+            return fp8_linear_quantized(x, *pre, self.weight, self.weight_scale, self.input_scale, self.bias)
         return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
 
 

@@ -26,6 +26,8 @@ int4_linear       (x * pre_scale first where given: one Triton pass for 16-bit x
                   fp32 and torch.matmul.
 silu_mul_fp8_linear  prefill rows (> 64) of an FP8 down projection: x_q and its row scales written by
                   the silu * up kernel (kernels/silu_mul), then torch._scaled_mm as fp8_linear.
+fp8_linear_quantized  the same GEMM for an x_q that an RMSNorm kernel wrote beside its 16-bit output
+                  (kernels/rms_norm: the decoder's input norms, the GDN output norm).
 GEMV              (triton_common.GEMV, off) one-row x to the CUDA-core GEMV of triton/gemv.py.
 The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """
@@ -165,12 +167,29 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return y.view(*x.shape[:-1], N)
 
 
-def silu_mul_fp8_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
-    """Whether `silu_mul_fp8_linear` runs for M rows of gate / up [M, K] in dtype into an FP8 [N, K]
-    projection: the rows fp8_linear sends to torch._scaled_mm (more than the skinny GEMM's, 16-bit x,
-    K and N multiples of 16, the rowwise form probed on this GPU)."""
+def prequantized_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
+    """Whether M rows of a 16-bit x [M, K] in dtype, quantized by the kernel that produced x (silu * up,
+    an RMSNorm), run through `fp8_linear_quantized` into an FP8 [N, K] projection: the rows fp8_linear
+    sends to torch._scaled_mm (more than the skinny GEMM's, 16-bit x, K and N multiples of 16, the
+    rowwise form probed on this GPU)."""
     return (M > triton_skinny.MAX_M and dtype in (torch.float16, torch.bfloat16) and K % 16 == 0 and N % 16 == 0
             and device.type == "cuda" and _scaled_mm_ok(dtype, has_bias, device))
+
+
+def silu_mul_fp8_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
+    """Whether `silu_mul_fp8_linear` runs for M rows of gate / up [M, K] in dtype into an FP8 [N, K]
+    projection (`prequantized_ready`)."""
+    return prequantized_ready(M, K, N, dtype, has_bias, device)
+
+
+def fp8_linear_quantized(xq: torch.Tensor, row_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         input_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """fp8_linear's prefill route from an x already quantized by the kernel that produced it: xq [M, K]
+    float8_e4m3fn (e4m3(clamp(x / input_scale)) of the 16-bit x), row_scale [M, 1] fp32 (input_scale
+    per row); weight [N, K] float8_e4m3fn, weight_scale [N], bias [N] or None. y [M, N] in out_dtype, bit
+    for bit fp8_linear(x) on the rows `prequantized_ready` admits (the same cuBLASLt call)."""
+    weight, ws, _, b = _fp8_operands(weight, weight_scale, input_scale, bias, out_dtype)
+    return _rowwise_mm(xq, row_scale, weight, ws, b, out_dtype)
 
 
 def silu_mul_fp8_linear(gate2: torch.Tensor, up2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -109,3 +109,62 @@ def _counted(fused_eager, taken: list, forced: bool):
         return ok
 
     return counted
+
+
+@GPU_WHEN_PRESENT
+@pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
+def test_fp8_model_norms_write_the_projections_fp8_input(monkeypatch, family):
+    """An FP8 model (ModelOpt calibration, fused siblings) prefilling 2 x 40 tokens (rows the FP8 GEMM
+    takes): every decoder norm before an FP8 projection group and every GDN output norm writes the
+    projection's FP8 input (gdn_export.modules.norm), and the logits are those of the same run with
+    the projections quantizing their inputs themselves: bit for bit on a GPU, within the FP8 contract's
+    1e-2 under the interpreter (whose unfused fp8_linear is the fp32 reference). OLMo-Hybrid's
+    post-norm attention blocks keep the plain path."""
+    import numpy as np
+
+    import gdn_export.modules.norm as norm_module
+    import gdn_export.modules.quant_linear as quant_module
+    from gdn_export.modules.fused_linear import fuse_linears
+    from gdn_export.quantize import calibrate
+    from tests.triton_interpreter import interpret_without_gpu
+
+    pytest.importorskip("modelopt")
+    interpret_without_gpu()
+    device = "cuda" if HAS_CUDA else "cpu"
+    torch.manual_seed(0)
+    config = parse_config(tiny_config_dict(family))
+    model = HybridForCausalLM(config, DeployLayout.make(cache_len=48)).eval()
+    init_tiny_weights(model, 2)
+    rng = np.random.default_rng(0)
+    tensors = calibrate.calibrate(model, "fp8", [rng.integers(0, config.vocab_size, 16) for _ in range(2)])
+    model = calibrate.apply(model, "fp8", tensors).to(torch.bfloat16).to(device).requires_grad_(False)
+    assert fuse_linears(model) > 0
+    ids = torch.randint(0, config.vocab_size, (2, 40)).to(device)
+    lens = torch.tensor([40, 33]).to(device)
+    past = torch.zeros(2, dtype=torch.long, device=device)
+    backend = "triton" if HAS_CUDA else "reference"
+    if not HAS_CUDA:
+        monkeypatch.setattr(backends, "on_gpu", lambda t: True)
+        monkeypatch.setattr(backends, "fused_eager", _counted(backends.fused_eager, [], forced=True))
+    states = [s.to(device) for s in model.empty_states(2)]
+    ready = norm_module.prequantized_ready if HAS_CUDA else (lambda *a: True)  # the GPU's gate, else opened
+    monkeypatch.setattr(norm_module, "prequantized_ready", lambda *a: False)
+    with use_backend(backend), torch.no_grad():
+        want = model(ids, past, lens, *states)[0]
+    monkeypatch.setattr(norm_module, "prequantized_ready", ready)
+    calls = []
+    for module in (norm_module, quant_module):
+        real = module.fp8_linear_quantized
+        monkeypatch.setattr(module, "fp8_linear_quantized",
+                            lambda *a, real=real, **k: calls.append(a[3].shape[0]) or real(*a, **k))
+    with use_backend(backend), torch.no_grad():
+        got = model(ids, past, lens, *states)[0]
+    kinds = config.layer_kinds
+    gdn = sum(k == "linear_attention" for k in kinds)
+    pre_norm = len(kinds) if family != "olmo_hybrid" else gdn
+    assert len(calls) == 2 * pre_norm + gdn, calls  # input and post-attention norms, GDN output norms
+    if HAS_CUDA:
+        assert torch.equal(got, want)
+    else:
+        err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+        assert err <= 1e-2, err

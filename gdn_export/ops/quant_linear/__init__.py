@@ -24,6 +24,13 @@ and the ONNX translation.
         fp8_linear(silu_mul(gate, up), ...) (an FP8 MLP's down projection): at prefill rows on a GPU
         the silu * up kernel writes x_q itself; everywhere else the two ops. Not a graph node.
 
+    fp8_linear_quantized(x, xq, row_scale, weight, weight_scale, input_scale, bias=None)
+        fp8_linear(x, ...) from an x_q that the kernel producing x wrote beside it (an RMSNorm:
+        gdn_export.ops.rms_norm.rms_norm_quantized): the GPU's prefill GEMM without the x pass, bit
+        for bit fp8_linear where `prequantized_ready`. Not a graph node. `offer_quantized` /
+        `take_quantized` hand such an x_q from the norm to the Fp8Linear that reads x, through the
+        sibling-projection group in between (gdn_export.modules.quant_fusion).
+
 x [..., K] fp32 / fp16 / bf16; y [..., N] in x's dtype; bias [N] or None; accumulation in fp32.
 
 Dispatch: CUDA tensors go to kernels.quant_linear.gpu.<same name> when that module imports,
@@ -222,5 +229,56 @@ def silu_mul_fp8_linear(gate, up, weight, weight_scale, input_scale, bias=None) 
     return fp8_linear(silu_mul.silu_mul(gate, up), weight, weight_scale, input_scale, bias)
 
 
+def prequantized_ready(x: torch.Tensor, weight: torch.Tensor, bias=None) -> bool:
+    """Whether an x that its producing kernel quantizes itself (eager, on a GPU) runs through
+    `fp8_linear_quantized` into the FP8 weight [N, K], x's elements read as [M, K] rows (x [..., K], or
+    [..., H, D] with H D = K): rows fp8_linear sends to cuBLASLt's FP8 GEMM
+    (kernels.quant_linear.gpu.prequantized_ready). False under tracing and compilation."""
+    if torch.compiler.is_compiling() or weight.dtype != FP8 or weight.dim() != 2 or not x.is_cuda:
+        return False
+    gpu = _gpu()
+    N, K = weight.shape
+    if gpu is None or x.dim() < 1 or K == 0 or x.numel() % K or K % x.shape[-1]:
+        return False
+    return gpu.prequantized_ready(x.numel() // K, K, N, x.dtype, bias is not None, x.device)
+
+
+def fp8_linear_quantized(x, xq, row_scale, weight, weight_scale, input_scale, bias=None) -> torch.Tensor:
+    """fp8_linear(x, weight, weight_scale, input_scale, bias) from xq = e4m3(clamp(x / input_scale))
+    [..., K] float8_e4m3fn (x's layout) and row_scale [M, 1] fp32 (input_scale per row of x's M = numel / K
+    rows), written by the kernel that produced x: y [..., N] in x's dtype (callers check
+    `prequantized_ready` first)."""
+    from gdn_export.ops import glue
+
+    check_fp8(x, weight, weight_scale, input_scale, bias)
+    y = _gpu().fp8_linear_quantized(glue.rows(xq), row_scale, weight, weight_scale, input_scale, bias, x.dtype)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+# One x_q on offer: (x, xq, row_scale, input_scale). The norm that wrote x and xq offers them for the
+# FP8 projection whose input_scale (that tensor object) quantized xq; that projection's forward takes
+# them when it is called on x itself (the same tensor object), once. A later offer replaces an
+# earlier one that nobody took.
+_OFFER: list = []
+
+
+def offer_quantized(x: torch.Tensor, xq: torch.Tensor, row_scale: torch.Tensor, input_scale: torch.Tensor) -> None:
+    """Offer xq / row_scale (`fp8_linear_quantized`'s) as x's quantization under input_scale."""
+    _OFFER[:] = [(x, xq, row_scale, input_scale)]
+
+
+def take_quantized(x: torch.Tensor, input_scale: torch.Tensor):
+    """(xq, row_scale) offered for exactly this x and input_scale (the same tensor objects), else None;
+    the offer is gone either way once x is the offered tensor."""
+    if not _OFFER or torch.compiler.is_compiling():
+        return None
+    ox, xq, rs, scale = _OFFER[0]
+    if ox is not x:
+        return None
+    _OFFER.clear()
+    return (xq, rs) if scale is input_scale else None
+
+
 __all__ = ["fp8_linear", "fp8_block_linear", "int4_linear", "silu_mul_fp8_linear", "silu_mul_fp8_linear_fused",
-           "silu_mul_fp8_ready", "check_fp8", "check_fp8_block", "check_int4"]
+           "silu_mul_fp8_ready", "prequantized_ready", "fp8_linear_quantized", "offer_quantized", "take_quantized",
+           "check_fp8", "check_fp8_block", "check_int4"]

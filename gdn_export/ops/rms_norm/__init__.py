@@ -13,6 +13,16 @@
         s       [..., D]  x + residual in x's dtype (PyTorch's add: fp32 sum rounded once)
         y       [..., D]  rms_norm(s, weight, eps, zero_centered)
 
+    rms_norm_quantized(x, weight, eps, input_scale, zero_centered=False, gate=None, residual=None)
+        -> (s, y, yq, row_scale)   (the fused kernel only; eager, on a GPU: `quantized_ready`)
+        s, y    as add_rms_norm with a residual (s None without), else as rms_norm
+        yq      [..., D] float8_e4m3fn: e4m3(clamp(y / input_scale, +-448)) of the 16-bit y, bit for
+                bit an FP8 projection's x pass over y (gdn_export.ops.quant_linear: its
+                fp8_linear_quantized reads yq instead of quantizing y again)
+        row_scale [R, 1] fp32: input_scale per row of the projection input: x [..., D] without a gate
+                (R = numel / D), x [..., H, D] with one (the GDN output norm, per value head: the
+                projection reads H D a row, R = numel / (H D))
+
 Where it runs: the fused kernel (kernels/rms_norm/triton/) where gdn_export.ops.backends.fused_eager
 says (eager mode on CUDA tensors, a backend other than "reference" active, no gradient asked for;
 GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form in `naive.py`, which torch.export (the ONNX graph)
@@ -88,6 +98,45 @@ def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     kernel.rms_norm_rows(glue.head_rows(x), weight.contiguous(), eps, zero_centered, None, glue.head_rows(out),
                          residual=glue.head_rows(residual), s=glue.head_rows(out_sum))
     return out_sum, out
+
+
+def quantized_ready(x: torch.Tensor, weight: torch.Tensor, other: torch.Tensor | None = None) -> bool:
+    """Whether `rms_norm_quantized` runs: `fused_ready(x, weight, other)` (other: the gate or the
+    residual) and 16-bit x."""
+    return x.dtype in (torch.float16, torch.bfloat16) and fused_ready(x, weight, other)
+
+
+def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float, input_scale: torch.Tensor,
+                       zero_centered: bool = False, gate: torch.Tensor | None = None,
+                       residual: torch.Tensor | None = None):
+    """(s, y, yq, row_scale) (the contract above) in one kernel: the norm of x (of x + residual) and its
+    FP8 quantization under input_scale (fp32, one element). Callers check `quantized_ready` first;
+    ValueError naming what breaks the contract."""
+    kernel = _checked_kernel(x, weight, "rms_norm_quantized")
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"rms_norm_quantized: x must be fp16 / bf16, got {x.dtype}")
+    if gate is not None and residual is not None:
+        raise ValueError("rms_norm_quantized: a gate or a residual, not both")
+    other = gate if gate is not None else residual
+    if other is not None and (other.shape != x.shape or other.dtype != x.dtype):
+        raise ValueError(f"rms_norm_quantized: {'gate' if gate is not None else 'residual'} must be x's "
+                         f"{tuple(x.shape)} {x.dtype}, got {tuple(other.shape)} {other.dtype}")
+    if input_scale.numel() != 1 or input_scale.dtype != torch.float32:
+        raise ValueError(f"rms_norm_quantized: input_scale must be one fp32 value, got {tuple(input_scale.shape)} "
+                         f"{input_scale.dtype}")
+    from kernels.quant_linear.triton.common import empty
+
+    y = glue.output(None, x, "rms_norm_quantized")
+    yq = empty(*x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = None if residual is None else glue.output(None, x, "rms_norm_quantized")
+    # the projection's rows: (token, head) pairs of one row each with a gate, else every row
+    rows = glue.head_rows if gate is not None else glue.rows
+    xr = rows(x)
+    row_scale = empty(xr.shape[0], 1, dtype=torch.float32, device=x.device)
+    kernel.rms_norm_rows(xr, weight.contiguous(), eps, zero_centered, None if gate is None else rows(gate), rows(y),
+                         residual=None if residual is None else rows(residual), s=None if s is None else rows(s),
+                         yq=rows(yq), input_scale=input_scale.reshape(1), row_scale=row_scale)
+    return s, y, yq, row_scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
