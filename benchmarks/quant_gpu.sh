@@ -57,7 +57,7 @@ KM=${KM:-1 32 4096}                                    # the kernel table's rows
 KSHAPES=${KSHAPES:-}                                   # its shapes (names in quant_linear_bench.py; default all)
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-3}
 TESTS_S=${TESTS_S:-160}                                # seconds for the GPU tests at most
-TESTS=${TESTS:-tests/modules/test_norm_fp8.py tests/runtime/test_glue_kernels.py tests/ops/rms_norm tests/ops/silu_mul tests/ops/rotary tests/ops/gated_delta_rule/test_gating.py tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
+TESTS=${TESTS:-tests/modules/test_norm_fp8.py tests/runtime/test_glue_kernels.py tests/ops/output_gate tests/ops/rms_norm tests/ops/silu_mul tests/ops/rotary tests/ops/gated_delta_rule/test_gating.py tests/ops/quant_linear tests/ops/moe_quant}   # TEST_K: a pytest -k expression
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/quant_gpu_triton}
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 left() { echo $(( BUDGET - $(el) )); }

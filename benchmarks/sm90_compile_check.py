@@ -334,8 +334,13 @@ def norm_cases():
             block_t, block_d, nw = gate_config(T, D)
             for use_pdl in (False, True) if T == 1 else (False,):
                 yield (f"output_gate {act} T={T} D={D} {block_t}x{block_d} w={nw}{' pdl' if use_pdl else ''}",
-                       output_gate_kernel, dict(o=ACT[act], gate=ACT[act], out=ACT[act]),
-                       dict(BLOCK_T=block_t, BLOCK_D=block_d, USE_PDL=use_pdl), nw, 1)
+                       output_gate_kernel, dict(o=ACT[act], gate=ACT[act], out=ACT[act], outq=ACT[act], s_in=ACT[act],
+                                                row_scale=ACT[act]),
+                       dict(BLOCK_T=block_t, BLOCK_D=block_d, USE_PDL=use_pdl, QUANT=False, SOFT=False), nw, 1)
+            if T > 64:  # the FP8 o_proj's x pass fused in (prefill rows)
+                yield (f"output_gate {act} T={T} D={D} fp8 out", output_gate_kernel,
+                       dict(o=ACT[act], gate=ACT[act], out=ACT[act], outq="*fp8e4nv", s_in="*fp32", row_scale="*fp32"),
+                       dict(BLOCK_T=block_t, BLOCK_D=block_d, USE_PDL=False, QUANT=True, SOFT=False), nw, 1)
     from kernels.rotary.triton.rotary import launch_config as rotary_config, rotary_kernel
 
     for act in ("bf16", "fp16"):

@@ -25,11 +25,13 @@ from gdn_export.modules.fused_linear import project_together
 from gdn_export.modules.kv_cache import StepInputs
 from gdn_export.modules.kv_cache_fp8 import write_and_attend
 from gdn_export.modules.norm import ZeroCenteredRMSNorm
+from gdn_export.modules.quant_linear import Fp8Linear
 from gdn_export.modules.rotary import apply_rotary
 from gdn_export.ops.attention import (attention, attention_at, decode_shaped, kv_cache_update, slot_index,
                                       write_kv_cache_)
 from gdn_export.ops.backends import exporting
-from gdn_export.ops.output_gate import output_gate
+from gdn_export.ops.output_gate import fused_ready as output_gate_ready, output_gate, output_gate_quantized
+from gdn_export.ops.quant_linear import fp8_linear_quantized, prequantized_ready
 
 
 def causal_mask(t: int, past: int | torch.SymInt, device: torch.device) -> torch.Tensor:
@@ -102,6 +104,13 @@ class GatedAttention(nn.Module):
             else:  # prefill: the mask from positions, inside the kernels (no [B, 1, T, L] tensor)
                 o = attention_at(q, key, value, step.past_lengths, self.scaling, step.sinks, step.window)
         if gate is not None:  # [B, H, T, D] -> [B, T, H D] times sigmoid(gate): one kernel in eager GPU runs
+            o_proj = self.o_proj
+            if (isinstance(o_proj, Fp8Linear) and o.dtype in (torch.float16, torch.bfloat16)
+                    and prequantized_ready(o, o_proj.weight, o_proj.bias) and output_gate_ready(o, gate)):
+                # prefill rows into an FP8 o_proj: the gate kernel writes the projection's FP8 input too
+                o, oq, row_scale = output_gate_quantized(o, gate, o_proj.input_scale)
+                return fp8_linear_quantized(o, oq, row_scale, o_proj.weight, o_proj.weight_scale, o_proj.input_scale,
+                                            o_proj.bias), key, value
             o = output_gate(o, gate)
         else:
             o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)

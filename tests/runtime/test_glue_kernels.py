@@ -115,13 +115,15 @@ def _counted(fused_eager, taken: list, forced: bool):
 @pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
 def test_fp8_model_norms_write_the_projections_fp8_input(monkeypatch, family):
     """An FP8 model (ModelOpt calibration, fused siblings) prefilling 2 x 40 tokens (rows the FP8 GEMM
-    takes): every decoder norm before an FP8 projection group and every GDN output norm writes the
-    projection's FP8 input (gdn_export.modules.norm), and the logits are those of the same run with
+    takes): every decoder norm before an FP8 projection group, every GDN output norm and every gated
+    attention's output gate writes the projection's FP8 input (gdn_export.modules.norm,
+    gated_attention), and the logits are those of the same run with
     the projections quantizing their inputs themselves: bit for bit on a GPU, within the FP8 contract's
     1e-2 under the interpreter (whose unfused fp8_linear is the fp32 reference). OLMo-Hybrid's
     post-norm attention blocks keep the plain path."""
     import numpy as np
 
+    import gdn_export.modules.gated_attention as attention_module
     import gdn_export.modules.norm as norm_module
     import gdn_export.modules.quant_linear as quant_module
     from gdn_export.modules.fused_linear import fuse_linears
@@ -148,12 +150,15 @@ def test_fp8_model_norms_write_the_projections_fp8_input(monkeypatch, family):
         monkeypatch.setattr(backends, "fused_eager", _counted(backends.fused_eager, [], forced=True))
     states = [s.to(device) for s in model.empty_states(2)]
     ready = norm_module.prequantized_ready if HAS_CUDA else (lambda *a: True)  # the GPU's gate, else opened
-    monkeypatch.setattr(norm_module, "prequantized_ready", lambda *a: False)
+    producers = (norm_module, attention_module)
+    for module in producers:
+        monkeypatch.setattr(module, "prequantized_ready", lambda *a: False)
     with use_backend(backend), torch.no_grad():
         want = model(ids, past, lens, *states)[0]
-    monkeypatch.setattr(norm_module, "prequantized_ready", ready)
+    for module in producers:
+        monkeypatch.setattr(module, "prequantized_ready", ready)
     calls = []
-    for module in (norm_module, quant_module):
+    for module in (*producers, quant_module):
         real = module.fp8_linear_quantized
         monkeypatch.setattr(module, "fp8_linear_quantized",
                             lambda *a, real=real, **k: calls.append(a[3].shape[0]) or real(*a, **k))
@@ -162,7 +167,10 @@ def test_fp8_model_norms_write_the_projections_fp8_input(monkeypatch, family):
     kinds = config.layer_kinds
     gdn = sum(k == "linear_attention" for k in kinds)
     pre_norm = len(kinds) if family != "olmo_hybrid" else gdn
-    assert len(calls) == 2 * pre_norm + gdn, calls  # input and post-attention norms, GDN output norms
+    gated = sum(getattr(layer.self_attn, "gated", False) for layer in model.model.layers if hasattr(layer, "self_attn"))
+    assert gated == (len(kinds) - gdn if family == "qwen3_5" else 0)
+    # input and post-attention norms, GDN output norms, the gated attentions' output gates
+    assert len(calls) == 2 * pre_norm + gdn + gated, calls
     if HAS_CUDA:
         assert torch.equal(got, want)
     else:

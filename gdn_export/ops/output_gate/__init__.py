@@ -10,6 +10,13 @@ Triton kernel.
                             each rounded to the dtype (PyTorch's o.transpose(1, 2).reshape(B, T, H D)
                             * torch.sigmoid(gate.reshape(B, T, H D)): the exported graph's arithmetic)
 
+    output_gate_quantized(o, gate, input_scale) -> (out, outq, row_scale)   (the fused kernel only;
+        eager, on a GPU: `fused_ready` and 16-bit o)
+        outq       [B, T, H D] float8_e4m3fn: e4m3(clamp(out / input_scale, +-448)) of the rounded out,
+                   bit for bit the FP8 output projection's x pass over out (its
+                   gdn_export.ops.quant_linear.fp8_linear_quantized reads outq)
+        row_scale  [B T, 1] fp32: input_scale per token
+
 Where it runs: the fused kernel (kernels/output_gate/triton/) where gdn_export.ops.backends.fused_eager
 says (eager mode on CUDA tensors, a backend other than "reference" active, no gradient asked for;
 GDN_EXPORT_FUSED_KERNELS=0 turns it off); everywhere else the PyTorch form in `naive.py`.
@@ -61,6 +68,31 @@ def output_gate_fused(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | N
     gate = gate if gate.stride(-1) == 1 else gate.contiguous()
     kernel.output_gate_heads(o, gate, out)
     return out
+
+
+def output_gate_quantized(o: torch.Tensor, gate: torch.Tensor, input_scale: torch.Tensor):
+    """(out, outq, row_scale) (the contract above) in one kernel: the output gate and its FP8 form under
+    input_scale (fp32, one element). Callers check `fused_ready` and a 16-bit o first; ValueError
+    naming what breaks the contract."""
+    if o.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"output_gate_quantized: o must be fp16 / bf16, got {o.dtype}")
+    if input_scale.numel() != 1 or input_scale.dtype != torch.float32:
+        raise ValueError(f"output_gate_quantized: input_scale must be one fp32 value, got "
+                         f"{tuple(input_scale.shape)} {input_scale.dtype}")
+    kernel = glue.fused_kernel(KERNEL, "output_gate_quantized", o, "o must be [B, H, T, D]", 4)
+    B, H, T, D = o.shape
+    if tuple(gate.shape) != (B, T, H, D) or gate.dtype != o.dtype:
+        raise ValueError(f"output_gate_quantized: gate must be [{B}, {T}, {H}, {D}] {o.dtype}, got "
+                         f"{tuple(gate.shape)} {gate.dtype}")
+    from kernels.quant_linear.triton.common import empty
+
+    out = torch.empty(B, T, H * D, dtype=o.dtype, device=o.device)
+    outq = empty(B, T, H * D, dtype=torch.float8_e4m3fn, device=o.device)
+    row_scale = empty(B * T, 1, dtype=torch.float32, device=o.device)
+    o = o if o.stride(-1) == 1 else o.contiguous()
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    kernel.output_gate_heads(o, gate, out, outq, input_scale.reshape(1), row_scale)
+    return out, outq, row_scale
 
 
 def output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
