@@ -19,10 +19,11 @@ from torch import nn
 import gdn_export.modules.norm as norm_module
 import gdn_export.modules.quant_linear as quant_module
 import gdn_export.ops.quant_linear as op
-from gdn_export.modules.fused_linear import fuse_linears, project_together
+from gdn_export.modules.fused_linear import fuse_linears
 from gdn_export.modules.norm import GatedRMSNorm, RMSNorm, ZeroCenteredRMSNorm
 from gdn_export.modules.quant_linear import Fp8Linear
 from gdn_export.ops import backends
+from tests.modules.test_quant_linear_modules import Siblings
 from tests.ops.quant_linear.cases import TOL, fp8_weights, rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -34,20 +35,6 @@ def fp8_linear(K, N, gen, scale):
     m.weight, m.weight_scale = fp8_weights(N, K, gen)
     m.input_scale.fill_(scale)
     return m
-
-
-class Block(nn.Module):
-    """A mixer-like block: its input projections (siblings of one input) read the norm's output."""
-
-    def __init__(self, members):
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def fusible_linears(self):
-        return [tuple(self.members)]
-
-    def forward(self, x):
-        return torch.cat(project_together(x, *self.members), dim=-1)
 
 
 @pytest.fixture
@@ -93,7 +80,7 @@ def test_decoder_norm_feeds_the_first_fp8_projection(ready, members, takes, norm
     gen = torch.Generator().manual_seed(len(members) + H)
     linears = [fp8_linear(H, n, gen, s) if kind == "fp8" else nn.Linear(H, n, bias=False).to(dtype)
                for kind, n, s in members]
-    block = Block(linears).to(DEVICE)
+    block = Siblings(linears).to(DEVICE)
     fuse_linears(block)
     norm = norm_cls(H)
     with torch.no_grad():
@@ -103,10 +90,10 @@ def test_decoder_norm_feeds_the_first_fp8_projection(ready, members, takes, norm
     pending = (torch.randn(2, 40, H, generator=gen)).to(dtype).to(DEVICE) if residual else None
     with torch.no_grad():
         want_s, want_h = norm.add(x, pending) if residual else (x, norm(x))
-        want = block(want_h)
+        want = torch.cat(block(want_h), -1)
         assert not ready  # the plain path: no offer, no prequantized GEMM
         s, h = norm.add_for(x, pending, block)
-        got = block(h)
+        got = torch.cat(block(h), -1)
     assert torch.equal(h, want_h) and torch.equal(s, want_s)
     assert [tuple(shape) for shape in ready] == [(N, H) for N, _ in takes[:1]]
     assert not op._OFFER  # taken
@@ -133,7 +120,7 @@ def test_nothing_changes_where_the_path_is_not_ready(monkeypatch):
     monkeypatch.setattr(backends, "current_name", lambda: "triton")
     gen = torch.Generator().manual_seed(0)
     H = 64
-    block = Block([fp8_linear(H, 32, gen, 0.05), fp8_linear(H, 32, gen, 0.05)]).to(DEVICE)
+    block = Siblings([fp8_linear(H, 32, gen, 0.05), fp8_linear(H, 32, gen, 0.05)]).to(DEVICE)
     fuse_linears(block)
     norm = ZeroCenteredRMSNorm(H).to(torch.bfloat16).to(DEVICE)
     proj = fp8_linear(3 * 64, 32, gen, 0.05).to(DEVICE)
