@@ -1,5 +1,3 @@
-import sys
+from gdn_export.cli.main import console_main
 
-from gdn_export.cli.main import main
-
-sys.exit(main())
+console_main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from gdn_export import __version__
@@ -64,6 +65,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def console_main() -> None:
+    """The `gdn-export` script and `python -m gdn_export`: `main()`, then the process ends with its
+    status at once. stdout, stderr and the logging handlers are flushed first; the interpreter's
+    teardown is skipped: freeing the object graphs of torch, the ONNX exporter and the models takes
+    0.5 s after `import torch` alone and ~1.4 s after an export on a 2-core CPU, and every file, temporary
+    folder and child process of a command is closed, removed or waited for before main() returns.
+    An exception main() lets through (a bug: its traceback) ends the process the usual way."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe (`gdn-export ... | head`)
+        code = code or 1
+    logging.shutdown()
+    os._exit(code)
+
+
 def _out_of_memory(exc: BaseException) -> bool:
     """MemoryError (numpy's too), torch's OutOfMemoryError, or its CPU allocator's RuntimeError."""
     text = str(exc).lower()
@@ -72,4 +90,4 @@ def _out_of_memory(exc: BaseException) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

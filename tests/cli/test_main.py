@@ -92,3 +92,23 @@ def test_a_bug_keeps_its_traceback(cli, monkeypatch, tmp_path):
     monkeypatch.setattr(make_tiny, "run", buggy)
     with pytest.raises(ZeroDivisionError):
         cli("make-tiny", tmp_path / "ckpt")
+
+
+def test_the_script_ends_with_mains_status_and_every_line_written(tmp_path, tiny_ckpt):
+    """`python -m gdn_export` (the console script's console_main) skips the interpreter's teardown: its
+    exit status is main's, and what it printed arrives whole through a pipe (a long --help, the lines of
+    a run: both flushed before the process ends)."""
+    import gdn_export.cli.main as cli_main
+
+    help_text = subprocess.run([sys.executable, "-m", "gdn_export", "export", "--help"], capture_output=True,
+                               text=True, timeout=120)
+    assert help_text.returncode == 0 and help_text.stderr == ""
+    parser = cli_main.make_parser()
+    want = cli_main._subparser(parser, "export").format_help()
+    assert help_text.stdout.split() == want.split()  # the whole text (widths may differ: no terminal)
+    ran = _python_m("run", tiny_ckpt, "--input-ids", "1,2,3", "--input-ids", "4", "--max-new-tokens", "2",
+                    cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.count("\n") >= 2 and ran.stdout.endswith("\n")
+    mistake = _python_m("run", tiny_ckpt, "--input-ids", "1,2,999", cwd=tmp_path)
+    assert mistake.returncode == 2 and mistake.stderr.count("\n") == 1
