@@ -26,8 +26,9 @@ int4_linear       (x * pre_scale first where given: one Triton pass for 16-bit x
                   fp32 and torch.matmul.
 silu_mul_fp8_linear  prefill rows (> 64) of an FP8 down projection: x_q and its row scales written by
                   the silu * up kernel (kernels/silu_mul), then torch._scaled_mm as fp8_linear.
-fp8_linear_quantized  the same GEMM for an x_q that an RMSNorm kernel wrote beside its 16-bit output
-                  (kernels/rms_norm: the decoder's input norms, the GDN output norm).
+fp8_linear_quantized  the same GEMM for an x_q that the kernel producing x wrote beside its 16-bit
+                  output (kernels/rms_norm: the decoder's norms, the GDN output norm;
+                  kernels/output_gate: the gated attention's output before o_proj).
 GEMV              (triton_common.GEMV, off) one-row x to the CUDA-core GEMV of triton/gemv.py.
 The probes of torch._scaled_mm's forms run once, eagerly (a capture that meets no answer takes Triton).
 """
@@ -169,7 +170,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 
 def prequantized_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
     """Whether M rows of a 16-bit x [M, K] in dtype, quantized by the kernel that produced x (silu * up,
-    an RMSNorm), run through `fp8_linear_quantized` into an FP8 [N, K] projection: the rows fp8_linear
+    an RMSNorm, the output gate), run through `fp8_linear_quantized` into an FP8 [N, K] projection: the rows fp8_linear
     sends to torch._scaled_mm (more than the skinny GEMM's, 16-bit x, K and N multiples of 16, the
     rowwise form probed on this GPU)."""
     return (M > triton_skinny.MAX_M and dtype in (torch.float16, torch.bfloat16) and K % 16 == 0 and N % 16 == 0

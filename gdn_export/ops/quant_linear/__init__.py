@@ -26,7 +26,8 @@ and the ONNX translation.
 
     fp8_linear_quantized(x, xq, row_scale, weight, weight_scale, input_scale, bias=None)
         fp8_linear(x, ...) from an x_q that the kernel producing x wrote beside it (an RMSNorm:
-        gdn_export.ops.rms_norm.rms_norm_quantized): the GPU's prefill GEMM without the x pass, bit
+        gdn_export.ops.rms_norm.rms_norm_quantized; the output gate:
+        gdn_export.ops.output_gate.output_gate_quantized): the GPU's prefill GEMM without the x pass, bit
         for bit fp8_linear where `prequantized_ready`. Not a graph node. `offer_quantized` /
         `take_quantized` hand such an x_q from the norm to the Fp8Linear that reads x, through the
         sibling-projection group in between (gdn_export.modules.quant_fusion).
