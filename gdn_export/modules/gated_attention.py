@@ -105,8 +105,8 @@ class GatedAttention(nn.Module):
                 o = attention_at(q, key, value, step.past_lengths, self.scaling, step.sinks, step.window)
         if gate is not None:  # [B, H, T, D] -> [B, T, H D] times sigmoid(gate): one kernel in eager GPU runs
             o_proj = self.o_proj
-            if (isinstance(o_proj, Fp8Linear) and o.dtype in (torch.float16, torch.bfloat16)
-                    and prequantized_ready(o, o_proj.weight, o_proj.bias) and output_gate_ready(o, gate)):
+            if (isinstance(o_proj, Fp8Linear) and prequantized_ready(o, o_proj.weight, o_proj.bias)
+                    and output_gate_ready(o, gate)):
                 # prefill rows into an FP8 o_proj: the gate kernel writes the projection's FP8 input too
                 o, oq, row_scale = output_gate_quantized(o, gate, o_proj.input_scale)
                 return fp8_linear_quantized(o, oq, row_scale, o_proj.weight, o_proj.weight_scale, o_proj.input_scale,

@@ -177,12 +177,6 @@ def prequantized_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: boo
             and device.type == "cuda" and _scaled_mm_ok(dtype, has_bias, device))
 
 
-def silu_mul_fp8_ready(M: int, K: int, N: int, dtype: torch.dtype, has_bias: bool, device: torch.device) -> bool:
-    """Whether `silu_mul_fp8_linear` runs for M rows of gate / up [M, K] in dtype into an FP8 [N, K]
-    projection (`prequantized_ready`)."""
-    return prequantized_ready(M, K, N, dtype, has_bias, device)
-
-
 def fp8_linear_quantized(xq: torch.Tensor, row_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                          input_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """fp8_linear's prefill route from an x already quantized by the kernel that produced it: xq [M, K]
@@ -198,7 +192,7 @@ def silu_mul_fp8_linear(gate2: torch.Tensor, up2: torch.Tensor, weight: torch.Te
     """fp8_linear(silu(gate2) * up2, ...) with the x pass inside the silu * up kernel: gate2, up2 [M, K]
     16-bit (unit stride along K); weight [N, K] float8_e4m3fn, weight_scale [N], input_scale [], bias
     [N] or None. y [M, N] in gate2's dtype, bit for bit the two ops one after the other (the same
-    quantized x, the same cuBLASLt call). Callers check `silu_mul_fp8_ready` first."""
+    quantized x, the same cuBLASLt call). Callers check `prequantized_ready` first."""
     from kernels.silu_mul.triton.silu_mul import silu_mul_rows
 
     M, K = gate2.shape

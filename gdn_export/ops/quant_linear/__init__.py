@@ -195,16 +195,12 @@ def int4_linear(x, qweight, scales, bias=None, group_size: int = 128, pre_scale=
 def silu_mul_fp8_ready(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias=None) -> bool:
     """Whether `silu_mul_fp8_linear` fuses: silu * up's fused kernel runs for gate / up
     (gdn_export.ops.silu_mul.fused_ready: eager, on a GPU), an FP8 weight [N, K] with K gate's last
-    dim, and the rows are ones fp8_linear sends to torch._scaled_mm (kernels.quant_linear.gpu)."""
+    dim, and the rows are ones fp8_linear sends to torch._scaled_mm (`prequantized_ready`)."""
     from gdn_export.ops import silu_mul
 
-    if not silu_mul.fused_ready(gate, up) or weight.dtype != FP8 or weight.dim() != 2:
+    if not silu_mul.fused_ready(gate, up) or weight.dim() != 2 or gate.shape[-1] != weight.shape[1]:
         return False
-    gpu = _gpu()
-    N, K = weight.shape
-    if gpu is None or gate.shape[-1] != K or K == 0:
-        return False
-    return gpu.silu_mul_fp8_ready(gate.numel() // K, K, N, gate.dtype, bias is not None, gate.device)
+    return prequantized_ready(gate, weight, bias)
 
 
 def silu_mul_fp8_linear_fused(gate, up, weight, weight_scale, input_scale, bias=None) -> torch.Tensor:

@@ -101,7 +101,7 @@ def test_mlp_takes_the_fused_path_for_an_fp8_down_projection(monkeypatch, dtype)
     monkeypatch.setattr(backends, "current_name", lambda: "triton")  # the fused eager kernels' backend
     if DEVICE == "cpu":  # their GPU-only gate and rowwise probe, opened here
         monkeypatch.setattr(backends, "on_gpu", lambda t: True)
-        monkeypatch.setattr(gpu, "silu_mul_fp8_ready", lambda *a: True)
+        monkeypatch.setattr(op, "prequantized_ready", lambda *a: True)
     with torch.no_grad():
         want = mlp.down_proj(silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))  # the same silu * up kernel
         calls = []
