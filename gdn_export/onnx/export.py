@@ -34,7 +34,7 @@ import onnx
 
 from gdn_export import __version__
 from gdn_export.errors import GdnExportError
-from gdn_export.onnx import metadata
+from gdn_export.onnx import metadata, one_trace
 from gdn_export.onnx.checks import MAX_OPSET, check_plugin_mappable
 from gdn_export.ops.attention.onnx import OPSET as ATTENTION_OPSET
 from gdn_export.onnx.schemas import custom_translation_table, register_schemas
@@ -129,8 +129,10 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
     registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registry_log.level
     registry_log.setLevel(logging.ERROR)
+    one = (one_trace.skip_redundant_decomposition(log=lambda why: logging.getLogger(__name__).info("decomposed: %s", why))
+           if one_trace.ENABLED else contextlib.nullcontext())
     try:
-        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter), one:
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model, args, dynamo=True, dynamic_shapes=dynamic_shapes,

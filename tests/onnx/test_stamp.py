@@ -1,11 +1,14 @@
 """The stamped export (gdn_export.onnx.stamp: one layer of each kind traced, its subgraph stamped for
-every layer of the kind) against the trace of the whole model: the same graph node for node (ops,
-attributes, wiring, value types, initializer bytes) and bit-identical ONNX Runtime outputs, for
-every family, both K/V cache layouts, mixed layer orders and quantized models; the layer kinds
+every layer of the kind; traced once, gdn_export.onnx.one_trace) against torch.onnx's trace of the
+whole model (run_decompositions included): the same graph node for node (ops, attributes, wiring,
+value types, initializer bytes) and bit-identical ONNX Runtime outputs, for every family, both K/V
+cache layouts, sinks and a window, mixed layer orders and quantized models; the layer kinds
 (gdn_export.onnx.kinds) and the trace cache (gdn_export.onnx.trace_cache)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 
 import numpy as np
@@ -14,9 +17,10 @@ import onnx_ir
 import pytest
 import torch
 
+from gdn_export.layout import DeployLayout
 from gdn_export.onnx import export as export_module
 from gdn_export.onnx import kinds as kinds_module
-from gdn_export.onnx import stamp, trace_cache
+from gdn_export.onnx import one_trace, stamp, trace_cache
 from gdn_export.onnx.export import default_opset, export_onnx
 from gdn_export.weights import load_checkpoint, make_tiny_checkpoint
 from tests.onnx._same import canonical_difference
@@ -25,7 +29,9 @@ from tests.onnx._tiny import CONCAT, TEST_LAYOUT, tiny_checkpoint
 L, F = "linear_attention", "full_attention"
 # tests/onnx/_tiny.py's layouts: a model of the tiny checkpoints' sizes stamps from the template
 # their exports left in the session's trace cache (tests/conftest.py), or leaves one for them
-LAYOUTS = {"inplace": TEST_LAYOUT, "concat": CONCAT}
+LAYOUTS = {"inplace": TEST_LAYOUT, "concat": CONCAT,
+           # boolean masks combined with & and |, a 16-bit recurrent state
+           "window": DeployLayout.make(sinks=4, window=60, state_dtype=torch.bfloat16)}
 
 
 @pytest.fixture
@@ -44,12 +50,45 @@ def _model(root, family, layers, dtype=torch.float32, layout=TEST_LAYOUT, seed=0
     return model.eval()
 
 
-def _graphs(model):
-    """(stamped, whole-trace) onnx_ir models of `model`'s graph, and the stamped path's progress lines."""
+@contextlib.contextmanager
+def decomposition_reasons():
+    """The reasons an export in the block gave for decomposing a program after all
+    (gdn_export.onnx.one_trace), as a list filled while it runs."""
+    reasons = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("decomposed: "):
+                reasons.append(record.getMessage())
+
+    logger, handler = logging.getLogger(export_module.__name__), Handler()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield reasons
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _graphs(model, language_graph=None):
+    """(stamped, whole-trace) onnx_ir models of `model`'s graph, and the stamped path's progress lines.
+    The stamped graph is traced once (gdn_export.onnx.one_trace: asserted to serve it), the whole
+    one through torch.onnx's own path, run_decompositions included: equal graphs check the stamping
+    and the skipped second trace at once."""
     said = []
     specs, opset = model.state_specs(), default_opset(model.layout)
-    stamped = export_module._trace(model, specs, opset, say=said.append)
-    whole = export_module._trace(model, specs, opset, whole=True)
+    with decomposition_reasons() as reasons:
+        stamped = (export_module._trace(model, specs, opset, say=said.append) if language_graph is None
+                   else language_graph(model, opset, say=said.append))
+    assert reasons == [], reasons
+    enabled, one_trace.ENABLED = one_trace.ENABLED, False
+    try:
+        whole = (export_module._trace(model, specs, opset, whole=True) if language_graph is None
+                 else language_graph(model, opset, whole=True))
+    finally:
+        one_trace.ENABLED = enabled
     return stamped, whole, said
 
 
@@ -118,6 +157,7 @@ CASES = {
     ("qwen3_5_moe", "concat"): ([L, F, L], torch.bfloat16, {}),  # folded bf16 weights (fp32 norm scales)
     ("olmo_hybrid", "inplace"): ([L, F, F], torch.float32, {}),  # post-norm attention blocks
     ("olmo_hybrid", "concat"): ([L, F, L], torch.float32, {"tie_word_embeddings": True}),  # lm_head = embedding
+    ("qwen3_5", "window"): ([L, F, F], torch.bfloat16, {}),
 }
 
 
@@ -182,10 +222,9 @@ def test_stamped_vision_language_graph_is_the_whole_trace(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "vl", family="qwen3_5", seed=0, num_hidden_layers=3, layer_types=[L, F, L])
     lm = load_checkpoint(path, model_class=HybridVLForCausalLM)
     lm.layout = TEST_LAYOUT
-    said = []
-    stamped = language_graph(lm.eval(), 24, say=said.append)
+    stamped, whole, said = _graphs(lm.eval(), language_graph)
     assert any("tracing 2 layer kinds of 3 layers" in line or "from the trace cache" in line for line in said), said
-    assert canonical_difference(stamped, language_graph(lm, 24, whole=True)) is None
+    assert canonical_difference(stamped, whole) is None
 
 
 # ------------------------------------------------------------------------- layer kinds

@@ -34,6 +34,8 @@ gdn_export/ops/moe_quant/ (ONNX: DequantizeLinear into this node).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from gdn_export.ops import backends
@@ -123,7 +125,7 @@ def sparse_moe_forward(x: torch.Tensor, block) -> torch.Tensor:
     run through it.
     """
     shape = x.shape
-    flat = x.reshape(-1, shape[-1])
+    flat = x.reshape(math.prod(shape[:-1]), shape[-1])  # the row count spelt out: a traced -1 needs a second trace
     top_k = getattr(block, "top_k", None) or block.gate.top_k
     norm = getattr(block, "norm_topk_prob", getattr(block.gate, "norm_topk_prob", True))
     logits = torch.nn.functional.linear(flat, block.gate.weight)
