@@ -142,12 +142,12 @@ def skip_redundant_decomposition(log=None):
         yield
         return
 
-    def decompose(program, registry):
+    def decompose(program, registry, *args, **kwargs):
         reason, rewrites = plan(program, registry)
         if reason is not None:
             if log is not None:
                 log(reason)
-            return original(program, registry)
+            return original(program, registry, *args, **kwargs)
         for node, (target, args, kwargs) in rewrites.items():
             node.target, node.args, node.kwargs = target, args, kwargs
         program.graph_module.recompile()
