@@ -34,7 +34,7 @@ import onnx
 
 from gdn_export import __version__
 from gdn_export.errors import GdnExportError
-from gdn_export.onnx import metadata, one_trace
+from gdn_export.onnx import metadata, one_trace, registry_cache
 from gdn_export.onnx.checks import MAX_OPSET, check_plugin_mappable
 from gdn_export.ops.attention.onnx import OPSET as ATTENTION_OPSET
 from gdn_export.onnx.schemas import custom_translation_table, register_schemas
@@ -132,7 +132,8 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
     one = (one_trace.skip_redundant_decomposition(log=lambda why: logging.getLogger(__name__).info("decomposed: %s", why))
            if one_trace.ENABLED else contextlib.nullcontext())
     try:
-        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter), one:
+        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter), one, \
+                registry_cache.reuse_torchlib_registry():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model, args, dynamo=True, dynamic_shapes=dynamic_shapes,

@@ -148,8 +148,8 @@ def skip_redundant_decomposition(log=None):
             if log is not None:
                 log(reason)
             return original(program, registry, *args, **kwargs)
-        for node, (target, args, kwargs) in rewrites.items():
-            node.target, node.args, node.kwargs = target, args, kwargs
+        for node, (target, new_args, new_kwargs) in rewrites.items():
+            node.target, node.args, node.kwargs = target, new_args, new_kwargs
         program.graph_module.recompile()
         for target, substitute in _translated_as().items():
             meta = next(m for m in registry.get_decomps(substitute) if not m.is_complex)
