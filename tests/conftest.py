@@ -44,28 +44,6 @@ if _THREADS is not None:
     ort.InferenceSession = _SharedCoresSession
 
 
-def _build_torchlib_registry_once() -> None:
-    """torch.onnx.export lists onnxscript's ~500 ATen translations anew on every call, parsing each
-    one's source again (~0.7 s of a 4-5 s tiny-model export on a 2-core CPU); a test process exports
-    up to ~30 models. The list takes no argument and is only read, so one per process serves all.
-    Left alone where torch names no such module (another torch / onnxscript pairing)."""
-    import functools
-    import importlib
-
-    from torch.onnx._internal import _lazy_import
-
-    name = getattr(_lazy_import.onnxscript_apis, "_name", None)
-    try:
-        apis = importlib.import_module(name) if name else _lazy_import.onnxscript_apis
-    except ImportError:
-        return
-    ops = getattr(apis, "get_torchlib_ops", None)
-    if ops is not None and not hasattr(ops, "cache_info"):
-        apis.get_torchlib_ops = functools.lru_cache(maxsize=None)(ops)
-
-
-_build_torchlib_registry_once()
-
 # The stamped export's trace cache (gdn_export.onnx.trace_cache): one folder for every worker and
 # session on this machine (its keys hash gdn_export's sources), not the user's ~/.cache.
 os.environ.setdefault("GDN_EXPORT_CACHE", os.path.join(tempfile.gettempdir(), "gdn-export-trace-cache"))

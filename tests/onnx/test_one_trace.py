@@ -68,7 +68,10 @@ def _program(module):
 def _registry():
     from torch.onnx._internal.exporter import _registration
 
-    return _registration.ONNXRegistry.from_torchlib()
+    from gdn_export.onnx.registry_cache import reuse_torchlib_registry
+
+    with reuse_torchlib_registry():
+        return _registration.ONNXRegistry.from_torchlib()
 
 
 @pytest.mark.parametrize("module, reason", [
