@@ -15,6 +15,8 @@ Shapes: P patches, E = vision hidden size, H heads of D = E / H channels.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +76,7 @@ def _axis_taps(index: torch.Tensor, size: torch.Tensor, side: int) -> tuple[torc
     floor = torch.floor(src)
     offsets = torch.arange(2, device=index.device)
     taps = torch.clamp(floor.to(torch.int64)[:, None] + offsets, 0, side - 1)
-    weights = torch.clamp(1 - (src[:, None] - floor[:, None] - offsets).abs(), min=0)
+    weights = torch.clamp((src[:, None] - floor[:, None] - offsets).abs().neg() + 1, min=0)  # 1 - |d|, as -|d| + 1: one trace
     return taps, weights
 
 
@@ -90,8 +92,9 @@ class VisionPositionEmbedding(nn.Module):
     def forward(self, layout: PatchLayout) -> torch.Tensor:
         h_taps, h_w = _axis_taps(layout.row, layout.height, self.side)
         w_taps, w_w = _axis_taps(layout.col, layout.width, self.side)
-        index = (h_taps[:, :, None] * self.side + w_taps[:, None, :]).reshape(-1, 4)  # [P, 4]
-        weight = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
+        P = h_taps.shape[0]
+        index = (h_taps[:, :, None] * self.side + w_taps[:, None, :]).reshape(P, 4)
+        weight = (h_w[:, :, None] * w_w[:, None, :]).reshape(P, 4)
         return (F.embedding(index, self.weight) * weight[:, :, None]).sum(1)
 
 
@@ -190,7 +193,8 @@ class PatchMerger(nn.Module):
         self.linear_fc2 = nn.Linear(self.merged, config.out_hidden_size)
 
     def forward(self, x):
-        x = self.norm(x).reshape(-1, self.merged)
+        x = self.norm(x)
+        x = x.reshape(math.prod(x.shape) // self.merged, self.merged)  # the row count spelt out: one trace
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 

@@ -172,3 +172,24 @@ def test_the_hook_is_restored_and_a_torch_without_it_exports_as_usual(monkeypatc
     monkeypatch.delattr(_fx_passes, "decompose_with_registry")
     with one_trace.skip_redundant_decomposition():
         assert not hasattr(_fx_passes, "decompose_with_registry")
+
+
+@pytest.mark.slow
+def test_the_vision_graph_is_traced_once_with_torch_onnx_s_graph(tmp_path_factory, monkeypatch):
+    """The vision tower (bilinear position taps, 2-D rotary, patch merger) of a transformers-made
+    vision-language checkpoint: traced once, the same graph as torch.onnx's own path."""
+    pytest.importorskip("transformers")
+    from gdn_export.vlm.export import trace_vision
+    from gdn_export.vlm.weights import load_vision
+    from tests.vlm_models import hf_checkpoint
+
+    _, directory = hf_checkpoint("qwen3_5", tmp_path_factory)
+    vision = load_vision(directory)
+    graphs = []
+    with decomposition_reasons() as reasons:
+        for enabled in (True, False):
+            monkeypatch.setattr(one_trace, "ENABLED", enabled)
+            graphs.append(trace_vision(vision, 18))
+    assert reasons == []
+    message = canonical_difference(*graphs)
+    assert message is None, message
