@@ -16,7 +16,6 @@ Shapes: P patches, E = vision hidden size, H heads of D = E / H channels.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +75,8 @@ def _axis_taps(index: torch.Tensor, size: torch.Tensor, side: int) -> tuple[torc
     floor = torch.floor(src)
     offsets = torch.arange(2, device=index.device)
     taps = torch.clamp(floor.to(torch.int64)[:, None] + offsets, 0, side - 1)
-    weights = torch.clamp((src[:, None] - floor[:, None] - offsets).abs().neg() + 1, min=0)  # 1 - |d|, as -|d| + 1: one trace
+    # 1 - |d| as -|d| + 1 (the same value): an rsub would take the export through a second trace
+    weights = torch.clamp((src[:, None] - floor[:, None] - offsets).abs().neg() + 1, min=0)
     return taps, weights
 
 
@@ -194,7 +194,7 @@ class PatchMerger(nn.Module):
 
     def forward(self, x):
         x = self.norm(x)
-        x = x.reshape(math.prod(x.shape) // self.merged, self.merged)  # the row count spelt out: one trace
+        x = x.reshape(math.prod(x.shape) // self.merged, self.merged)  # no -1: one trace (gdn_export.onnx.one_trace)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 

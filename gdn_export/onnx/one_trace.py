@@ -13,7 +13,8 @@ input, a higher-order op, a reshape to -1 over dynamic dims, another decomposed 
 before, and the reason logged at INFO. The second trace cost 1.6-2.4 s of a 4-layer export's
 ~9 s on a 2-core CPU (2026-12-08). tests/onnx/test_stamp.py compares the graphs of the two paths
 node for node for every family, 16-bit and quantized models and the vision-language language graph;
-tests/onnx/test_one_trace.py each rewrite and each refusal.
+tests/onnx/test_one_trace.py the vision tower, each rewrite and each refusal. A traced `-1` over
+dynamic dims needs the second trace, so model code spells row counts out.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ ENABLED = True
 
 def _retarget(node: torch.fx.Node):
     """(target, args, kwargs) the decomposition gives for `node` where it is one call: chunk ->
-    split by a static size, to.dtype -> _to_copy, & / | of tensors -> bitwise_and / or, a reshape
-    to a shape with -1 -> the shape with that dim inferred (static). None for anything else."""
+    split by a static size, to.dtype -> _to_copy, & / | of tensors -> bitwise_and / or, the
+    in-place detach_ of a fresh constant -> detach, a reshape to a shape with -1 -> the shape with
+    that dim inferred (static). None for anything else."""
     aten = torch.ops.aten
     target, args, kwargs = node.target, node.args, node.kwargs
     if target is aten.reshape.default and len(args) == 2 and not kwargs and -1 in args[1]:

@@ -125,7 +125,7 @@ def sparse_moe_forward(x: torch.Tensor, block) -> torch.Tensor:
     run through it.
     """
     shape = x.shape
-    flat = x.reshape(math.prod(shape[:-1]), shape[-1])  # the row count spelt out: a traced -1 needs a second trace
+    flat = x.reshape(math.prod(shape[:-1]), shape[-1])  # no -1: one trace (gdn_export.onnx.one_trace)
     top_k = getattr(block, "top_k", None) or block.gate.top_k
     norm = getattr(block, "norm_topk_prob", getattr(block.gate, "norm_topk_prob", True))
     logits = torch.nn.functional.linear(flat, block.gate.weight)
