@@ -130,7 +130,7 @@ def run_exporter(model, args, dynamic_shapes, input_names, output_names, opset: 
     level = registry_log.level
     registry_log.setLevel(logging.ERROR)
     one = (one_trace.skip_redundant_decomposition(log=lambda why: logging.getLogger(__name__).info("decomposed: %s", why))
-           if one_trace.ENABLED else contextlib.nullcontext())
+           if one_trace.enabled() else contextlib.nullcontext())
     try:
         with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(chatter), one, \
                 registry_cache.reuse_torchlib_registry():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import os
 import threading
 
 import torch
@@ -34,6 +35,13 @@ _ASSERTIONS = frozenset({
 _LOCK = threading.Lock()
 # False: every export decomposes (torch.onnx's own path); the tests compare the two.
 ENABLED = True
+ENV = "GDN_EXPORT_ONE_TRACE"
+
+
+def enabled() -> bool:
+    """Whether exports skip the second trace where they can: ENABLED, unless $GDN_EXPORT_ONE_TRACE
+    is 0 (torch.onnx's own path for every program)."""
+    return ENABLED and os.environ.get(ENV, "1").strip() != "0"
 
 
 def _retarget(node: torch.fx.Node):

@@ -160,6 +160,22 @@ def test_a_reshape_keeps_a_runtime_zero_dim(monkeypatch, enabled):
         np.testing.assert_array_equal(b, want_b.numpy())
 
 
+def test_the_environment_turns_the_skip_off(monkeypatch):
+    def refuse(*_args):
+        raise AssertionError("the skip was consulted")
+
+    monkeypatch.setattr(one_trace, "plan", refuse)
+    monkeypatch.setenv(one_trace.ENV, "0")
+    assert not one_trace.enabled()
+    from torch.export import Dim
+
+    B, T = Dim("B", min=1), Dim("T", min=1)
+    export_module.run_exporter(_Reshapes(), (torch.randn(2, 3, 4, 8), torch.rand(2, 3) > 0.5),
+                               ({0: B, 1: T}, {0: B, 1: T}), ["x", "m"], ["a", "b"], 18)
+    monkeypatch.setenv(one_trace.ENV, "1")
+    assert one_trace.enabled()
+
+
 def test_the_hook_is_restored_and_a_torch_without_it_exports_as_usual(monkeypatch):
     from torch.onnx._internal.exporter import _fx_passes
 
