@@ -74,12 +74,11 @@ def _retarget(node: torch.fx.Node):
     return None
 
 
-def _translated_as() -> dict:
-    """{op torch.onnx always decomposes: the op whose translation it gets here}: reshape decomposes
-    to view (or to a contiguous clone, an Identity in ONNX, and _unsafe_view), both translated as a
-    Reshape with allowzero, so that a runtime 0 in the shape stays 0 (torchlib's translation of
-    reshape itself lacks it)."""
-    return {torch.ops.aten.reshape.default: torch.ops.aten.view.default}
+# {op torch.onnx always decomposes: the op whose translation it gets here}: reshape decomposes to
+# view (or to a contiguous clone, an Identity in ONNX, and _unsafe_view), both translated as a
+# Reshape with allowzero, so that a runtime 0 in the shape stays 0 (torchlib's translation of
+# reshape itself lacks it).
+_TRANSLATED_AS = {torch.ops.aten.reshape.default: torch.ops.aten.view.default}
 
 
 def _decomposed_anyway(target) -> bool:
@@ -123,8 +122,8 @@ def plan(program: torch.export.ExportedProgram, registry) -> tuple[str | None, d
                 return "a reshape to -1 over a dynamic dim", rewrites
             if target._schema.is_mutable:
                 return f"{target} mutates its input", rewrites
-            if target in _translated_as():
-                target = _translated_as()[target]
+            if target in _TRANSLATED_AS:
+                target = _TRANSLATED_AS[target]
             elif _decomposed_anyway(target):
                 return f"{target} is decomposed", rewrites
         elif isinstance(target, torch._ops.HigherOrderOperator):
@@ -132,11 +131,6 @@ def plan(program: torch.export.ExportedProgram, registry) -> tuple[str | None, d
         if not registry.is_registered(target):
             return f"no translation of {target}", rewrites
     return None, rewrites
-
-
-def needs_decomposition(program: torch.export.ExportedProgram, registry) -> str | None:
-    """Why `program` must be decomposed before translation (`plan`), or None."""
-    return plan(program, registry)[0]
 
 
 @contextlib.contextmanager
@@ -161,7 +155,7 @@ def skip_redundant_decomposition(log=None):
         for node, (target, new_args, new_kwargs) in rewrites.items():
             node.target, node.args, node.kwargs = target, new_args, new_kwargs
         program.graph_module.recompile()
-        for target, substitute in _translated_as().items():
+        for target, substitute in _TRANSLATED_AS.items():
             meta = next(m for m in registry.get_decomps(substitute) if not m.is_complex)
             registry.register_op(target, meta.onnx_function)
         return program

@@ -80,7 +80,7 @@ def _registry():
     (_InPlace(), "aten.add_.Tensor mutates its input"),
 ], ids=["flatten", "reshape-minus-one", "in-place"])
 def test_programs_the_skip_cannot_serve_are_decomposed_with_the_reason(module, reason, monkeypatch):
-    assert one_trace.needs_decomposition(_program(module), _registry()) == reason
+    assert one_trace.plan(_program(module), _registry())[0] == reason
     reasons, one, decomposed = _both_ways(module, monkeypatch)
     assert reasons == [f"decomposed: {reason}"]  # and the export goes on through torch.onnx's path
     assert canonical_difference(one, decomposed) is None
